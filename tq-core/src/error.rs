@@ -1,0 +1,185 @@
+//! The one public error type of tq (ARCHITECTURE §7).
+//!
+//! Every crate reports failures as [`Error`]: a coarse, matchable [`ErrorKind`] plus a message that
+//! names the partition, key, field, sample or storage unit involved.
+
+use std::fmt;
+
+/// Result alias used across tq.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, coarsely. Callers match on this; the message carries the details.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Bad input: duplicate keys, empty lists, length mismatches, unknown fields, type conflicts.
+    /// Nothing was changed.
+    Invalid,
+    /// A partition, key, sample or cell that does not exist.
+    NotFound,
+    /// The request collides with the current state (sample being cleared, stale generation, ...).
+    Conflict,
+    /// A storage unit has no room for the new samples. Nothing was written.
+    CapacityExceeded,
+    /// Metadata says a cell exists but storage does not hold it.
+    DataLost,
+    /// The backend cannot do this operation.
+    Unsupported {
+        /// The operation that was refused (`"update"`, `"link"`, ...).
+        operation: String,
+        /// The backend that refused it.
+        backend: String,
+    },
+    /// A deadline passed before an answer arrived.
+    Timeout,
+    /// A component (storage unit, controller, server) cannot be reached.
+    Unavailable,
+    /// Stored or received bytes do not decode.
+    Corrupted,
+    /// The client or component was shut down.
+    Closed,
+    /// A bug in tq: an invariant did not hold.
+    Internal,
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ErrorKind::Invalid => f.write_str("invalid input"),
+            ErrorKind::NotFound => f.write_str("not found"),
+            ErrorKind::Conflict => f.write_str("conflict"),
+            ErrorKind::CapacityExceeded => f.write_str("capacity exceeded"),
+            ErrorKind::DataLost => f.write_str("data lost"),
+            ErrorKind::Unsupported { operation, backend } => {
+                write!(
+                    f,
+                    "operation `{operation}` unsupported by backend `{backend}`"
+                )
+            }
+            ErrorKind::Timeout => f.write_str("timeout"),
+            ErrorKind::Unavailable => f.write_str("unavailable"),
+            ErrorKind::Corrupted => f.write_str("corrupted"),
+            ErrorKind::Closed => f.write_str("closed"),
+            ErrorKind::Internal => f.write_str("internal error"),
+        }
+    }
+}
+
+/// The public tq error: a kind, a message naming what was involved, and an optional cause.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl Error {
+    /// A new error of `kind`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying cause.
+    pub fn with_source(
+        mut self,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The coarse kind, for matching.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.kind
+    }
+
+    /// The human-readable message (without the kind prefix).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// True when repeating the same request later may succeed (timeouts, unreachable peers).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind, ErrorKind::Timeout | ErrorKind::Unavailable)
+    }
+
+    /// Prefixes the message with context (`"partition `train`: "`), keeping kind and source.
+    pub fn context(mut self, context: impl fmt::Display) -> Self {
+        self.message = format!("{context}: {}", self.message);
+        self
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Invalid, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Conflict, message)
+    }
+    pub fn capacity_exceeded(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::CapacityExceeded, message)
+    }
+    pub fn data_lost(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::DataLost, message)
+    }
+    pub fn unsupported(operation: impl Into<String>, backend: impl Into<String>) -> Self {
+        let (operation, backend) = (operation.into(), backend.into());
+        let message = format!("backend `{backend}` does not support `{operation}`");
+        Self::new(ErrorKind::Unsupported { operation, backend }, message)
+    }
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Timeout, message)
+    }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unavailable, message)
+    }
+    pub fn corrupted(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Corrupted, message)
+    }
+    pub fn closed(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Closed, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, message)
+    }
+}
+
+/// Returns `Err(Error::invalid(..))` from the enclosing function when `cond` is false.
+#[macro_export]
+macro_rules! ensure_valid {
+    ($cond:expr, $($arg:tt)+) => {
+        if !$cond {
+            return Err($crate::Error::invalid(format!($($arg)+)));
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_kind_and_message() {
+        let e = Error::unsupported("update", "redis");
+        assert_eq!(
+            e.kind(),
+            &ErrorKind::Unsupported {
+                operation: "update".into(),
+                backend: "redis".into()
+            }
+        );
+        assert!(e.to_string().contains("redis"));
+        assert!(!e.is_retryable());
+        assert!(Error::timeout("x").is_retryable());
+        let e = Error::not_found("key `a`").context("partition `p`");
+        assert_eq!(e.message(), "partition `p`: key `a`");
+    }
+}

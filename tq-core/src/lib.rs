@@ -1,0 +1,34 @@
+//! tq-core: the data model, errors and storage traits shared by every tq crate.
+//!
+//! - [`Tensor`], [`Value`], [`Column`], [`Batch`]: payloads, always `Bytes` underneath so that
+//!   slicing rows and moving data between components never copies.
+//! - [`FieldSchema`], [`SampleId`], [`BatchMeta`]: what the controller knows and hands out.
+//! - [`StorageManager`]: the data-plane trait; [`testkit`] (feature `testkit`) is the conformance
+//!   suite every backend runs.
+//! - [`Error`] / [`ErrorKind`]: the one public error type.
+//!
+//! This crate does no I/O.
+
+mod column;
+mod dtype;
+mod error;
+mod merge;
+mod meta;
+mod schema;
+mod storage;
+mod tensor;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use column::{Batch, Column, FieldName};
+pub use dtype::{DType, Element};
+pub use error::{Error, ErrorKind, Result};
+pub use merge::{apply_merge, MergeRegistry};
+pub use meta::{BackendMeta, BatchMeta, SampleId, TagValue, Tags};
+pub use schema::{FieldKind, FieldSchema};
+pub use storage::{Capabilities, FieldFilter, MergeFn, MergeOp, PutReceipt, StorageManager};
+pub use tensor::{numel, Tensor, Value};
+
+/// Re-exported so downstream crates name the same `Bytes` type.
+pub use bytes::Bytes;

@@ -1,0 +1,473 @@
+//! Sample identities and batch metadata.
+
+use crate::{Error, FieldName, FieldSchema, Result};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Identity of one sample: a storage index plus the generation of that index.
+///
+/// The controller reuses indexes after a clear and bumps the generation on every reuse. Storage
+/// operations carry the generation, so a stale writer, reader or clear can never touch the newer
+/// sample that took its index over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SampleId {
+    pub index: u32,
+    pub generation: u32,
+}
+
+impl SampleId {
+    pub const fn new(index: u32, generation: u32) -> Self {
+        SampleId { index, generation }
+    }
+}
+
+impl fmt::Display for SampleId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@g{}", self.index, self.generation)
+    }
+}
+
+/// A small tag value attached to a sample (its "custom meta").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TagValue {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+impl TagValue {
+    /// The value as a number, when it is one.
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            TagValue::Int(i) => Some(*i as f64),
+            TagValue::Float(f) => Some(*f),
+            _ => None,
+        }
+    }
+}
+
+impl From<i64> for TagValue {
+    fn from(v: i64) -> Self {
+        TagValue::Int(v)
+    }
+}
+impl From<f64> for TagValue {
+    fn from(v: f64) -> Self {
+        TagValue::Float(v)
+    }
+}
+impl From<bool> for TagValue {
+    fn from(v: bool) -> Self {
+        TagValue::Bool(v)
+    }
+}
+impl From<&str> for TagValue {
+    fn from(v: &str) -> Self {
+        TagValue::Str(v.to_string())
+    }
+}
+impl From<String> for TagValue {
+    fn from(v: String) -> Self {
+        TagValue::Str(v)
+    }
+}
+
+/// Per-sample tags: a small ordered map.
+pub type Tags = BTreeMap<String, TagValue>;
+
+/// Opaque per-cell data a storage backend needs to find a cell again (e.g. which store holds it).
+pub type BackendMeta = BTreeMap<FieldName, Bytes>;
+
+/// What the controller hands a client for a batch of samples of one partition.
+///
+/// Every per-row vector has one entry per sample, in sample order; constructors and operations
+/// keep that invariant.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BatchMeta {
+    partition: String,
+    samples: Vec<SampleId>,
+    fields: BTreeMap<FieldName, FieldSchema>,
+    production: Vec<bool>,
+    tags: Vec<Tags>,
+    backend_meta: Vec<BackendMeta>,
+}
+
+fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(Error::invalid(format!(
+            "{what} has {got} entries for {want} samples"
+        )));
+    }
+    Ok(())
+}
+
+impl BatchMeta {
+    /// Metadata for `samples` of `partition`: no fields, nothing produced, no tags.
+    pub fn new(partition: impl Into<String>, samples: Vec<SampleId>) -> Self {
+        let n = samples.len();
+        BatchMeta {
+            partition: partition.into(),
+            samples,
+            fields: BTreeMap::new(),
+            production: vec![false; n],
+            tags: vec![Tags::new(); n],
+            backend_meta: vec![BackendMeta::new(); n],
+        }
+    }
+
+    /// An empty batch of `partition` (zero samples).
+    pub fn empty(partition: impl Into<String>) -> Self {
+        BatchMeta::new(partition, Vec::new())
+    }
+
+    /// Sets the schemas of the fields; ragged schemas must have one shape per sample.
+    pub fn with_fields(mut self, fields: BTreeMap<FieldName, FieldSchema>) -> Result<Self> {
+        for (name, s) in &fields {
+            s.check_rows(name, self.samples.len())?;
+        }
+        self.fields = fields;
+        Ok(self)
+    }
+
+    pub fn with_production(mut self, production: Vec<bool>) -> Result<Self> {
+        check_len("production status", production.len(), self.samples.len())?;
+        self.production = production;
+        Ok(self)
+    }
+
+    pub fn with_tags(mut self, tags: Vec<Tags>) -> Result<Self> {
+        check_len("tags", tags.len(), self.samples.len())?;
+        self.tags = tags;
+        Ok(self)
+    }
+
+    pub fn with_backend_meta(mut self, backend_meta: Vec<BackendMeta>) -> Result<Self> {
+        check_len("backend meta", backend_meta.len(), self.samples.len())?;
+        self.backend_meta = backend_meta;
+        Ok(self)
+    }
+
+    pub fn partition(&self) -> &str {
+        &self.partition
+    }
+    pub fn samples(&self) -> &[SampleId] {
+        &self.samples
+    }
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+    pub fn fields(&self) -> &BTreeMap<FieldName, FieldSchema> {
+        &self.fields
+    }
+    /// Field names in sorted order.
+    pub fn field_names(&self) -> impl Iterator<Item = &str> {
+        self.fields.keys().map(String::as_str)
+    }
+    pub fn production(&self) -> &[bool] {
+        &self.production
+    }
+    /// True when the batch is non-empty and every sample is produced for the batch's fields.
+    pub fn is_ready(&self) -> bool {
+        !self.samples.is_empty() && self.production.iter().all(|&p| p)
+    }
+    pub fn tags(&self) -> &[Tags] {
+        &self.tags
+    }
+    /// Mutable tags, e.g. to set tags before a put (they travel with its production notice).
+    pub fn tags_mut(&mut self) -> &mut [Tags] {
+        &mut self.tags
+    }
+    pub fn backend_meta(&self) -> &[BackendMeta] {
+        &self.backend_meta
+    }
+
+    /// Records that `schemas` were written for every sample: adds or replaces those fields,
+    /// marks every sample produced, and merges per-row backend meta when given.
+    pub fn add_fields(
+        &mut self,
+        schemas: BTreeMap<FieldName, FieldSchema>,
+        backend_meta: Option<Vec<BackendMeta>>,
+    ) -> Result<()> {
+        for (name, s) in &schemas {
+            s.check_rows(name, self.samples.len())?;
+        }
+        if let Some(bm) = &backend_meta {
+            check_len("backend meta", bm.len(), self.samples.len())?;
+        }
+        self.fields.extend(schemas);
+        self.production.iter_mut().for_each(|p| *p = true);
+        if let Some(bm) = backend_meta {
+            for (mine, theirs) in self.backend_meta.iter_mut().zip(bm) {
+                mine.extend(theirs);
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps only the named fields (and their backend meta). Unknown names are `Invalid`.
+    pub fn select_fields<S: AsRef<str>>(&self, names: &[S]) -> Result<BatchMeta> {
+        let mut fields = BTreeMap::new();
+        for n in names {
+            let n = n.as_ref();
+            let s = self.fields.get(n).ok_or_else(|| {
+                Error::invalid(format!(
+                    "partition `{}`: field `{n}` is not in this batch (fields: {:?})",
+                    self.partition,
+                    self.fields.keys().collect::<Vec<_>>()
+                ))
+            })?;
+            fields.insert(n.to_string(), s.clone());
+        }
+        let backend_meta = self
+            .backend_meta
+            .iter()
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| fields.contains_key(k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .collect();
+        Ok(BatchMeta {
+            partition: self.partition.clone(),
+            samples: self.samples.clone(),
+            fields,
+            production: self.production.clone(),
+            tags: self.tags.clone(),
+            backend_meta,
+        })
+    }
+
+    /// The samples at `positions`, in that order (duplicates allowed). Out of range is `Invalid`.
+    pub fn select_samples(&self, positions: &[usize]) -> Result<BatchMeta> {
+        if let Some(&bad) = positions.iter().find(|&&p| p >= self.len()) {
+            return Err(Error::invalid(format!(
+                "position {bad} out of range for a batch of {} samples",
+                self.len()
+            )));
+        }
+        Ok(BatchMeta {
+            partition: self.partition.clone(),
+            samples: positions.iter().map(|&p| self.samples[p]).collect(),
+            fields: self
+                .fields
+                .iter()
+                .map(|(k, s)| (k.clone(), s.select_rows(positions)))
+                .collect(),
+            production: positions.iter().map(|&p| self.production[p]).collect(),
+            tags: positions.iter().map(|&p| self.tags[p].clone()).collect(),
+            backend_meta: positions
+                .iter()
+                .map(|&p| self.backend_meta[p].clone())
+                .collect(),
+        })
+    }
+
+    /// Splits into `n` consecutive pieces; the first `len % n` pieces get one extra sample.
+    /// More pieces than samples yields empty pieces; `n == 0` is `Invalid`.
+    pub fn chunk(&self, n: usize) -> Result<Vec<BatchMeta>> {
+        if n == 0 {
+            return Err(Error::invalid("chunk count must be at least 1"));
+        }
+        let (base, extra) = (self.len() / n, self.len() % n);
+        let mut out = Vec::with_capacity(n);
+        let mut start = 0;
+        for i in 0..n {
+            let size = base + usize::from(i < extra);
+            let positions: Vec<usize> = (start..start + size).collect();
+            out.push(self.select_samples(&positions)?);
+            start += size;
+        }
+        Ok(out)
+    }
+
+    /// Appends batches row-wise. All must be of the same partition with the same field names and
+    /// compatible dtypes; differing shapes promote fields to ragged. Empty pieces are skipped.
+    pub fn concat(parts: &[BatchMeta]) -> Result<BatchMeta> {
+        let parts: Vec<&BatchMeta> = parts.iter().filter(|p| !p.is_empty()).collect();
+        let Some(first) = parts.first() else {
+            return Ok(BatchMeta::default());
+        };
+        for p in &parts[1..] {
+            if p.partition != first.partition {
+                return Err(Error::invalid(format!(
+                    "cannot concat batches of partitions `{}` and `{}`",
+                    first.partition, p.partition
+                )));
+            }
+            if !p.fields.keys().eq(first.fields.keys()) {
+                return Err(Error::invalid(format!(
+                    "cannot concat batches with different fields: {:?} vs {:?}",
+                    first.fields.keys().collect::<Vec<_>>(),
+                    p.fields.keys().collect::<Vec<_>>()
+                )));
+            }
+        }
+        let mut fields = BTreeMap::new();
+        for name in first.fields.keys() {
+            let pieces: Vec<(&FieldSchema, usize)> =
+                parts.iter().map(|p| (&p.fields[name], p.len())).collect();
+            fields.insert(name.clone(), FieldSchema::concat(name, &pieces)?);
+        }
+        Ok(BatchMeta {
+            partition: first.partition.clone(),
+            samples: parts
+                .iter()
+                .flat_map(|p| p.samples.iter().copied())
+                .collect(),
+            fields,
+            production: parts
+                .iter()
+                .flat_map(|p| p.production.iter().copied())
+                .collect(),
+            tags: parts.iter().flat_map(|p| p.tags.iter().cloned()).collect(),
+            backend_meta: parts
+                .iter()
+                .flat_map(|p| p.backend_meta.iter().cloned())
+                .collect(),
+        })
+    }
+
+    /// Merges the fields of `other`, which must describe the same samples in the same order.
+    /// `other` wins on field clashes; production is AND-ed; tags and backend meta merge per row.
+    pub fn union(&self, other: &BatchMeta) -> Result<BatchMeta> {
+        if other.is_empty() {
+            return Ok(self.clone());
+        }
+        if self.is_empty() {
+            return Ok(other.clone());
+        }
+        if self.partition != other.partition {
+            return Err(Error::invalid(format!(
+                "cannot union batches of partitions `{}` and `{}`",
+                self.partition, other.partition
+            )));
+        }
+        if self.samples != other.samples {
+            return Err(Error::invalid(
+                "cannot union batches whose samples do not match",
+            ));
+        }
+        let mut out = self.clone();
+        out.fields
+            .extend(other.fields.iter().map(|(k, v)| (k.clone(), v.clone())));
+        for (p, q) in out.production.iter_mut().zip(&other.production) {
+            *p &= *q;
+        }
+        for (t, u) in out.tags.iter_mut().zip(&other.tags) {
+            t.extend(u.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        for (m, n) in out.backend_meta.iter_mut().zip(&other.backend_meta) {
+            m.extend(n.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    fn meta(n: u32) -> BatchMeta {
+        let samples = (0..n).map(|i| SampleId::new(i, 0)).collect();
+        let mut m = BatchMeta::new("p", samples);
+        for (i, t) in m.tags_mut().iter_mut().enumerate() {
+            t.insert("i".into(), TagValue::Int(i as i64));
+        }
+        m
+    }
+
+    #[test]
+    fn chunk_sizes_remainder_first() {
+        let m = meta(10);
+        let sizes: Vec<usize> = m.chunk(3).unwrap().iter().map(BatchMeta::len).collect();
+        assert_eq!(sizes, vec![4, 3, 3]);
+        let c = m.chunk(3).unwrap();
+        assert_eq!(c[1].tags()[0]["i"], TagValue::Int(4));
+        let sizes: Vec<usize> = meta(2)
+            .chunk(3)
+            .unwrap()
+            .iter()
+            .map(BatchMeta::len)
+            .collect();
+        assert_eq!(sizes, vec![1, 1, 0]);
+        assert!(m.chunk(0).is_err());
+    }
+
+    #[test]
+    fn new_meta_is_not_ready_and_lengths_are_checked() {
+        let m = meta(2);
+        assert!(!m.is_ready());
+        assert!(!BatchMeta::empty("p").is_ready());
+        assert!(m.clone().with_production(vec![true]).is_err());
+        let m = m.with_production(vec![true, true]).unwrap();
+        assert!(m.is_ready());
+    }
+
+    #[test]
+    fn union_ands_production_and_other_wins() {
+        let mut a = meta(2)
+            .with_fields([("x".to_string(), FieldSchema::dense(DType::F32, vec![1]))].into())
+            .unwrap();
+        a = a.with_production(vec![true, false]).unwrap();
+        let mut b = meta(2)
+            .with_fields([("x".to_string(), FieldSchema::dense(DType::F32, vec![2]))].into())
+            .unwrap()
+            .with_production(vec![true, true])
+            .unwrap();
+        b.tags_mut()[0].insert("j".into(), TagValue::Int(7));
+        let u = a.union(&b).unwrap();
+        assert_eq!(u.production(), &[true, false]);
+        assert_eq!(u.fields()["x"].sample_shape, Some(vec![2]));
+        assert_eq!(u.tags()[0].len(), 2);
+        let c = BatchMeta::new("p", vec![SampleId::new(9, 0), SampleId::new(1, 0)]);
+        assert!(a.union(&c).is_err());
+        assert_eq!(a.union(&BatchMeta::empty("p")).unwrap(), a);
+    }
+
+    #[test]
+    fn concat_checks_fields_and_promotes_shapes() {
+        let a = meta(1)
+            .with_fields([("x".to_string(), FieldSchema::dense(DType::F32, vec![1]))].into())
+            .unwrap();
+        let b = meta(2)
+            .with_fields([("x".to_string(), FieldSchema::dense(DType::F32, vec![3]))].into())
+            .unwrap();
+        let c = BatchMeta::concat(&[a.clone(), b]).unwrap();
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.fields()["x"].kind, crate::FieldKind::Ragged);
+        let d = meta(1)
+            .with_fields([("y".to_string(), FieldSchema::object())].into())
+            .unwrap();
+        assert!(BatchMeta::concat(&[a.clone(), d]).is_err());
+        let e = meta(1)
+            .with_fields([("x".to_string(), FieldSchema::dense(DType::I64, vec![1]))].into())
+            .unwrap();
+        assert!(BatchMeta::concat(&[a, e])
+            .unwrap_err()
+            .message()
+            .contains("dtype"));
+    }
+
+    #[test]
+    fn select_is_isolated_and_checked() {
+        let m = meta(3)
+            .with_fields([("x".to_string(), FieldSchema::object())].into())
+            .unwrap();
+        let mut s = m.select_samples(&[2, 0]).unwrap();
+        assert_eq!(s.samples(), &[SampleId::new(2, 0), SampleId::new(0, 0)]);
+        s.tags_mut()[0].clear();
+        assert_eq!(m.tags()[2].len(), 1);
+        assert!(m.select_samples(&[3]).is_err());
+        assert!(m.select_fields(&["nope"]).is_err());
+        assert_eq!(m.select_fields(&["x"]).unwrap().fields().len(), 1);
+    }
+}

@@ -1,0 +1,111 @@
+//! The data-plane trait every storage backend implements, and the merge operations of `update`.
+
+use crate::{BackendMeta, Batch, BatchMeta, FieldName, FieldSchema, Result};
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// What a backend can do beyond put/get/clear. The client checks these before calling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    /// `update` merges values where they are stored.
+    pub update: bool,
+    /// `expire` is cheaper than `clear` (deferred reclamation, e.g. a TTL).
+    pub native_expire: bool,
+    /// The backend resolves shared-payload links.
+    pub links: bool,
+}
+
+/// Which cells of the selected samples a clear removes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldFilter {
+    /// Whole samples: every cell.
+    All,
+    /// Only these fields' cells; the samples and their other fields stay.
+    Only(Vec<FieldName>),
+}
+
+impl FieldFilter {
+    pub fn includes(&self, field: &str) -> bool {
+        match self {
+            FieldFilter::All => true,
+            FieldFilter::Only(f) => f.iter().any(|x| x == field),
+        }
+    }
+}
+
+/// What storage reports after writing: the schema of every written field (aligned with the batch
+/// rows) and, for backends that need it, per-row backend metadata to keep in the controller.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PutReceipt {
+    pub schemas: BTreeMap<FieldName, FieldSchema>,
+    pub backend_meta: Option<Vec<BackendMeta>>,
+}
+
+/// A merge function: `(stored, incoming) -> result`.
+pub type MergeFn =
+    Arc<dyn Fn(&crate::Value, &crate::Value) -> Result<crate::Value> + Send + Sync + 'static>;
+
+/// How `update` combines a stored cell with an incoming one.
+///
+/// Built-ins and named functions work in every deployment; closures only in-process.
+#[derive(Clone)]
+pub enum MergeOp {
+    /// Keep the incoming value.
+    Replace,
+    /// Element-wise sum (same dtype and shape).
+    Add,
+    /// Element-wise maximum (same dtype and shape).
+    Max,
+    /// Concatenate tensors along `dim` (other dimensions equal); objects are byte-concatenated.
+    Concat { dim: usize },
+    /// A merge function registered on the storage side under this name.
+    Named(String),
+    /// A closure (embedded deployments only).
+    Custom(MergeFn),
+}
+
+impl std::fmt::Debug for MergeOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MergeOp::Replace => f.write_str("Replace"),
+            MergeOp::Add => f.write_str("Add"),
+            MergeOp::Max => f.write_str("Max"),
+            MergeOp::Concat { dim } => write!(f, "Concat {{ dim: {dim} }}"),
+            MergeOp::Named(n) => write!(f, "Named({n:?})"),
+            MergeOp::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// The data plane. Implemented by SimpleStorage, the KV adapter and any third-party backend, and
+/// checked by [`crate::testkit`] (feature `testkit`).
+///
+/// Every operation addresses cells by the [`crate::SampleId`]s of `meta`, generation included:
+/// a stale generation must never overwrite, read or delete a newer one.
+#[async_trait]
+pub trait StorageManager: Send + Sync + 'static {
+    /// A short name for messages (`"simple"`, `"redis"`).
+    fn name(&self) -> &str;
+
+    fn capabilities(&self) -> Capabilities;
+
+    /// Writes every cell of `batch` (rows aligned with `meta`'s samples). All-or-nothing per
+    /// storage unit: a failed unit keeps its previous values.
+    async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<PutReceipt>;
+
+    /// Reads the fields of `meta` for its samples, in sample order. A cell that is not stored is
+    /// `NotFound` or `DataLost`, never empty data.
+    async fn get(&self, meta: &BatchMeta) -> Result<Batch>;
+
+    /// Merges `batch` into the stored cells where they live. Never retried by callers.
+    async fn update(&self, meta: &BatchMeta, batch: &Batch, merge: &MergeOp) -> Result<PutReceipt>;
+
+    /// Removes cells. Idempotent: clearing what is not stored succeeds.
+    async fn clear(&self, meta: &BatchMeta, fields: &FieldFilter) -> Result<()>;
+
+    /// Marks cells for deferred reclamation. Backends without a cheaper mechanism clear.
+    async fn expire(&self, meta: &BatchMeta, fields: &FieldFilter) -> Result<()> {
+        self.clear(meta, fields).await
+    }
+}

@@ -1,0 +1,208 @@
+//! Tensors and cell values.
+
+use crate::{DType, Element, Error, Result};
+use bytes::Bytes;
+
+/// A row-major, contiguous, little-endian tensor. Cloning and row slicing never copy the bytes.
+#[derive(Clone, PartialEq)]
+pub struct Tensor {
+    dtype: DType,
+    shape: Vec<usize>,
+    data: Bytes,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("nbytes", &self.data.len())
+            .finish()
+    }
+}
+
+/// Number of elements of a shape (1 for a scalar shape `[]`).
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+impl Tensor {
+    /// Wraps `data` as a tensor; its length must be `numel(shape) * dtype.size()`.
+    pub fn new(dtype: DType, shape: Vec<usize>, data: Bytes) -> Result<Self> {
+        let expected = numel(&shape)
+            .checked_mul(dtype.size())
+            .ok_or_else(|| Error::invalid(format!("tensor shape {shape:?} overflows")))?;
+        if data.len() != expected {
+            return Err(Error::invalid(format!(
+                "tensor of dtype {dtype} and shape {shape:?} needs {expected} bytes, got {}",
+                data.len()
+            )));
+        }
+        Ok(Tensor { dtype, shape, data })
+    }
+
+    /// Copies `values` into a new tensor of the given shape.
+    pub fn from_slice<T: Element>(shape: Vec<usize>, values: &[T]) -> Result<Self> {
+        let mut out = Vec::with_capacity(values.len() * T::DTYPE.size());
+        for v in values {
+            v.write_le(&mut out);
+        }
+        Tensor::new(T::DTYPE, shape, Bytes::from(out))
+    }
+
+    /// A 1-D tensor holding `values`.
+    pub fn from_vec<T: Element>(values: Vec<T>) -> Self {
+        let n = values.len();
+        Tensor::from_slice(vec![n], &values).expect("1-D shape always matches its data")
+    }
+
+    /// Copies the elements out as `T`; `T` must match the dtype.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::invalid(format!(
+                "cannot view a {} tensor as {}",
+                self.dtype,
+                T::DTYPE
+            )));
+        }
+        let w = self.dtype.size();
+        Ok(self.data.chunks_exact(w).map(T::read_le).collect())
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// The raw little-endian bytes.
+    pub fn data(&self) -> &Bytes {
+        &self.data
+    }
+    pub fn into_data(self) -> Bytes {
+        self.data
+    }
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+    pub fn nbytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Number of rows (size of dimension 0); a scalar has none.
+    pub fn rows(&self) -> usize {
+        self.shape.first().copied().unwrap_or(0)
+    }
+
+    /// Bytes of one row (product of the trailing dimensions times the element size).
+    pub fn row_nbytes(&self) -> usize {
+        numel(self.shape.get(1..).unwrap_or(&[])) * self.dtype.size()
+    }
+
+    /// Row `i` as a tensor of shape `shape[1..]`, sharing this tensor's bytes.
+    pub fn row(&self, i: usize) -> Tensor {
+        let w = self.row_nbytes();
+        Tensor {
+            dtype: self.dtype,
+            shape: self.shape[1..].to_vec(),
+            data: self.data.slice(i * w..(i + 1) * w),
+        }
+    }
+
+    /// Rows `start..end` as a tensor, sharing this tensor's bytes.
+    pub fn slice_rows(&self, start: usize, end: usize) -> Tensor {
+        let w = self.row_nbytes();
+        let mut shape = self.shape.clone();
+        shape[0] = end - start;
+        Tensor {
+            dtype: self.dtype,
+            shape,
+            data: self.data.slice(start * w..end * w),
+        }
+    }
+}
+
+/// One cell: a tensor, or an opaque serialized object tq never looks inside.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Tensor(Tensor),
+    Object(Bytes),
+}
+
+impl Value {
+    /// Payload size in bytes.
+    pub fn nbytes(&self) -> usize {
+        match self {
+            Value::Tensor(t) => t.nbytes(),
+            Value::Object(b) => b.len(),
+        }
+    }
+
+    /// The payload bytes (tensor data or object bytes).
+    pub fn bytes(&self) -> &Bytes {
+        match self {
+            Value::Tensor(t) => t.data(),
+            Value::Object(b) => b,
+        }
+    }
+
+    pub fn as_tensor(&self) -> Option<&Tensor> {
+        match self {
+            Value::Tensor(t) => Some(t),
+            Value::Object(_) => None,
+        }
+    }
+
+    pub fn as_object(&self) -> Option<&Bytes> {
+        match self {
+            Value::Object(b) => Some(b),
+            Value::Tensor(_) => None,
+        }
+    }
+
+    /// Short description of the kind and type, for error messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Value::Tensor(t) => format!("{} tensor of shape {:?}", t.dtype(), t.shape()),
+            Value::Object(b) => format!("object of {} bytes", b.len()),
+        }
+    }
+}
+
+impl From<Tensor> for Value {
+    fn from(t: Tensor) -> Self {
+        Value::Tensor(t)
+    }
+}
+
+impl From<Bytes> for Value {
+    fn from(b: Bytes) -> Self {
+        Value::Object(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_share_bytes() {
+        let t = Tensor::from_slice(vec![3, 2], &[1i32, 2, 3, 4, 5, 6]).unwrap();
+        assert_eq!(t.rows(), 3);
+        let r = t.row(1);
+        assert_eq!(r.shape(), &[2]);
+        assert_eq!(r.to_vec::<i32>().unwrap(), vec![3, 4]);
+        assert_eq!(r.data().as_ptr(), t.data()[8..].as_ptr());
+        assert_eq!(
+            t.slice_rows(1, 3).to_vec::<i32>().unwrap(),
+            vec![3, 4, 5, 6]
+        );
+    }
+
+    #[test]
+    fn bad_length_is_invalid() {
+        let e = Tensor::new(DType::F32, vec![2, 2], Bytes::from(vec![0u8; 15])).unwrap_err();
+        assert_eq!(e.kind(), &crate::ErrorKind::Invalid);
+        assert!(Tensor::from_vec(vec![1.0f32]).to_vec::<i32>().is_err());
+    }
+}
