@@ -1,1 +1,26 @@
+//! tq-controller: the control plane of tq.
+//!
+//! It knows, per partition, which samples exist (allocating and reusing indexes with a
+//! generation), which cells are produced, what every task has consumed, and the keys and tags
+//! of the KV API. It never touches payloads and never depends on a storage backend.
+//!
+//! Clients use it through the [`ControlPlane`] trait; [`Controller`] is the in-process
+//! implementation. The rules that keep data safe (ARCHITECTURE §6) are enforced here:
+//! production notices for samples being cleared or not owned are rejected, clears go
+//! mark → storage clear → release, every request gets an answer and waiting never blocks others.
 
+mod allocator;
+mod api;
+mod bitmap;
+mod controller;
+mod partition;
+mod sampler;
+
+pub use api::{
+    ConsumptionStatus, ControlPlane, GetMetaMode, GetMetaRequest, KeyListing, KvMeta,
+    ProductionNotice, ProductionStatus, Wait,
+};
+pub use controller::{sampler_from_name, Controller, ControllerConfig};
+pub use sampler::{
+    Candidate, GrpoGroupNSampler, Sampled, Sampler, SamplerContext, SequentialSampler,
+};

@@ -1,0 +1,211 @@
+//! The control-plane interface clients use, embedded or (later) remote, and its message types.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tq_core::{BackendMeta, BatchMeta, FieldName, FieldSchema, Result, SampleId, Tags};
+
+/// How long a fetch waits for enough ready samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Wait {
+    /// Answer at once; an empty batch means "not enough ready yet" (polling mode).
+    NoWait,
+    /// Park the request until enough samples are ready or the duration passes (then `Timeout`).
+    /// Waiting never holds up other requests.
+    For(Duration),
+}
+
+/// What `get_meta` should do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GetMetaMode {
+    /// Samples produced for every requested field and not yet consumed by `task`; the sampler
+    /// picks, and the picked samples are marked consumed by `task` before the answer is sent.
+    Fetch {
+        task: String,
+        batch_size: usize,
+        wait: Wait,
+    },
+    /// Allocates `count` new samples in the partition (created on first use).
+    Insert { count: usize },
+    /// Every live sample of the partition, with per-sample production for the requested fields.
+    /// Consumption is not touched.
+    Force,
+}
+
+/// A `get_meta` request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetMetaRequest {
+    pub partition: String,
+    pub fields: Vec<FieldName>,
+    pub mode: GetMetaMode,
+    /// Name of a sampler registered on the controller; `None` uses the default.
+    pub sampler: Option<String>,
+    pub dp_rank: Option<u32>,
+    pub batch_index: Option<u64>,
+}
+
+impl GetMetaRequest {
+    /// A fetch of `batch_size` samples with `fields` for `task`.
+    pub fn fetch(
+        partition: impl Into<String>,
+        fields: &[&str],
+        task: impl Into<String>,
+        batch_size: usize,
+        wait: Wait,
+    ) -> Self {
+        GetMetaRequest {
+            partition: partition.into(),
+            fields: fields.iter().map(|s| s.to_string()).collect(),
+            mode: GetMetaMode::Fetch {
+                task: task.into(),
+                batch_size,
+                wait,
+            },
+            sampler: None,
+            dp_rank: None,
+            batch_index: None,
+        }
+    }
+
+    /// Uses the sampler registered under `name`.
+    pub fn with_sampler(mut self, name: impl Into<String>) -> Self {
+        self.sampler = Some(name.into());
+        self
+    }
+}
+
+/// "These cells are now in storage": sent after a successful storage write. Tags travel in the
+/// same message, so a consumer never sees a ready sample without its tags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProductionNotice {
+    pub partition: String,
+    pub samples: Vec<SampleId>,
+    /// Schema of each written field, aligned with `samples`.
+    pub schemas: BTreeMap<FieldName, FieldSchema>,
+    /// Tags to merge into each sample's tags (aligned with `samples`).
+    pub tags: Option<Vec<Tags>>,
+    /// Backend metadata to merge per sample (aligned with `samples`).
+    pub backend_meta: Option<Vec<BackendMeta>>,
+}
+
+/// Result of resolving keys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvMeta {
+    /// Rows for the found (or created) keys, in request order; its fields are the fields
+    /// produced for every one of those rows.
+    pub meta: BatchMeta,
+    /// The key of each row of `meta`.
+    pub keys: Vec<String>,
+    /// Requested keys that do not exist (only without `create`).
+    pub missing: Vec<String>,
+}
+
+/// Per-sample production of some fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProductionStatus {
+    pub samples: Vec<SampleId>,
+    pub fields: Vec<FieldName>,
+    /// Row-major: `produced[row * fields.len() + f]`.
+    pub produced: Vec<bool>,
+}
+
+impl ProductionStatus {
+    /// True when there is at least one sample and every cell is produced.
+    pub fn all_produced(&self) -> bool {
+        !self.samples.is_empty() && self.produced.iter().all(|&p| p)
+    }
+}
+
+/// Per-sample consumption by one task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumptionStatus {
+    pub samples: Vec<SampleId>,
+    pub consumed: Vec<bool>,
+}
+
+impl ConsumptionStatus {
+    /// True when there is at least one sample and all are consumed.
+    pub fn all_consumed(&self) -> bool {
+        !self.samples.is_empty() && self.consumed.iter().all(|&c| c)
+    }
+}
+
+/// One partition's keys and tags, in insertion order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyListing {
+    pub partition: String,
+    pub entries: Vec<(String, Tags)>,
+}
+
+/// The control plane as clients see it. The in-process [`crate::Controller`] implements it;
+/// a remote stub will implement the same trait, so client code has one path.
+#[async_trait]
+pub trait ControlPlane: Send + Sync + 'static {
+    /// Metadata for a batch: fetch, insert (allocate) or force mode.
+    async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta>;
+
+    /// Marks cells produced. Rejected (`Conflict`, nothing changed) for samples that are being
+    /// cleared or not owned by the partition any more.
+    async fn notify_production(&self, notice: ProductionNotice) -> Result<()>;
+
+    /// Merges tags into samples without writing data.
+    async fn set_tags(&self, partition: &str, samples: &[SampleId], tags: Vec<Tags>) -> Result<()>;
+
+    /// Step 1 of a clear: hides the samples at once and returns their metadata (every produced
+    /// field, backend meta) for the storage clear. `None` selects the whole partition. Samples
+    /// not owned are ignored, so a retried clear is harmless.
+    async fn mark_clearing(
+        &self,
+        partition: &str,
+        samples: Option<&[SampleId]>,
+    ) -> Result<BatchMeta>;
+
+    /// Step 3 of a clear, after storage is clear: releases the samples' indexes for reuse. An
+    /// empty partition is removed.
+    async fn release(&self, partition: &str, samples: &[SampleId]) -> Result<()>;
+
+    /// Step 1 of a field-level clear: the cells read as never written from now on and cannot be
+    /// written again until [`ControlPlane::finish_clear_fields`]. Returns the metadata of the
+    /// samples that held any of the fields.
+    async fn begin_clear_fields(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<BatchMeta>;
+
+    /// Step 3 of a field-level clear: the cells may be written again.
+    async fn finish_clear_fields(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<()>;
+
+    /// Resolves keys to samples; with `create`, unknown keys get new samples (and the partition
+    /// is created). Duplicate or empty keys are `Invalid`.
+    async fn kv_retrieve_meta(
+        &self,
+        partition: &str,
+        keys: &[String],
+        create: bool,
+    ) -> Result<KvMeta>;
+
+    /// Keys and tags of one partition, or of every partition.
+    async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>>;
+
+    async fn production_status(
+        &self,
+        partition: &str,
+        fields: &[FieldName],
+    ) -> Result<ProductionStatus>;
+
+    async fn consumption_status(&self, partition: &str, task: &str) -> Result<ConsumptionStatus>;
+
+    /// Forgets what `task` (or every task) consumed, so samples can be fetched again.
+    async fn reset_consumption(&self, partition: &str, task: Option<&str>) -> Result<()>;
+
+    /// Partition names in creation order.
+    async fn list_partitions(&self) -> Result<Vec<String>>;
+}

@@ -1,0 +1,515 @@
+//! The in-process controller: all state behind one mutex with short critical sections (never
+//! held across an `.await`); fetches that must wait park on a per-partition `Notify` with a
+//! deadline, so a waiting consumer never holds up anyone else.
+
+use crate::allocator::IndexAllocator;
+use crate::api::*;
+use crate::partition::{check_unique_ids, Partition, Production};
+use crate::sampler::{GrpoGroupNSampler, Sampler, SamplerContext, SequentialSampler};
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use tokio::sync::Notify;
+use tq_core::{BatchMeta, Error, FieldName, Result, SampleId, Tags};
+
+/// Controller settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// Number of storage units samples are balanced across (index `i` lives on unit `i % n`).
+    pub storage_units: u32,
+    /// The sampler used when a fetch names none: `"sequential"` or `"grpo:<n>"`.
+    pub default_sampler: String,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            storage_units: 2,
+            default_sampler: "sequential".into(),
+        }
+    }
+}
+
+/// Builds a sampler from its configuration name: `sequential` or `grpo:<n>`.
+pub fn sampler_from_name(name: &str) -> Result<Arc<dyn Sampler>> {
+    match name.split_once(':') {
+        None if name == "sequential" => Ok(Arc::new(SequentialSampler)),
+        Some(("grpo", n)) => {
+            let n: usize = n.parse().map_err(|_| {
+                Error::invalid(format!("sampler `{name}`: `{n}` is not a group size"))
+            })?;
+            Ok(Arc::new(GrpoGroupNSampler::new(n)?))
+        }
+        _ => Err(Error::invalid(format!(
+            "unknown sampler `{name}` (expected `sequential` or `grpo:<n>`)"
+        ))),
+    }
+}
+
+struct State {
+    partitions: HashMap<String, Partition>,
+    /// Partition names in creation order.
+    order: Vec<String>,
+    alloc: IndexAllocator,
+}
+
+impl State {
+    fn partition(&self, name: &str) -> Result<&Partition> {
+        self.partitions
+            .get(name)
+            .ok_or_else(|| Error::not_found(format!("partition `{name}` does not exist")))
+    }
+
+    fn partition_mut(&mut self, name: &str) -> Result<&mut Partition> {
+        self.partitions
+            .get_mut(name)
+            .ok_or_else(|| Error::not_found(format!("partition `{name}` does not exist")))
+    }
+
+    /// The partition, created on first use; returns it with the allocator.
+    fn partition_or_create(&mut self, name: &str) -> Result<(&mut Partition, &mut IndexAllocator)> {
+        if name.is_empty() {
+            return Err(Error::invalid("partition names must not be empty"));
+        }
+        if !self.partitions.contains_key(name) {
+            tracing::debug!(partition = name, "creating partition");
+            self.partitions.insert(
+                name.to_string(),
+                Partition::new(name.to_string(), self.alloc.units()),
+            );
+            self.order.push(name.to_string());
+        }
+        Ok((
+            self.partitions.get_mut(name).expect("just ensured"),
+            &mut self.alloc,
+        ))
+    }
+
+    fn drop_if_empty(&mut self, name: &str) -> bool {
+        if self.partitions.get(name).is_some_and(|p| p.len() == 0) {
+            self.partitions.remove(name);
+            self.order.retain(|n| n != name);
+            return true;
+        }
+        false
+    }
+}
+
+/// The control plane, in process. Cheap to share behind an `Arc`.
+pub struct Controller {
+    state: Mutex<State>,
+    waiters: Mutex<HashMap<String, Arc<Notify>>>,
+    samplers: RwLock<HashMap<String, Arc<dyn Sampler>>>,
+    default_sampler: Arc<dyn Sampler>,
+}
+
+impl Controller {
+    pub fn new(config: ControllerConfig) -> Result<Self> {
+        if config.storage_units == 0 {
+            return Err(Error::invalid("controller needs at least one storage unit"));
+        }
+        Ok(Controller {
+            state: Mutex::new(State {
+                partitions: HashMap::new(),
+                order: Vec::new(),
+                alloc: IndexAllocator::new(config.storage_units),
+            }),
+            waiters: Mutex::new(HashMap::new()),
+            samplers: RwLock::new(HashMap::new()),
+            default_sampler: sampler_from_name(&config.default_sampler)?,
+        })
+    }
+
+    /// Makes `sampler` available to fetches that name it.
+    pub fn register_sampler(&self, name: impl Into<String>, sampler: Arc<dyn Sampler>) {
+        self.samplers
+            .write()
+            .expect("sampler registry poisoned")
+            .insert(name.into(), sampler);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic inside a critical section is a bug; the state is still structurally valid
+        // because every mutation validates first, so keep serving.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn waiter(&self, partition: &str) -> Arc<Notify> {
+        let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        w.entry(partition.to_string()).or_default().clone()
+    }
+
+    /// Wakes fetches waiting on `partition` to re-check readiness.
+    fn wake(&self, partition: &str) {
+        let w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = w.get(partition) {
+            n.notify_waiters();
+        }
+    }
+
+    fn sampler(&self, name: Option<&str>) -> Result<Arc<dyn Sampler>> {
+        match name {
+            None => Ok(self.default_sampler.clone()),
+            Some(n) => self
+                .samplers
+                .read()
+                .expect("sampler registry poisoned")
+                .get(n)
+                .cloned()
+                .ok_or_else(|| Error::invalid(format!("no sampler named `{n}` is registered"))),
+        }
+    }
+
+    /// Indexes handed out and not yet released, over all partitions.
+    pub fn samples_in_use(&self) -> usize {
+        self.lock().alloc.in_use()
+    }
+
+    /// One attempt at a fetch; `None` when not enough samples are ready.
+    fn try_fetch(
+        &self,
+        req: &GetMetaRequest,
+        task: &str,
+        batch_size: usize,
+        sampler: &dyn Sampler,
+    ) -> Result<Option<BatchMeta>> {
+        let mut st = self.lock();
+        let Some(p) = st.partitions.get_mut(&req.partition) else {
+            return Ok(None);
+        };
+        let Some(fids) = p.known_fields(&req.fields) else {
+            return Ok(None);
+        };
+        let ctx = SamplerContext {
+            partition: &req.partition,
+            task,
+            dp_rank: req.dp_rank,
+            batch_index: req.batch_index,
+        };
+        let ready = p.ready(&fids, task);
+        if ready.len() < batch_size && !sampler.has_cached(&ctx) {
+            return Ok(None);
+        }
+        let picked = sampler.sample(&ready, batch_size, &ctx)?;
+        if picked.sampled.is_empty() {
+            return Ok(None);
+        }
+        let ready_ids: HashSet<SampleId> = ready.iter().map(|c| c.id).collect();
+        let slots = match p.slots_of(&picked.sampled) {
+            Ok(s) => s,
+            // A cached answer may name samples cleared since; treat as not ready.
+            Err(_) => return Ok(None),
+        };
+        if let Some(bad) = picked
+            .consumed
+            .iter()
+            .find(|id| !ready_ids.contains(id) && !picked.sampled.contains(id))
+        {
+            return Err(Error::internal(format!(
+                "partition `{}`: sampler marked sample {bad} consumed, which was not ready",
+                req.partition
+            )));
+        }
+        p.mark_consumed(task, &picked.consumed);
+        Ok(Some(p.build_meta(&slots, &fids, Production::AllReady)))
+    }
+
+    async fn fetch(
+        &self,
+        req: &GetMetaRequest,
+        task: &str,
+        batch_size: usize,
+        wait: Wait,
+    ) -> Result<BatchMeta> {
+        if batch_size == 0 {
+            return Err(Error::invalid("fetch batch size must be at least 1"));
+        }
+        if req.fields.is_empty() {
+            return Err(Error::invalid(format!(
+                "partition `{}`: a fetch needs at least one field",
+                req.partition
+            )));
+        }
+        if task.is_empty() {
+            return Err(Error::invalid("a fetch needs a task name"));
+        }
+        let sampler = self.sampler(req.sampler.as_deref())?;
+        let deadline = match wait {
+            Wait::NoWait => None,
+            Wait::For(d) => Some(tokio::time::Instant::now() + d),
+        };
+        let notify = self.waiter(&req.partition);
+        loop {
+            // Register interest before checking, so a notify between check and wait is not lost.
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(meta) = self.try_fetch(req, task, batch_size, sampler.as_ref())? {
+                return Ok(meta);
+            }
+            let Some(deadline) = deadline else {
+                return Ok(BatchMeta::empty(req.partition.clone()));
+            };
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                let ready = {
+                    let st = self.lock();
+                    st.partitions
+                        .get(&req.partition)
+                        .and_then(|p| p.known_fields(&req.fields).map(|f| p.ready(&f, task).len()))
+                        .unwrap_or(0)
+                };
+                return Err(Error::timeout(format!(
+                    "partition `{}`: fetch of {batch_size} samples with fields {:?} for task `{task}` \
+                     timed out ({ready} ready)",
+                    req.partition, req.fields
+                )));
+            }
+        }
+    }
+}
+
+fn check_keys(partition: &str, keys: &[String]) -> Result<()> {
+    if keys.is_empty() {
+        return Err(Error::invalid(format!(
+            "partition `{partition}`: empty key list"
+        )));
+    }
+    let mut seen = HashSet::with_capacity(keys.len());
+    for k in keys {
+        if k.is_empty() {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: empty key"
+            )));
+        }
+        if !seen.insert(k.as_str()) {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: key `{k}` appears twice"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn check_field_list(partition: &str, fields: &[FieldName]) -> Result<()> {
+    if fields.is_empty() {
+        return Err(Error::invalid(format!(
+            "partition `{partition}`: empty field list (use a whole-sample clear to clear everything)"
+        )));
+    }
+    let mut seen = HashSet::new();
+    if let Some(d) = fields.iter().find(|f| !seen.insert(f.as_str())) {
+        return Err(Error::invalid(format!(
+            "partition `{partition}`: field `{d}` appears twice"
+        )));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl ControlPlane for Controller {
+    async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
+        match &req.mode {
+            GetMetaMode::Fetch {
+                task,
+                batch_size,
+                wait,
+            } => self.fetch(&req, task, *batch_size, *wait).await,
+            GetMetaMode::Insert { count } => {
+                if *count == 0 {
+                    return Err(Error::invalid(format!(
+                        "partition `{}`: insert of zero samples",
+                        req.partition
+                    )));
+                }
+                let mut st = self.lock();
+                let (p, alloc) = st.partition_or_create(&req.partition)?;
+                let slots = p.allocate(alloc, *count);
+                Ok(p.build_meta(&slots, &[], Production::NoneReady))
+            }
+            GetMetaMode::Force => {
+                let st = self.lock();
+                Ok(st.partition(&req.partition)?.force_meta(&req.fields))
+            }
+        }
+    }
+
+    async fn notify_production(&self, notice: ProductionNotice) -> Result<()> {
+        if notice.samples.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut st = self.lock();
+            st.partition_mut(&notice.partition)?.notify(&notice)?;
+        }
+        self.wake(&notice.partition);
+        Ok(())
+    }
+
+    async fn set_tags(&self, partition: &str, samples: &[SampleId], tags: Vec<Tags>) -> Result<()> {
+        {
+            let mut st = self.lock();
+            st.partition_mut(partition)?.set_tags(samples, &tags)?;
+        }
+        self.wake(partition);
+        Ok(())
+    }
+
+    async fn mark_clearing(
+        &self,
+        partition: &str,
+        samples: Option<&[SampleId]>,
+    ) -> Result<BatchMeta> {
+        if let Some(s) = samples {
+            check_unique_ids(partition, s)?;
+        }
+        let mut st = self.lock();
+        match st.partitions.get_mut(partition) {
+            Some(p) => Ok(p.mark_clearing(samples)),
+            None => Ok(BatchMeta::empty(partition)),
+        }
+    }
+
+    async fn release(&self, partition: &str, samples: &[SampleId]) -> Result<()> {
+        let dropped = {
+            let mut st = self.lock();
+            let st = &mut *st;
+            let Some(p) = st.partitions.get_mut(partition) else {
+                return Ok(());
+            };
+            p.release(&mut st.alloc, samples);
+            st.drop_if_empty(partition)
+        };
+        if dropped {
+            for s in self
+                .samplers
+                .read()
+                .expect("sampler registry poisoned")
+                .values()
+            {
+                s.clear_partition(partition);
+            }
+            self.default_sampler.clear_partition(partition);
+            let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            if w.get(partition).is_some_and(|n| Arc::strong_count(n) == 1) {
+                w.remove(partition);
+            }
+        }
+        self.wake(partition);
+        Ok(())
+    }
+
+    async fn begin_clear_fields(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<BatchMeta> {
+        check_field_list(partition, fields)?;
+        check_unique_ids(partition, samples)?;
+        let mut st = self.lock();
+        match st.partitions.get_mut(partition) {
+            Some(p) => Ok(p.begin_clear_fields(samples, fields)),
+            None => Ok(BatchMeta::empty(partition)),
+        }
+    }
+
+    async fn finish_clear_fields(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<()> {
+        let mut st = self.lock();
+        if let Some(p) = st.partitions.get_mut(partition) {
+            p.finish_clear_fields(samples, fields);
+        }
+        Ok(())
+    }
+
+    async fn kv_retrieve_meta(
+        &self,
+        partition: &str,
+        keys: &[String],
+        create: bool,
+    ) -> Result<KvMeta> {
+        check_keys(partition, keys)?;
+        let mut st = self.lock();
+        if !create && !st.partitions.contains_key(partition) {
+            return Ok(KvMeta {
+                meta: BatchMeta::empty(partition),
+                keys: Vec::new(),
+                missing: keys.to_vec(),
+            });
+        }
+        let (p, alloc) = st.partition_or_create(partition)?;
+        let (mut slots, missing) = p.resolve_keys(keys, create)?;
+        if create && !missing.is_empty() {
+            let fresh = p.allocate(alloc, missing.len());
+            let mut fresh = fresh.into_iter();
+            for (k, s) in keys.iter().zip(slots.iter_mut()) {
+                if s.is_none() {
+                    let slot = fresh.next().expect("one fresh slot per missing key");
+                    p.bind_key(k, slot);
+                    *s = Some(slot);
+                }
+            }
+        }
+        let (found_keys, found): (Vec<String>, Vec<u32>) = keys
+            .iter()
+            .zip(&slots)
+            .filter_map(|(k, s)| s.map(|s| (k.clone(), s)))
+            .unzip();
+        let fids = p.common_fields(&found);
+        Ok(KvMeta {
+            meta: p.build_meta(&found, &fids, Production::Computed),
+            keys: found_keys,
+            missing: if create { Vec::new() } else { missing },
+        })
+    }
+
+    async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
+        let st = self.lock();
+        let names: Vec<&String> = match partition {
+            Some(p) => st.order.iter().filter(|n| n.as_str() == p).collect(),
+            None => st.order.iter().collect(),
+        };
+        Ok(names
+            .into_iter()
+            .map(|n| KeyListing {
+                partition: n.clone(),
+                entries: st.partitions[n].key_listing(),
+            })
+            .collect())
+    }
+
+    async fn production_status(
+        &self,
+        partition: &str,
+        fields: &[FieldName],
+    ) -> Result<ProductionStatus> {
+        if fields.is_empty() {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: production status needs at least one field"
+            )));
+        }
+        Ok(self.lock().partition(partition)?.production_status(fields))
+    }
+
+    async fn consumption_status(&self, partition: &str, task: &str) -> Result<ConsumptionStatus> {
+        Ok(self.lock().partition(partition)?.consumption_status(task))
+    }
+
+    async fn reset_consumption(&self, partition: &str, task: Option<&str>) -> Result<()> {
+        self.lock()
+            .partition_mut(partition)?
+            .reset_consumption(task);
+        self.wake(partition);
+        Ok(())
+    }
+
+    async fn list_partitions(&self) -> Result<Vec<String>> {
+        Ok(self.lock().order.clone())
+    }
+}

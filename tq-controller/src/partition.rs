@@ -1,0 +1,696 @@
+//! The state of one partition: a dense slot table with bitmaps for production, consumption and
+//! row states, per-field schemas, tags, backend metadata and keys.
+//!
+//! Everything here is synchronous and runs inside the controller's critical section; costs grow
+//! with the batch a call touches (plus a word-wise bitmap scan for fetches).
+
+use crate::allocator::IndexAllocator;
+use crate::api::{ConsumptionStatus, ProductionNotice, ProductionStatus};
+use crate::bitmap::{BitIter, Bitmap};
+use crate::sampler::Candidate;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use tq_core::{
+    BackendMeta, BatchMeta, DType, Error, FieldName, FieldSchema, Result, SampleId, Tags,
+};
+
+/// Per-sample shapes of a tensor field.
+#[derive(Debug, Clone, PartialEq)]
+enum Shapes {
+    /// No member yet (or an object field).
+    Unknown,
+    /// Every member has this shape.
+    Uniform(Vec<usize>),
+    /// Members differ (ragged); one entry per member slot.
+    PerSlot(HashMap<u32, Vec<usize>>),
+}
+
+/// The schema and membership of one field in one partition. Fields keep their column number for
+/// the partition's lifetime; a field with no members forgets its dtype and shapes.
+#[derive(Debug)]
+struct FieldState {
+    name: FieldName,
+    produced: Bitmap,
+    members: usize,
+    dtype: Option<DType>,
+    is_object: bool,
+    shapes: Shapes,
+}
+
+impl FieldState {
+    fn new(name: FieldName) -> Self {
+        FieldState {
+            name,
+            produced: Bitmap::default(),
+            members: 0,
+            dtype: None,
+            is_object: false,
+            shapes: Shapes::Unknown,
+        }
+    }
+
+    fn check(&self, incoming: &FieldSchema) -> Result<()> {
+        if self.members == 0 {
+            return Ok(());
+        }
+        let current = if self.is_object {
+            FieldSchema::object()
+        } else {
+            FieldSchema::dense(self.dtype.unwrap_or(DType::U8), vec![])
+        };
+        current.check_compatible(&self.name, incoming)
+    }
+
+    fn add(&mut self, slots: &[u32], schema: &FieldSchema) {
+        if self.members == 0 {
+            self.dtype = schema.dtype;
+            self.is_object = !schema.is_tensor();
+            self.shapes = Shapes::Unknown;
+        }
+        for (row, &slot) in slots.iter().enumerate() {
+            if !self.is_object {
+                let shape = schema.row_shape(row).unwrap_or(&[]);
+                match &mut self.shapes {
+                    Shapes::Unknown => self.shapes = Shapes::Uniform(shape.to_vec()),
+                    Shapes::Uniform(u) if u.as_slice() == shape => {}
+                    Shapes::Uniform(u) => {
+                        // Promotion to ragged: every existing member keeps the old shape.
+                        let old = std::mem::take(u);
+                        let mut map: HashMap<u32, Vec<usize>> = self
+                            .produced
+                            .ones()
+                            .map(|s| (s as u32, old.clone()))
+                            .collect();
+                        map.insert(slot, shape.to_vec());
+                        self.shapes = Shapes::PerSlot(map);
+                    }
+                    Shapes::PerSlot(map) => {
+                        map.insert(slot, shape.to_vec());
+                    }
+                }
+            }
+            if !self.produced.get(slot as usize) {
+                self.produced.set(slot as usize, true);
+                self.members += 1;
+            }
+        }
+    }
+
+    /// Removes one cell; returns whether it was present. Call `normalize` after a batch.
+    fn remove(&mut self, slot: u32) -> bool {
+        if !self.produced.get(slot as usize) {
+            return false;
+        }
+        self.produced.set(slot as usize, false);
+        self.members -= 1;
+        if let Shapes::PerSlot(map) = &mut self.shapes {
+            map.remove(&slot);
+        }
+        true
+    }
+
+    /// Forgets the schema of an empty field; demotes a ragged field whose members agree.
+    fn normalize(&mut self) {
+        if self.members == 0 {
+            self.dtype = None;
+            self.is_object = false;
+            self.shapes = Shapes::Unknown;
+            self.produced.clear_all();
+            return;
+        }
+        if let Shapes::PerSlot(map) = &self.shapes {
+            let mut it = map.values();
+            if let Some(first) = it.next() {
+                if it.all(|s| s == first) {
+                    self.shapes = Shapes::Uniform(first.clone());
+                }
+            }
+        }
+    }
+
+    /// The schema of this field over `slots` (rows without the cell get an empty shape).
+    fn schema(&self, slots: &[u32]) -> FieldSchema {
+        if self.is_object {
+            return FieldSchema::object();
+        }
+        let dtype = self.dtype.unwrap_or(DType::U8);
+        match &self.shapes {
+            Shapes::Unknown => FieldSchema::dense(dtype, vec![]),
+            Shapes::Uniform(s) => FieldSchema::dense(dtype, s.clone()),
+            Shapes::PerSlot(map) => FieldSchema::from_shapes(
+                dtype,
+                slots
+                    .iter()
+                    .map(|s| map.get(s).cloned().unwrap_or_default())
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// How per-row production is reported in a built [`BatchMeta`].
+pub(crate) enum Production {
+    /// Every row is ready (fetch results).
+    AllReady,
+    /// No row is ready (fresh allocations).
+    NoneReady,
+    /// Computed per row over the batch's fields.
+    Computed,
+}
+
+pub(crate) struct Partition {
+    pub name: String,
+    /// Sample of each slot (meaningful where `live` is set).
+    ids: Vec<SampleId>,
+    /// Allocation order of each slot.
+    seq: Vec<u64>,
+    next_seq: u64,
+    /// Slots holding a sample (visible or being cleared).
+    live: Bitmap,
+    /// Slots being cleared: hidden from every query, refused for writes.
+    clearing: Bitmap,
+    slot_of: HashMap<u32, u32>,
+    free_slots: Vec<u32>,
+    /// Rows owned per storage unit (for balanced allocation).
+    pub unit_counts: Vec<u32>,
+    fields: Vec<FieldState>,
+    field_ids: HashMap<FieldName, usize>,
+    consumption: HashMap<String, Bitmap>,
+    tags: Vec<Tags>,
+    backend_meta: Vec<BackendMeta>,
+    keys: HashMap<String, u32>,
+    slot_key: Vec<Option<String>>,
+    /// Cells under a field-level clear: (slot, field id).
+    clearing_cells: HashSet<(u32, usize)>,
+}
+
+fn slot_u(s: u32) -> usize {
+    s as usize
+}
+
+impl Partition {
+    pub fn new(name: String, units: u32) -> Self {
+        Partition {
+            name,
+            ids: Vec::new(),
+            seq: Vec::new(),
+            next_seq: 0,
+            live: Bitmap::default(),
+            clearing: Bitmap::default(),
+            slot_of: HashMap::new(),
+            free_slots: Vec::new(),
+            unit_counts: vec![0; units as usize],
+            fields: Vec::new(),
+            field_ids: HashMap::new(),
+            consumption: HashMap::new(),
+            tags: Vec::new(),
+            backend_meta: Vec::new(),
+            keys: HashMap::new(),
+            slot_key: Vec::new(),
+            clearing_cells: HashSet::new(),
+        }
+    }
+
+    /// Number of live samples (including those being cleared).
+    pub fn len(&self) -> usize {
+        self.slot_of.len()
+    }
+
+    fn visible(&self, slot: u32) -> bool {
+        self.live.get(slot_u(slot)) && !self.clearing.get(slot_u(slot))
+    }
+
+    /// The slot of `id` if this partition owns exactly that generation.
+    fn slot_for(&self, id: SampleId) -> Option<u32> {
+        self.slot_of
+            .get(&id.index)
+            .copied()
+            .filter(|&s| self.ids[slot_u(s)] == id)
+    }
+
+    /// Visible slots in allocation order.
+    fn visible_slots(&self) -> Vec<u32> {
+        let mut slots: Vec<u32> = (0..self.live.num_words())
+            .flat_map(|w| BitIter {
+                word: self.live.word(w) & !self.clearing.word(w),
+                base: w * 64,
+            })
+            .map(|s| s as u32)
+            .collect();
+        slots.sort_unstable_by_key(|&s| self.seq[slot_u(s)]);
+        slots
+    }
+
+    /// Allocates `count` new samples, in one contiguous run of allocation order.
+    pub fn allocate(&mut self, alloc: &mut IndexAllocator, count: usize) -> Vec<u32> {
+        let mut out = Vec::with_capacity(count);
+        for _ in 0..count {
+            let id = alloc.allocate(&mut self.unit_counts);
+            let slot = match self.free_slots.pop() {
+                Some(s) => s,
+                None => {
+                    self.ids.push(id);
+                    self.seq.push(0);
+                    self.tags.push(Tags::new());
+                    self.backend_meta.push(BackendMeta::new());
+                    self.slot_key.push(None);
+                    (self.ids.len() - 1) as u32
+                }
+            };
+            let su = slot_u(slot);
+            self.ids[su] = id;
+            self.seq[su] = self.next_seq;
+            self.next_seq += 1;
+            self.live.set(su, true);
+            self.slot_of.insert(id.index, slot);
+            out.push(slot);
+        }
+        out
+    }
+
+    fn field_id(&mut self, name: &str) -> usize {
+        if let Some(&f) = self.field_ids.get(name) {
+            return f;
+        }
+        self.fields.push(FieldState::new(name.to_string()));
+        self.field_ids
+            .insert(name.to_string(), self.fields.len() - 1);
+        self.fields.len() - 1
+    }
+
+    /// Builds the metadata of `slots` for the fields `fids`.
+    pub fn build_meta(&self, slots: &[u32], fids: &[usize], production: Production) -> BatchMeta {
+        let samples = slots.iter().map(|&s| self.ids[slot_u(s)]).collect();
+        let fields: BTreeMap<FieldName, FieldSchema> = fids
+            .iter()
+            .map(|&f| (self.fields[f].name.clone(), self.fields[f].schema(slots)))
+            .collect();
+        let production = match production {
+            Production::AllReady => vec![true; slots.len()],
+            Production::NoneReady => vec![false; slots.len()],
+            Production::Computed => slots
+                .iter()
+                .map(|&s| {
+                    !fids.is_empty()
+                        && self.visible(s)
+                        && fids.iter().all(|&f| self.fields[f].produced.get(slot_u(s)))
+                })
+                .collect(),
+        };
+        let names: HashSet<&str> = fids.iter().map(|&f| self.fields[f].name.as_str()).collect();
+        let backend_meta = slots
+            .iter()
+            .map(|&s| {
+                self.backend_meta[slot_u(s)]
+                    .iter()
+                    .filter(|(k, _)| names.contains(k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .collect();
+        BatchMeta::new(self.name.clone(), samples)
+            .with_fields(fields)
+            .and_then(|m| m.with_production(production))
+            .and_then(|m| {
+                m.with_tags(
+                    slots
+                        .iter()
+                        .map(|&s| self.tags[slot_u(s)].clone())
+                        .collect(),
+                )
+            })
+            .and_then(|m| m.with_backend_meta(backend_meta))
+            .expect("per-row vectors are built from the same slots")
+    }
+
+    /// Field ids of `names`, or `None` if any is not registered.
+    pub fn known_fields(&self, names: &[FieldName]) -> Option<Vec<usize>> {
+        names
+            .iter()
+            .map(|n| self.field_ids.get(n).copied())
+            .collect()
+    }
+
+    /// Fields that currently have at least one member, in column order.
+    fn populated_fields(&self) -> Vec<usize> {
+        (0..self.fields.len())
+            .filter(|&f| self.fields[f].members > 0)
+            .collect()
+    }
+
+    /// Samples produced for all of `fids` and not consumed by `task`, in allocation order.
+    pub fn ready(&self, fids: &[usize], task: &str) -> Vec<Candidate<'_>> {
+        let consumed = self.consumption.get(task);
+        let mut slots: Vec<usize> = Vec::new();
+        for w in 0..self.live.num_words() {
+            let mut word = self.live.word(w) & !self.clearing.word(w);
+            if let Some(c) = consumed {
+                word &= !c.word(w);
+            }
+            for &f in fids {
+                word &= self.fields[f].produced.word(w);
+            }
+            slots.extend(BitIter { word, base: w * 64 });
+        }
+        slots.sort_unstable_by_key(|&s| self.seq[s]);
+        slots
+            .into_iter()
+            .map(|s| Candidate {
+                id: self.ids[s],
+                seq: self.seq[s],
+                tags: &self.tags[s],
+            })
+            .collect()
+    }
+
+    /// Slots of `ids`, which must all be visible samples of this partition.
+    pub fn slots_of(&self, ids: &[SampleId]) -> Result<Vec<u32>> {
+        ids.iter()
+            .map(|&id| {
+                let slot = self.slot_for(id).ok_or_else(|| {
+                    Error::conflict(format!(
+                        "partition `{}`: sample {id} is not owned by this partition (cleared or reused)",
+                        self.name
+                    ))
+                })?;
+                if self.clearing.get(slot_u(slot)) {
+                    return Err(Error::conflict(format!(
+                        "partition `{}`: sample {id} is being cleared",
+                        self.name
+                    )));
+                }
+                Ok(slot)
+            })
+            .collect()
+    }
+
+    pub fn mark_consumed(&mut self, task: &str, ids: &[SampleId]) {
+        let bits = self.consumption.entry(task.to_string()).or_default();
+        for id in ids {
+            if let Some(&s) = self.slot_of.get(&id.index) {
+                bits.set(slot_u(s), true);
+            }
+        }
+    }
+
+    /// Applies a production notice: validates everything, then changes everything.
+    pub fn notify(&mut self, n: &ProductionNotice) -> Result<()> {
+        let rows = n.samples.len();
+        check_unique_ids(&self.name, &n.samples)?;
+        for (name, s) in &n.schemas {
+            s.check_rows(name, rows)?;
+        }
+        if n.tags.as_ref().is_some_and(|t| t.len() != rows)
+            || n.backend_meta.as_ref().is_some_and(|b| b.len() != rows)
+        {
+            return Err(Error::invalid(format!(
+                "partition `{}`: tags or backend meta do not match {rows} samples",
+                self.name
+            )));
+        }
+        let slots = self.slots_of(&n.samples)?;
+        for (name, schema) in &n.schemas {
+            if let Some(&f) = self.field_ids.get(name) {
+                self.fields[f].check(schema)?;
+                if let Some(&s) = slots
+                    .iter()
+                    .find(|&&s| self.clearing_cells.contains(&(s, f)))
+                {
+                    return Err(Error::conflict(format!(
+                        "partition `{}`: field `{name}` of sample {} is being cleared",
+                        self.name,
+                        self.ids[slot_u(s)]
+                    )));
+                }
+            }
+        }
+        for (name, schema) in &n.schemas {
+            let f = self.field_id(name);
+            self.fields[f].add(&slots, schema);
+        }
+        if let Some(tags) = &n.tags {
+            for (&s, t) in slots.iter().zip(tags) {
+                self.tags[slot_u(s)].extend(t.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+        }
+        if let Some(bm) = &n.backend_meta {
+            for (&s, m) in slots.iter().zip(bm) {
+                self.backend_meta[slot_u(s)].extend(m.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn set_tags(&mut self, ids: &[SampleId], tags: &[Tags]) -> Result<()> {
+        if ids.len() != tags.len() {
+            return Err(Error::invalid(format!(
+                "partition `{}`: {} tag maps for {} samples",
+                self.name,
+                tags.len(),
+                ids.len()
+            )));
+        }
+        check_unique_ids(&self.name, ids)?;
+        let slots = self.slots_of(ids)?;
+        for (&s, t) in slots.iter().zip(tags) {
+            self.tags[slot_u(s)].extend(t.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        Ok(())
+    }
+
+    /// Hides samples (all visible ones when `ids` is `None`) and returns their metadata with
+    /// every field any of them holds. Samples already being cleared are included again, so a
+    /// retried clear finds them; samples not owned are ignored.
+    pub fn mark_clearing(&mut self, ids: Option<&[SampleId]>) -> BatchMeta {
+        let slots: Vec<u32> = match ids {
+            None => {
+                let mut s: Vec<u32> = self.live.ones().map(|s| s as u32).collect();
+                s.sort_unstable_by_key(|&s| self.seq[slot_u(s)]);
+                s
+            }
+            Some(ids) => {
+                let mut seen = HashSet::new();
+                ids.iter()
+                    .filter_map(|&id| self.slot_for(id))
+                    .filter(|s| seen.insert(*s))
+                    .collect()
+            }
+        };
+        let fids: Vec<usize> = (0..self.fields.len())
+            .filter(|&f| {
+                slots
+                    .iter()
+                    .any(|&s| self.fields[f].produced.get(slot_u(s)))
+            })
+            .collect();
+        let meta = self.build_meta(&slots, &fids, Production::Computed);
+        for &s in &slots {
+            self.clearing.set(slot_u(s), true);
+        }
+        meta
+    }
+
+    /// Releases samples that were marked clearing; returns how many were released.
+    pub fn release(&mut self, alloc: &mut IndexAllocator, ids: &[SampleId]) -> usize {
+        let mut released = 0;
+        for &id in ids {
+            let Some(slot) = self.slot_for(id) else {
+                continue;
+            };
+            let su = slot_u(slot);
+            if !self.clearing.get(su) {
+                tracing::warn!(partition = %self.name, sample = %id, "release of a sample that was not marked clearing; ignored");
+                continue;
+            }
+            for f in &mut self.fields {
+                f.remove(slot);
+            }
+            for bits in self.consumption.values_mut() {
+                bits.set(su, false);
+            }
+            self.clearing_cells.retain(|&(s, _)| s != slot);
+            self.tags[su].clear();
+            self.backend_meta[su].clear();
+            if let Some(k) = self.slot_key[su].take() {
+                self.keys.remove(&k);
+            }
+            self.live.set(su, false);
+            self.clearing.set(su, false);
+            self.slot_of.remove(&id.index);
+            self.free_slots.push(slot);
+            alloc.release(id, &mut self.unit_counts);
+            released += 1;
+        }
+        if released > 0 {
+            self.fields.iter_mut().for_each(FieldState::normalize);
+        }
+        released
+    }
+
+    /// Removes the given fields' cells of the given samples from the metadata and blocks writes
+    /// to them until `finish_clear_fields`. Returns the affected samples' metadata.
+    pub fn begin_clear_fields(&mut self, ids: &[SampleId], names: &[FieldName]) -> BatchMeta {
+        let fids: Vec<usize> = names
+            .iter()
+            .filter_map(|n| self.field_ids.get(n).copied())
+            .collect();
+        let mut seen = HashSet::new();
+        let slots: Vec<u32> = ids
+            .iter()
+            .filter_map(|&id| self.slot_for(id))
+            .filter(|&s| self.visible(s) && seen.insert(s))
+            .filter(|&s| {
+                fids.iter().any(|&f| {
+                    self.fields[f].produced.get(slot_u(s)) || self.clearing_cells.contains(&(s, f))
+                })
+            })
+            .collect();
+        let meta = self.build_meta(&slots, &fids, Production::Computed);
+        for &s in &slots {
+            for &f in &fids {
+                if self.fields[f].remove(s) || self.clearing_cells.contains(&(s, f)) {
+                    self.clearing_cells.insert((s, f));
+                    self.backend_meta[slot_u(s)].remove(&self.fields[f].name);
+                }
+            }
+        }
+        for &f in &fids {
+            self.fields[f].normalize();
+        }
+        meta
+    }
+
+    pub fn finish_clear_fields(&mut self, ids: &[SampleId], names: &[FieldName]) {
+        let fids: Vec<usize> = names
+            .iter()
+            .filter_map(|n| self.field_ids.get(n).copied())
+            .collect();
+        for &id in ids {
+            if let Some(s) = self.slot_for(id) {
+                for &f in &fids {
+                    self.clearing_cells.remove(&(s, f));
+                }
+            }
+        }
+    }
+
+    pub fn reset_consumption(&mut self, task: Option<&str>) {
+        match task {
+            Some(t) => {
+                if let Some(b) = self.consumption.get_mut(t) {
+                    b.clear_all();
+                }
+            }
+            None => self.consumption.values_mut().for_each(Bitmap::clear_all),
+        }
+    }
+
+    pub fn production_status(&self, names: &[FieldName]) -> ProductionStatus {
+        let slots = self.visible_slots();
+        let fids: Vec<Option<usize>> = names
+            .iter()
+            .map(|n| self.field_ids.get(n).copied())
+            .collect();
+        let mut produced = Vec::with_capacity(slots.len() * names.len());
+        for &s in &slots {
+            for f in &fids {
+                produced.push(f.is_some_and(|f| self.fields[f].produced.get(slot_u(s))));
+            }
+        }
+        ProductionStatus {
+            samples: slots.iter().map(|&s| self.ids[slot_u(s)]).collect(),
+            fields: names.to_vec(),
+            produced,
+        }
+    }
+
+    pub fn consumption_status(&self, task: &str) -> ConsumptionStatus {
+        let slots = self.visible_slots();
+        let bits = self.consumption.get(task);
+        ConsumptionStatus {
+            samples: slots.iter().map(|&s| self.ids[slot_u(s)]).collect(),
+            consumed: slots
+                .iter()
+                .map(|&s| bits.is_some_and(|b| b.get(slot_u(s))))
+                .collect(),
+        }
+    }
+
+    /// Resolves keys to visible slots. Missing keys are returned separately; keys whose sample
+    /// is being cleared count as missing, unless `create` is set, which refuses them.
+    pub fn resolve_keys(
+        &self,
+        keys: &[String],
+        create: bool,
+    ) -> Result<(Vec<Option<u32>>, Vec<String>)> {
+        let mut slots = Vec::with_capacity(keys.len());
+        let mut missing = Vec::new();
+        for k in keys {
+            match self.keys.get(k) {
+                Some(&s) if self.visible(s) => slots.push(Some(s)),
+                Some(_) if create => {
+                    return Err(Error::conflict(format!(
+                        "partition `{}`: key `{k}` is being cleared",
+                        self.name
+                    )))
+                }
+                _ => {
+                    slots.push(None);
+                    missing.push(k.clone());
+                }
+            }
+        }
+        Ok((slots, missing))
+    }
+
+    pub fn bind_key(&mut self, key: &str, slot: u32) {
+        self.keys.insert(key.to_string(), slot);
+        self.slot_key[slot_u(slot)] = Some(key.to_string());
+    }
+
+    /// Fields produced for every one of `slots` (none when `slots` is empty).
+    pub fn common_fields(&self, slots: &[u32]) -> Vec<usize> {
+        if slots.is_empty() {
+            return Vec::new();
+        }
+        self.populated_fields()
+            .into_iter()
+            .filter(|&f| {
+                slots
+                    .iter()
+                    .all(|&s| self.fields[f].produced.get(slot_u(s)))
+            })
+            .collect()
+    }
+
+    /// Visible keys with their tags, in allocation order.
+    pub fn key_listing(&self) -> Vec<(String, Tags)> {
+        let mut entries: Vec<(u64, String, Tags)> = self
+            .keys
+            .iter()
+            .filter(|(_, &s)| self.visible(s))
+            .map(|(k, &s)| (self.seq[slot_u(s)], k.clone(), self.tags[slot_u(s)].clone()))
+            .collect();
+        entries.sort_unstable_by_key(|e| e.0);
+        entries.into_iter().map(|(_, k, t)| (k, t)).collect()
+    }
+
+    /// Metadata of every visible sample for `names` (registered ones only), production per row.
+    pub fn force_meta(&self, names: &[FieldName]) -> BatchMeta {
+        let slots = self.visible_slots();
+        let fids: Vec<usize> = names
+            .iter()
+            .filter_map(|n| self.field_ids.get(n).copied())
+            .collect();
+        self.build_meta(&slots, &fids, Production::Computed)
+    }
+}
+
+pub(crate) fn check_unique_ids(partition: &str, ids: &[SampleId]) -> Result<()> {
+    let mut seen = HashSet::with_capacity(ids.len());
+    if let Some(dup) = ids.iter().find(|id| !seen.insert(id.index)) {
+        return Err(Error::invalid(format!(
+            "partition `{partition}`: sample {dup} appears twice"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,332 @@
+//! Samplers choose which ready samples a fetch hands out.
+//!
+//! The controller calls a sampler with the samples that are produced for every requested field
+//! and not yet consumed by the task, in allocation order. The sampler returns what to hand out
+//! and what to mark consumed (usually the same). Returning nothing means "not enough yet".
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use tq_core::{Error, Result, SampleId, TagValue, Tags};
+
+/// A ready sample as a sampler sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate<'a> {
+    pub id: SampleId,
+    /// Allocation order within the partition: samples allocated by one call get consecutive
+    /// numbers, so a put of a whole group is contiguous in `seq` even when indexes are reused.
+    pub seq: u64,
+    pub tags: &'a Tags,
+}
+
+/// Who is asking, for samplers that keep per-rank or per-batch state.
+#[derive(Debug, Clone, Copy)]
+pub struct SamplerContext<'a> {
+    pub partition: &'a str,
+    pub task: &'a str,
+    pub dp_rank: Option<u32>,
+    pub batch_index: Option<u64>,
+}
+
+/// The sampler's answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sampled {
+    /// Handed out, in this order.
+    pub sampled: Vec<SampleId>,
+    /// Marked consumed for the task.
+    pub consumed: Vec<SampleId>,
+}
+
+impl Sampled {
+    fn same(ids: Vec<SampleId>) -> Self {
+        Sampled {
+            consumed: ids.clone(),
+            sampled: ids,
+        }
+    }
+}
+
+/// Chooses samples for fetches. Implementations keep their own state behind interior
+/// mutability; the controller calls them inside its critical section, so they must be quick.
+pub trait Sampler: Send + Sync + 'static {
+    /// Picks up to `batch_size` of `ready`. Every returned id must come from `ready`.
+    fn sample(
+        &self,
+        ready: &[Candidate<'_>],
+        batch_size: usize,
+        ctx: &SamplerContext<'_>,
+    ) -> Result<Sampled>;
+
+    /// True when a cached answer exists for this context, so a fetch may proceed even if fewer
+    /// than `batch_size` samples are ready (rank-aware sampling).
+    fn has_cached(&self, _ctx: &SamplerContext<'_>) -> bool {
+        false
+    }
+
+    /// Drops any state kept for `partition` (called when the partition is cleared).
+    fn clear_partition(&self, _partition: &str) {}
+}
+
+/// Hands out the oldest ready samples first.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SequentialSampler;
+
+impl Sampler for SequentialSampler {
+    fn sample(
+        &self,
+        ready: &[Candidate<'_>],
+        batch_size: usize,
+        _ctx: &SamplerContext<'_>,
+    ) -> Result<Sampled> {
+        Ok(Sampled::same(
+            ready.iter().take(batch_size).map(|c| c.id).collect(),
+        ))
+    }
+}
+
+type CacheKey = (String, String, u32, Option<u64>);
+
+/// Hands out only complete groups of `n` samples (the `n` responses of one GRPO prompt).
+///
+/// A group is either the samples sharing one value of a tag (`with_group_tag`), or — the
+/// default — `n` consecutive allocation slots aligned to a multiple of `n`, which is what a
+/// producer gets when it puts each prompt's `n` responses in one call of a multiple of `n`
+/// samples. (The original grouped by consecutive global indexes, which broke on index reuse and
+/// could splice two prompts' halves into one group.)
+///
+/// With a `dp_rank` in the context, the answer is cached per (partition, task, rank, batch index)
+/// so every member of a data-parallel group gets the same batch.
+pub struct GrpoGroupNSampler {
+    n: usize,
+    group_tag: Option<String>,
+    cache: Mutex<HashMap<CacheKey, Sampled>>,
+}
+
+impl GrpoGroupNSampler {
+    /// `n` samples per group; `n == 0` is `Invalid`.
+    pub fn new(n: usize) -> Result<Self> {
+        if n == 0 {
+            return Err(Error::invalid("GrpoGroupNSampler needs n >= 1"));
+        }
+        Ok(GrpoGroupNSampler {
+            n,
+            group_tag: None,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Groups samples by the value of tag `key` instead of by allocation order.
+    pub fn with_group_tag(mut self, key: impl Into<String>) -> Self {
+        self.group_tag = Some(key.into());
+        self
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    fn key(ctx: &SamplerContext<'_>) -> Option<CacheKey> {
+        ctx.dp_rank.map(|r| {
+            (
+                ctx.partition.to_string(),
+                ctx.task.to_string(),
+                r,
+                ctx.batch_index,
+            )
+        })
+    }
+
+    fn complete_groups(&self, ready: &[Candidate<'_>], groups_wanted: usize) -> Vec<SampleId> {
+        let n = self.n;
+        let mut out = Vec::with_capacity(groups_wanted * n);
+        match &self.group_tag {
+            Some(tag) => {
+                // Groups in order of their first ready member.
+                let mut order: Vec<String> = Vec::new();
+                let mut members: HashMap<String, Vec<SampleId>> = HashMap::new();
+                for c in ready {
+                    let Some(v) = c.tags.get(tag) else { continue };
+                    let k = tag_key(v);
+                    let m = members.entry(k.clone()).or_default();
+                    if m.is_empty() {
+                        order.push(k);
+                    }
+                    m.push(c.id);
+                }
+                for k in order {
+                    let m = &members[&k];
+                    if m.len() >= n {
+                        out.extend_from_slice(&m[..n]);
+                        if out.len() == groups_wanted * n {
+                            break;
+                        }
+                    }
+                }
+            }
+            None => {
+                let mut i = 0;
+                while i < ready.len() && out.len() < groups_wanted * n {
+                    let start = ready[i].seq;
+                    let window = &ready[i..(i + n).min(ready.len())];
+                    let aligned = start % n as u64 == 0;
+                    let complete = window.len() == n
+                        && window
+                            .iter()
+                            .enumerate()
+                            .all(|(k, c)| c.seq == start + k as u64);
+                    if aligned && complete {
+                        out.extend(window.iter().map(|c| c.id));
+                        i += n;
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+        }
+        if out.len() < groups_wanted * n {
+            out.clear();
+        }
+        out
+    }
+}
+
+fn tag_key(v: &TagValue) -> String {
+    match v {
+        TagValue::Str(s) => s.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+impl Sampler for GrpoGroupNSampler {
+    fn sample(
+        &self,
+        ready: &[Candidate<'_>],
+        batch_size: usize,
+        ctx: &SamplerContext<'_>,
+    ) -> Result<Sampled> {
+        let key = Self::key(ctx);
+        if let Some(k) = &key {
+            if let Some(hit) = self.cache.lock().expect("sampler cache").get(k) {
+                return Ok(hit.clone());
+            }
+        }
+        if batch_size % self.n != 0 {
+            return Err(Error::invalid(format!(
+                "batch size {batch_size} must be a multiple of n = {} samples per group",
+                self.n
+            )));
+        }
+        let picked = Sampled::same(self.complete_groups(ready, batch_size / self.n));
+        if let (Some(k), false) = (key, picked.sampled.is_empty()) {
+            self.cache
+                .lock()
+                .expect("sampler cache")
+                .entry(k)
+                .or_insert_with(|| picked.clone());
+        }
+        Ok(picked)
+    }
+
+    fn has_cached(&self, ctx: &SamplerContext<'_>) -> bool {
+        Self::key(ctx).is_some_and(|k| self.cache.lock().expect("sampler cache").contains_key(&k))
+    }
+
+    fn clear_partition(&self, partition: &str) {
+        self.cache
+            .lock()
+            .expect("sampler cache")
+            .retain(|k, _| k.0 != partition);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cands<'a>(seqs: &[u64], tags: &'a Tags) -> Vec<Candidate<'a>> {
+        seqs.iter()
+            .map(|&s| Candidate {
+                id: SampleId::new(s as u32 + 100, 0),
+                seq: s,
+                tags,
+            })
+            .collect()
+    }
+
+    const CTX: SamplerContext<'static> = SamplerContext {
+        partition: "p",
+        task: "t",
+        dp_rank: None,
+        batch_index: None,
+    };
+
+    #[test]
+    fn sequential_takes_first_n() {
+        let t = Tags::new();
+        let c = cands(&[0, 1, 2, 3], &t);
+        let s = SequentialSampler.sample(&c, 3, &CTX).unwrap();
+        assert_eq!(s.sampled.len(), 3);
+        assert_eq!(s.sampled, s.consumed);
+        assert_eq!(
+            SequentialSampler
+                .sample(&c, 10, &CTX)
+                .unwrap()
+                .sampled
+                .len(),
+            4
+        );
+        assert!(SequentialSampler
+            .sample(&c, 0, &CTX)
+            .unwrap()
+            .sampled
+            .is_empty());
+    }
+
+    #[test]
+    fn grpo_takes_only_complete_aligned_groups() {
+        let t = Tags::new();
+        // Groups of 3: {0,1,2} {3,4,5} {6,7,8} {9,10,11}. 2 is missing; 3..5 and 9..11 complete;
+        // 6,7 ready but 8 not.
+        let c = cands(&[0, 1, 3, 4, 5, 6, 7, 9, 10, 11], &t);
+        let g = GrpoGroupNSampler::new(3).unwrap();
+        let s = g.sample(&c, 6, &CTX).unwrap();
+        let seqs: Vec<u32> = s.sampled.iter().map(|i| i.index - 100).collect();
+        assert_eq!(seqs, vec![3, 4, 5, 9, 10, 11]);
+        // Not enough complete groups → nothing.
+        assert!(g.sample(&c, 9, &CTX).unwrap().sampled.is_empty());
+        assert!(g.sample(&c, 4, &CTX).is_err());
+        assert!(GrpoGroupNSampler::new(0).is_err());
+        // A misaligned run (seq 1,2,3) is not a group.
+        let c = cands(&[1, 2, 3], &t);
+        assert!(g.sample(&c, 3, &CTX).unwrap().sampled.is_empty());
+    }
+
+    #[test]
+    fn grpo_by_tag_and_rank_cache() {
+        let tags: Vec<Tags> = ["a", "b", "a", "b", "c"]
+            .iter()
+            .map(|v| [("uid".to_string(), TagValue::from(*v))].into())
+            .collect();
+        let c: Vec<Candidate> = tags
+            .iter()
+            .enumerate()
+            .map(|(i, t)| Candidate {
+                id: SampleId::new(i as u32, 0),
+                seq: i as u64 * 7,
+                tags: t,
+            })
+            .collect();
+        let g = GrpoGroupNSampler::new(2).unwrap().with_group_tag("uid");
+        let ctx = SamplerContext {
+            dp_rank: Some(0),
+            batch_index: Some(0),
+            ..CTX
+        };
+        let s = g.sample(&c, 2, &ctx).unwrap();
+        assert_eq!(s.sampled, vec![SampleId::new(0, 0), SampleId::new(2, 0)]);
+        assert!(g.has_cached(&ctx));
+        // Same rank and batch index → same answer even with nothing ready.
+        assert_eq!(g.sample(&[], 2, &ctx).unwrap(), s);
+        g.clear_partition("p");
+        assert!(!g.has_cached(&ctx));
+    }
+}

@@ -1,0 +1,574 @@
+//! Behaviour of the in-process controller (reference §10 cases 10–30 and the fixes of §11).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tq_controller::*;
+use tq_core::{
+    BackendMeta, Bytes, DType, ErrorKind, FieldKind, FieldSchema, SampleId, TagValue, Tags,
+};
+
+fn controller(units: u32) -> Controller {
+    Controller::new(ControllerConfig {
+        storage_units: units,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+async fn insert(c: &Controller, p: &str, n: usize) -> Vec<SampleId> {
+    let req = GetMetaRequest {
+        partition: p.into(),
+        fields: vec![],
+        mode: GetMetaMode::Insert { count: n },
+        sampler: None,
+        dp_rank: None,
+        batch_index: None,
+    };
+    let m = c.get_meta(req).await.unwrap();
+    assert!(m.production().iter().all(|&p| !p));
+    m.samples().to_vec()
+}
+
+fn notice(p: &str, ids: &[SampleId], fields: &[(&str, FieldSchema)]) -> ProductionNotice {
+    ProductionNotice {
+        partition: p.into(),
+        samples: ids.to_vec(),
+        schemas: fields
+            .iter()
+            .map(|(n, s)| (n.to_string(), s.clone()))
+            .collect(),
+        tags: None,
+        backend_meta: None,
+    }
+}
+
+fn f32s(shape: Vec<usize>) -> FieldSchema {
+    FieldSchema::dense(DType::F32, shape)
+}
+
+async fn produce(c: &Controller, p: &str, ids: &[SampleId], fields: &[&str]) {
+    let f: Vec<(&str, FieldSchema)> = fields.iter().map(|n| (*n, f32s(vec![2]))).collect();
+    c.notify_production(notice(p, ids, &f)).await.unwrap();
+}
+
+async fn fetch(c: &Controller, p: &str, fields: &[&str], task: &str, n: usize) -> Vec<u32> {
+    let m = c
+        .get_meta(GetMetaRequest::fetch(p, fields, task, n, Wait::NoWait))
+        .await
+        .unwrap();
+    m.samples().iter().map(|s| s.index).collect()
+}
+
+async fn clear(c: &Controller, p: &str, ids: Option<&[SampleId]>) -> usize {
+    let m = c.mark_clearing(p, ids).await.unwrap();
+    c.release(p, m.samples()).await.unwrap();
+    m.len()
+}
+
+fn force(p: &str, fields: &[&str]) -> GetMetaRequest {
+    GetMetaRequest {
+        partition: p.into(),
+        fields: fields.iter().map(|s| s.to_string()).collect(),
+        mode: GetMetaMode::Force,
+        sampler: None,
+        dp_rank: None,
+        batch_index: None,
+    }
+}
+
+#[tokio::test]
+async fn insert_produce_fetch_force_and_clear_partition() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 32).await;
+    assert_eq!(
+        ids.iter().map(|i| i.index).collect::<Vec<_>>(),
+        (0..32).collect::<Vec<_>>()
+    );
+    produce(&c, "p", &ids, &["a", "b"]).await;
+    let ps = c
+        .production_status("p", &["a".into(), "b".into()])
+        .await
+        .unwrap();
+    assert_eq!(ps.samples.len(), 32);
+    assert!(ps.all_produced());
+    let cs = c.consumption_status("p", "T").await.unwrap();
+    assert_eq!(cs.consumed, vec![false; 32]);
+
+    let m = c
+        .get_meta(GetMetaRequest::fetch("p", &["a"], "T", 32, Wait::NoWait))
+        .await
+        .unwrap();
+    assert_eq!(m.len(), 32);
+    assert!(m.is_ready());
+    assert_eq!(m.field_names().collect::<Vec<_>>(), vec!["a"]);
+    assert!(c.consumption_status("p", "T").await.unwrap().all_consumed());
+    assert_eq!(c.get_meta(force("p", &["a"])).await.unwrap().len(), 32);
+
+    assert_eq!(clear(&c, "p", None).await, 32);
+    assert!(c.list_partitions().await.unwrap().is_empty());
+    let e = c.get_meta(force("p", &["a"])).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::NotFound);
+    // Clearing a missing partition is a no-op.
+    assert_eq!(clear(&c, "p", None).await, 0);
+    assert_eq!(c.samples_in_use(), 0);
+}
+
+#[tokio::test]
+async fn indexes_are_reused_with_a_new_generation() {
+    let c = controller(1);
+    let p1 = insert(&c, "p1", 32).await;
+    let _p2 = insert(&c, "p2", 16).await;
+    clear(&c, "p1", Some(&p1)).await;
+    let p3 = insert(&c, "p3", 64).await;
+    let idx: Vec<u32> = p3.iter().map(|s| s.index).collect();
+    let mut want: Vec<u32> = (0..32).collect();
+    want.extend(48..80);
+    assert_eq!(idx, want);
+    assert!(p3[..32].iter().all(|s| s.generation == 1));
+    assert!(p3[32..].iter().all(|s| s.generation == 0));
+}
+
+#[tokio::test]
+async fn tasks_consume_independently_and_reset() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 6).await;
+    produce(&c, "p", &ids, &["a"]).await;
+    assert_eq!(fetch(&c, "p", &["a"], "A", 3).await, vec![0, 1, 2]);
+    assert_eq!(fetch(&c, "p", &["a"], "A", 3).await, vec![3, 4, 5]);
+    assert_eq!(fetch(&c, "p", &["a"], "B", 2).await, vec![0, 1]);
+    assert!(fetch(&c, "p", &["a"], "A", 1).await.is_empty());
+    c.reset_consumption("p", Some("A")).await.unwrap();
+    assert_eq!(fetch(&c, "p", &["a"], "A", 6).await.len(), 6);
+    assert_eq!(fetch(&c, "p", &["a"], "B", 6).await, Vec::<u32>::new());
+    c.reset_consumption("p", None).await.unwrap();
+    assert_eq!(fetch(&c, "p", &["a"], "B", 6).await.len(), 6);
+    let e = c.reset_consumption("nope", None).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::NotFound);
+}
+
+#[tokio::test]
+async fn partial_production_and_clear_of_samples() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 8).await;
+    produce(&c, "p", &ids, &["a"]).await;
+    assert!(c
+        .production_status("p", &["a".into()])
+        .await
+        .unwrap()
+        .all_produced());
+    assert!(!c
+        .production_status("p", &["a".into(), "b".into()])
+        .await
+        .unwrap()
+        .all_produced());
+    let gone: Vec<SampleId> = [0, 1, 2, 3, 6].iter().map(|&i| ids[i]).collect();
+    assert_eq!(clear(&c, "p", Some(&gone)).await, 5);
+    let left: Vec<u32> = c
+        .get_meta(force("p", &[]))
+        .await
+        .unwrap()
+        .samples()
+        .iter()
+        .map(|s| s.index)
+        .collect();
+    assert_eq!(left, vec![4, 5, 7]);
+    // Repeating, or naming another partition, changes nothing.
+    assert_eq!(clear(&c, "p", Some(&gone)).await, 0);
+    assert_eq!(clear(&c, "other", Some(&gone)).await, 0);
+    assert_eq!(c.get_meta(force("p", &[])).await.unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn notify_is_rejected_for_clearing_or_released_samples() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 2).await;
+    let m = c.mark_clearing("p", Some(&ids[..1])).await.unwrap();
+    let e = c
+        .notify_production(notice("p", &ids, &[("a", f32s(vec![1]))]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Conflict);
+    assert!(e.message().contains("being cleared"), "{e}");
+    // Nothing changed for the other sample either (all-or-nothing).
+    assert!(
+        !c.production_status("p", &["a".into()])
+            .await
+            .unwrap()
+            .produced[0]
+    );
+    c.release("p", m.samples()).await.unwrap();
+    let e = c
+        .notify_production(notice("p", &ids[..1], &[("a", f32s(vec![1]))]))
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("not owned"), "{e}");
+    // The index is reused with a new generation; the stale id still cannot notify.
+    let again = insert(&c, "q", 1).await;
+    assert_eq!(again[0].index, ids[0].index);
+    assert!(c
+        .notify_production(notice("q", &ids[..1], &[("a", f32s(vec![1]))]))
+        .await
+        .is_err());
+    // Duplicate samples in one notice are invalid.
+    let e = c
+        .notify_production(notice("p", &[ids[1], ids[1]], &[("a", f32s(vec![1]))]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+}
+
+#[tokio::test]
+async fn cleared_partition_never_sees_another_partitions_reuse() {
+    let c = controller(1);
+    let a = insert(&c, "p1", 1).await;
+    produce(&c, "p1", &a, &["x"]).await;
+    clear(&c, "p1", Some(&a)).await;
+    let b = insert(&c, "p2", 1).await;
+    assert_eq!(b[0].index, a[0].index);
+    produce(&c, "p2", &b, &["x"]).await;
+    assert!(fetch(&c, "p1", &["x"], "t", 1).await.is_empty());
+    assert_eq!(fetch(&c, "p2", &["x"], "t", 1).await, vec![a[0].index]);
+}
+
+#[tokio::test]
+async fn schemas_follow_the_promotion_rules() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 3).await;
+    c.notify_production(notice("p", &ids, &[("f", f32s(vec![2]))]))
+        .await
+        .unwrap();
+    // dtype conflict: Invalid, nothing changes.
+    let e = c
+        .notify_production(notice(
+            "p",
+            &ids[..1],
+            &[("f", FieldSchema::dense(DType::I64, vec![2]))],
+        ))
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("dtype mismatch"), "{e}");
+    let e = c
+        .notify_production(notice("p", &ids[..1], &[("f", FieldSchema::object())]))
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("kind mismatch"), "{e}");
+    // A different shape promotes to ragged.
+    c.notify_production(notice("p", &ids[2..], &[("f", f32s(vec![5]))]))
+        .await
+        .unwrap();
+    let m = c.get_meta(force("p", &["f"])).await.unwrap();
+    let s = &m.fields()["f"];
+    assert_eq!(s.kind, FieldKind::Ragged);
+    assert_eq!(
+        s.per_sample_shapes.as_ref().unwrap(),
+        &vec![vec![2], vec![2], vec![5]]
+    );
+    // Clearing the odd sample demotes back to dense.
+    clear(&c, "p", Some(&ids[2..])).await;
+    let m = c.get_meta(force("p", &["f"])).await.unwrap();
+    assert_eq!(m.fields()["f"], f32s(vec![2]));
+    // Clearing every sample forgets the schema: a new dtype is accepted.
+    clear(&c, "p", Some(&ids[..2])).await;
+    let more = insert(&c, "p", 1).await;
+    c.notify_production(notice(
+        "p",
+        &more,
+        &[("f", FieldSchema::dense(DType::I64, vec![1]))],
+    ))
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn tags_and_backend_meta_arrive_with_readiness() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 2).await;
+    let mut n = notice("p", &ids, &[("a", f32s(vec![1])), ("b", f32s(vec![1]))]);
+    n.tags = Some(vec![
+        [("len".to_string(), TagValue::Int(10))].into(),
+        [("len".to_string(), TagValue::Int(20))].into(),
+    ]);
+    let bm: Vec<BackendMeta> = (0..2)
+        .map(|i| {
+            BTreeMap::from([
+                ("a".to_string(), Bytes::from(format!("a{i}"))),
+                ("b".to_string(), Bytes::from(format!("b{i}"))),
+            ])
+        })
+        .collect();
+    n.backend_meta = Some(bm);
+    c.notify_production(n).await.unwrap();
+    let m = c
+        .get_meta(GetMetaRequest::fetch("p", &["a"], "t", 2, Wait::NoWait))
+        .await
+        .unwrap();
+    assert_eq!(m.tags()[1]["len"], TagValue::Int(20));
+    assert_eq!(
+        m.backend_meta()[0].len(),
+        1,
+        "backend meta filtered to the fetched field"
+    );
+    assert_eq!(m.backend_meta()[0]["a"], Bytes::from("a0"));
+    c.set_tags(
+        "p",
+        &ids[..1],
+        vec![[("x".to_string(), TagValue::from("y"))].into()],
+    )
+    .await
+    .unwrap();
+    let m = c.get_meta(force("p", &["a"])).await.unwrap();
+    assert_eq!(m.tags()[0].len(), 2);
+    assert_eq!(m.tags()[1].len(), 1);
+    assert!(c.set_tags("p", &ids, vec![Tags::new()]).await.is_err());
+}
+
+#[tokio::test]
+async fn kv_keys_resolve_create_and_list() {
+    let c = controller(2);
+    let keys: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+    let kv = c.kv_retrieve_meta("p", &keys, true).await.unwrap();
+    assert_eq!(kv.keys, keys);
+    assert_eq!(kv.meta.len(), 3);
+    assert!(kv.meta.fields().is_empty());
+    // Same keys resolve to the same samples.
+    let again = c.kv_retrieve_meta("p", &keys, false).await.unwrap();
+    assert_eq!(again.meta.samples(), kv.meta.samples());
+    // Mixed existing and missing keys without create.
+    let mixed: Vec<String> = ["a", "x", "c", "y"].iter().map(|s| s.to_string()).collect();
+    let m = c.kv_retrieve_meta("p", &mixed, false).await.unwrap();
+    assert_eq!(m.keys, vec!["a", "c"]);
+    assert_eq!(m.missing, vec!["x", "y"]);
+    let none = c.kv_retrieve_meta("nope", &mixed, false).await.unwrap();
+    assert!(none.meta.is_empty());
+    assert!(
+        c.list_partitions().await.unwrap() == vec!["p"],
+        "lookup without create creates nothing"
+    );
+    // Invalid key lists.
+    let dup: Vec<String> = vec!["a".into(), "a".into()];
+    assert_eq!(
+        c.kv_retrieve_meta("p", &dup, true)
+            .await
+            .unwrap_err()
+            .kind(),
+        &ErrorKind::Invalid
+    );
+    assert_eq!(
+        c.kv_retrieve_meta("p", &[], true).await.unwrap_err().kind(),
+        &ErrorKind::Invalid
+    );
+    // After production the common field shows up; tags in key order.
+    let mut n = notice("p", kv.meta.samples(), &[("data", f32s(vec![1]))]);
+    n.tags = Some(
+        (0..3)
+            .map(|i| [("i".to_string(), TagValue::Int(i))].into())
+            .collect(),
+    );
+    c.notify_production(n).await.unwrap();
+    let m = c.kv_retrieve_meta("p", &keys, false).await.unwrap();
+    assert_eq!(m.meta.field_names().collect::<Vec<_>>(), vec!["data"]);
+    assert!(m.meta.is_ready());
+    let listing = c.kv_list(Some("p")).await.unwrap();
+    assert_eq!(listing.len(), 1);
+    let listed: Vec<&str> = listing[0].entries.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(listed, vec!["a", "b", "c"]);
+    assert_eq!(listing[0].entries[2].1["i"], TagValue::Int(2));
+    assert!(c.kv_list(Some("nope")).await.unwrap().is_empty());
+    // A cleared key disappears from listings and lookups.
+    let a = c.kv_retrieve_meta("p", &keys[..1], false).await.unwrap();
+    clear(&c, "p", Some(a.meta.samples())).await;
+    let listing = c.kv_list(None).await.unwrap();
+    assert_eq!(listing[0].entries.len(), 2);
+    assert_eq!(
+        c.kv_retrieve_meta("p", &keys[..1], false)
+            .await
+            .unwrap()
+            .missing,
+        vec!["a"]
+    );
+}
+
+#[tokio::test]
+async fn heterogeneous_keys_expose_only_common_fields() {
+    let c = controller(1);
+    let keys: Vec<String> = vec!["a".into(), "b".into()];
+    let kv = c.kv_retrieve_meta("p", &keys, true).await.unwrap();
+    let (a, b) = (kv.meta.samples()[0], kv.meta.samples()[1]);
+    produce(&c, "p", &[a], &["f_a", "f_b"]).await;
+    produce(&c, "p", &[b], &["f_a", "f_c"]).await;
+    let m = c.kv_retrieve_meta("p", &keys, false).await.unwrap();
+    assert_eq!(m.meta.field_names().collect::<Vec<_>>(), vec!["f_a"]);
+}
+
+#[tokio::test]
+async fn blocking_fetch_waits_without_blocking_others() {
+    let c = Arc::new(controller(1));
+    let ids = insert(&c, "p", 4).await;
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.get_meta(GetMetaRequest::fetch(
+                "p",
+                &["a"],
+                "t",
+                4,
+                Wait::For(Duration::from_secs(10)),
+            ))
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Other requests are served while the fetch waits.
+    let started = std::time::Instant::now();
+    assert_eq!(c.list_partitions().await.unwrap(), vec!["p"]);
+    produce(&c, "p", &ids[..2], &["a"]).await;
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(!waiter.is_finished(), "two of four ready: still waiting");
+    produce(&c, "p", &ids[2..], &["a"]).await;
+    let m = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.len(), 4);
+    // A deadline turns into Timeout with a message naming the partition.
+    let e = c
+        .get_meta(GetMetaRequest::fetch(
+            "p",
+            &["a"],
+            "t",
+            1,
+            Wait::For(Duration::from_millis(50)),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Timeout);
+    assert!(e.message().contains("`p`"), "{e}");
+    // Waiting for a partition that does not exist yet works too.
+    let w = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.get_meta(GetMetaRequest::fetch(
+                "later",
+                &["a"],
+                "t",
+                1,
+                Wait::For(Duration::from_secs(10)),
+            ))
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let l = insert(&c, "later", 1).await;
+    produce(&c, "later", &l, &["a"]).await;
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(5), w)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn bad_fetches_are_errors() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 2).await;
+    produce(&c, "p", &ids, &["a"]).await;
+    let e = c
+        .get_meta(GetMetaRequest::fetch("p", &[], "t", 1, Wait::NoWait))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+    let e = c
+        .get_meta(GetMetaRequest::fetch("p", &["a"], "t", 0, Wait::NoWait))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+    let e = c
+        .get_meta(GetMetaRequest::fetch("p", &["a"], "t", 1, Wait::NoWait).with_sampler("nope"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+    // Unknown field: nothing ready.
+    assert!(fetch(&c, "p", &["zzz"], "t", 1).await.is_empty());
+    // Polling with too few ready: empty, and nothing consumed.
+    assert!(fetch(&c, "p", &["a"], "t", 3).await.is_empty());
+    assert_eq!(fetch(&c, "p", &["a"], "t", 2).await.len(), 2);
+    let e = c
+        .get_meta(GetMetaRequest {
+            mode: GetMetaMode::Insert { count: 0 },
+            ..force("p", &[])
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+}
+
+#[tokio::test]
+async fn allocation_balances_partitions_across_units() {
+    let c = controller(2);
+    let mut a = vec![];
+    let mut b = vec![];
+    for _ in 0..4 {
+        a.extend(insert(&c, "a", 1).await);
+        b.extend(insert(&c, "b", 1).await);
+    }
+    for ids in [a, b] {
+        let on0 = ids.iter().filter(|s| s.index % 2 == 0).count();
+        assert_eq!(on0, 2, "{ids:?}");
+    }
+}
+
+#[tokio::test]
+async fn grpo_sampler_hands_out_whole_groups() {
+    let c = controller(1);
+    c.register_sampler("grpo", Arc::new(GrpoGroupNSampler::new(2).unwrap()));
+    let ids = insert(&c, "p", 6).await;
+    // Groups (0,1) (2,3) (4,5); produce 0,1,2 and 4,5.
+    produce(&c, "p", &[ids[0], ids[1], ids[2], ids[4], ids[5]], &["r"]).await;
+    let m = c
+        .get_meta(GetMetaRequest::fetch("p", &["r"], "train", 4, Wait::NoWait).with_sampler("grpo"))
+        .await
+        .unwrap();
+    let got: Vec<u32> = m.samples().iter().map(|s| s.index).collect();
+    assert_eq!(got, vec![0, 1, 4, 5]);
+    let m = c
+        .get_meta(GetMetaRequest::fetch("p", &["r"], "train", 2, Wait::NoWait).with_sampler("grpo"))
+        .await
+        .unwrap();
+    assert!(m.is_empty(), "sample 2's partner is not ready");
+}
+
+#[tokio::test]
+async fn field_level_clear_blocks_writes_until_finished() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 3).await;
+    produce(&c, "p", &ids, &["a", "b"]).await;
+    assert_eq!(fetch(&c, "p", &["a"], "t", 3).await.len(), 3);
+    let fields = vec!["b".to_string()];
+    let m = c.begin_clear_fields("p", &ids[..2], &fields).await.unwrap();
+    assert_eq!(m.len(), 2);
+    assert_eq!(m.field_names().collect::<Vec<_>>(), vec!["b"]);
+    let ps = c
+        .production_status("p", &["a".into(), "b".into()])
+        .await
+        .unwrap();
+    assert_eq!(ps.produced, vec![true, false, true, false, true, true]);
+    // Writing the cell while the storage clear runs is refused.
+    let e = c
+        .notify_production(notice("p", &ids[..1], &[("b", f32s(vec![2]))]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Conflict);
+    c.finish_clear_fields("p", &ids[..2], &fields)
+        .await
+        .unwrap();
+    produce(&c, "p", &ids[..1], &["b"]).await;
+    // Consumption and the sample itself stay.
+    assert!(c.consumption_status("p", "t").await.unwrap().all_consumed());
+    assert!(c.begin_clear_fields("p", &ids, &[]).await.is_err());
+}
