@@ -97,7 +97,8 @@ pub struct KvMeta {
     pub meta: BatchMeta,
     /// The key of each row of `meta`.
     pub keys: Vec<String>,
-    /// Requested keys that do not exist (only without `create`).
+    /// Requested keys that did not exist: left out of `meta` without `create`, created (and
+    /// included in `meta`) with it.
     pub missing: Vec<String>,
 }
 

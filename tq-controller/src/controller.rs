@@ -465,7 +465,7 @@ impl ControlPlane for Controller {
         Ok(KvMeta {
             meta: p.build_meta(&found, &fids, Production::Computed),
             keys: found_keys,
-            missing: if create { Vec::new() } else { missing },
+            missing,
         })
     }
 

@@ -1,0 +1,439 @@
+//! [`SimpleStorage`]: the [`StorageManager`] that routes samples to storage units.
+
+use crate::unit::{
+    check_threshold, CellShape, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats,
+    UnitUpdate,
+};
+use async_trait::async_trait;
+use futures::future::join_all;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use tq_core::{
+    Batch, BatchMeta, Capabilities, Column, Error, FieldFilter, FieldName, FieldSchema, MergeOp,
+    MergeRegistry, PutReceipt, Result, SampleId, StorageManager, Value,
+};
+
+/// Configuration of [`SimpleStorage::in_memory`].
+#[derive(Debug, Clone)]
+pub struct SimpleConfig {
+    /// Capacity of each unit in samples (distinct indexes); `None` is unlimited. Routing is by
+    /// `index % units`, so a unit can fill up before the total is reached when indexes are not
+    /// spread evenly.
+    pub capacity_per_unit: Option<usize>,
+    /// Live fraction of a shared allocation below which units copy its survivors out
+    /// (see the crate docs).
+    pub compaction_threshold: f64,
+    /// Merge functions available to [`MergeOp::Named`] on every unit.
+    pub merge_registry: MergeRegistry,
+}
+
+impl Default for SimpleConfig {
+    fn default() -> Self {
+        let unit = UnitConfig::default();
+        SimpleConfig {
+            capacity_per_unit: unit.capacity,
+            compaction_threshold: unit.compaction_threshold,
+            merge_registry: unit.merge_registry,
+        }
+    }
+}
+
+/// The default storage backend: samples spread over storage units by index.
+///
+/// The order of the units given to [`SimpleStorage::new`] is the routing table: the sample with
+/// index `i` lives on unit `i % units.len()`. Every process that talks to the same units must
+/// use the same order (the controller hands it out), and changing the number of units without
+/// moving data makes stored samples unreachable.
+///
+/// Each operation splits the batch per unit without copying payloads, talks to the units
+/// concurrently, and is all-or-nothing per unit (not across units: a failed put or update may
+/// leave other units' parts written; the error says which units committed).
+pub struct SimpleStorage {
+    units: Vec<Arc<dyn StorageUnit>>,
+}
+
+impl std::fmt::Debug for SimpleStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimpleStorage")
+            .field(
+                "units",
+                &self.units.iter().map(|u| u.id()).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// Sample positions of a batch, grouped by the unit that holds them (index = unit position).
+type Routes = Vec<Vec<usize>>;
+
+impl SimpleStorage {
+    /// A manager over `units`, in routing order. At least one unit is needed and unit ids must
+    /// be distinct (they name the unit in errors and stats).
+    pub fn new(units: Vec<Arc<dyn StorageUnit>>) -> Result<Self> {
+        if units.is_empty() {
+            return Err(Error::invalid(
+                "SimpleStorage needs at least one storage unit",
+            ));
+        }
+        let mut seen = HashSet::new();
+        if let Some(dup) = units.iter().find(|u| !seen.insert(u.id())) {
+            return Err(Error::invalid(format!(
+                "storage unit id `{}` appears more than once in the routing table",
+                dup.id()
+            )));
+        }
+        Ok(SimpleStorage { units })
+    }
+
+    /// `num_units` in-process [`MemoryUnit`]s named `unit-0`, `unit-1`, ...
+    pub fn in_memory(num_units: usize, config: SimpleConfig) -> Result<Self> {
+        check_threshold(config.compaction_threshold)?;
+        let units = (0..num_units)
+            .map(|i| {
+                let unit = MemoryUnit::with_config(
+                    format!("unit-{i}"),
+                    UnitConfig {
+                        capacity: config.capacity_per_unit,
+                        compaction_threshold: config.compaction_threshold,
+                        merge_registry: config.merge_registry.clone(),
+                    },
+                )?;
+                Ok(Arc::new(unit) as Arc<dyn StorageUnit>)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        SimpleStorage::new(units)
+    }
+
+    /// The units in routing order.
+    pub fn units(&self) -> &[Arc<dyn StorageUnit>] {
+        &self.units
+    }
+
+    /// The position of the unit that holds sample index `index`.
+    pub fn unit_for(&self, index: u32) -> usize {
+        index as usize % self.units.len()
+    }
+
+    /// Every unit's counters, in routing order.
+    pub async fn stats(&self) -> Result<Vec<UnitStats>> {
+        let results = join_all(self.units.iter().map(|u| u.stats())).await;
+        results
+            .into_iter()
+            .zip(&self.units)
+            .map(|(r, u)| r.map_err(|e| name_unit(e, u.id())))
+            .collect()
+    }
+
+    fn route(&self, samples: &[SampleId]) -> Routes {
+        let mut routes = vec![Vec::new(); self.units.len()];
+        for (pos, s) in samples.iter().enumerate() {
+            routes[self.unit_for(s.index)].push(pos);
+        }
+        routes
+    }
+
+    /// Collects per-unit results. On failure, logs every failed unit and returns the first
+    /// error, prefixed with the operation, the partition and which units did commit.
+    fn collect<T>(
+        &self,
+        op: &str,
+        meta: &BatchMeta,
+        results: Vec<(usize, Result<T>)>,
+    ) -> Result<Vec<(usize, T)>> {
+        let asked = results.len();
+        let mut ok = Vec::with_capacity(asked);
+        let mut failed = Vec::new();
+        for (u, r) in results {
+            match r {
+                Ok(v) => ok.push((u, v)),
+                Err(e) => failed.push((u, e)),
+            }
+        }
+        if failed.is_empty() {
+            return Ok(ok);
+        }
+        for (u, e) in &failed {
+            tracing::warn!(
+                op,
+                partition = meta.partition(),
+                unit = self.units[*u].id(),
+                error = %e,
+                "storage unit request failed"
+            );
+        }
+        let n_failed = failed.len();
+        let (u, e) = failed.into_iter().next().expect("non-empty");
+        let mut prefix = format!(
+            "partition `{}`: {op} on {asked} storage units: {n_failed} failed",
+            meta.partition()
+        );
+        if !ok.is_empty() && op != "get" {
+            let committed: Vec<&str> = ok.iter().map(|(u, _)| self.units[*u].id()).collect();
+            prefix.push_str(&format!(
+                " (units {committed:?} did commit their part; {op} is atomic per unit only)"
+            ));
+        }
+        Err(name_unit(e, self.units[u].id()).context(prefix))
+    }
+
+    /// Put and update need exactly one row per sample and distinct sample indexes; checked
+    /// before any unit is contacted so that a bad request leaves no trace anywhere.
+    fn check_write(op: &str, meta: &BatchMeta, batch: &Batch) -> Result<()> {
+        if batch.len() != meta.len() {
+            return Err(Error::invalid(format!(
+                "partition `{}`: {op} of a batch of {} rows for {} samples",
+                meta.partition(),
+                batch.len(),
+                meta.len()
+            )));
+        }
+        let mut seen = HashSet::with_capacity(meta.len());
+        if let Some(dup) = meta.samples().iter().find(|s| !seen.insert(s.index)) {
+            return Err(Error::invalid(format!(
+                "partition `{}`: {op} names sample index {} more than once",
+                meta.partition(),
+                dup.index
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Makes sure a unit's error names the unit (units are required to, this is a safety net).
+fn name_unit(e: Error, id: &str) -> Error {
+    if e.message().contains(id) {
+        e
+    } else {
+        e.context(format!("storage unit `{id}`"))
+    }
+}
+
+/// The rows at `positions` of every column, without copying payloads: dense rows are slices of
+/// the column's one allocation (and flagged so), ragged and object rows are shared handles.
+fn split_rows(batch: &Batch, positions: &[usize]) -> BTreeMap<FieldName, UnitRows> {
+    batch
+        .columns()
+        .iter()
+        .map(|(name, col)| {
+            let values: Vec<Value> = positions.iter().map(|&p| col.value(p)).collect();
+            let rows = match col {
+                Column::Dense(_) => UnitRows::shared(values),
+                Column::Ragged(_) | Column::Objects(_) => UnitRows::separate(values),
+            };
+            (name.clone(), rows)
+        })
+        .collect()
+}
+
+fn samples_at(meta: &BatchMeta, positions: &[usize]) -> Vec<SampleId> {
+    positions.iter().map(|&p| meta.samples()[p]).collect()
+}
+
+/// The schema of a field from the shapes of its stored cells, in batch order.
+fn schema_of(partition: &str, field: &str, shapes: Vec<CellShape>) -> Result<FieldSchema> {
+    let mut dtype = None;
+    let mut tensor_shapes = Vec::with_capacity(shapes.len());
+    let mut objects = 0;
+    for s in shapes {
+        match s {
+            CellShape::Object => objects += 1,
+            CellShape::Tensor { dtype: d, shape } => {
+                if dtype.is_some_and(|x| x != d) {
+                    return Err(mixed(partition, field));
+                }
+                dtype = Some(d);
+                tensor_shapes.push(shape);
+            }
+        }
+    }
+    match dtype {
+        None => Ok(FieldSchema::object()),
+        Some(_) if objects > 0 => Err(mixed(partition, field)),
+        Some(d) => Ok(FieldSchema::from_shapes(d, tensor_shapes)),
+    }
+}
+
+fn mixed(partition: &str, field: &str) -> Error {
+    Error::invalid(format!(
+        "partition `{partition}`: update of field `{field}` was committed, but the stored cells \
+         mix objects and tensors or dtypes and cannot be described by one schema"
+    ))
+}
+
+#[async_trait]
+impl StorageManager for SimpleStorage {
+    fn name(&self) -> &str {
+        "simple"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            update: true,
+            native_expire: false,
+            links: false,
+        }
+    }
+
+    async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<PutReceipt> {
+        Self::check_write("put", meta, batch)?;
+        if meta.is_empty() {
+            return Ok(PutReceipt::default());
+        }
+        let routes = self.route(meta.samples());
+        let calls = routes
+            .iter()
+            .enumerate()
+            .filter(|(_, positions)| !positions.is_empty())
+            .map(|(u, positions)| {
+                let req = UnitPut {
+                    samples: samples_at(meta, positions),
+                    fields: split_rows(batch, positions),
+                };
+                let unit = &self.units[u];
+                async move { (u, unit.put(req).await) }
+            });
+        let results = join_all(calls).await;
+        self.collect("put", meta, results)?;
+        Ok(PutReceipt {
+            schemas: batch.schemas(),
+            backend_meta: None,
+        })
+    }
+
+    async fn get(&self, meta: &BatchMeta) -> Result<Batch> {
+        let len = meta.len();
+        if len == 0 {
+            return Ok(Batch::empty(0));
+        }
+        let fields: Vec<FieldName> = meta.field_names().map(str::to_string).collect();
+        if fields.is_empty() {
+            return Ok(Batch::empty(len));
+        }
+        let routes = self.route(meta.samples());
+        let calls = routes
+            .iter()
+            .enumerate()
+            .filter(|(_, positions)| !positions.is_empty())
+            .map(|(u, positions)| {
+                let samples = samples_at(meta, positions);
+                let (unit, fields) = (&self.units[u], &fields);
+                async move { (u, unit.get(fields, &samples).await) }
+            });
+        let replies = self.collect("get", meta, join_all(calls).await)?;
+
+        // Scatter the handles (no payload copy) into batch order, field by field...
+        let mut slots: Vec<Vec<Option<Value>>> = vec![vec![None; len]; fields.len()];
+        for (u, reply) in replies {
+            let positions = &routes[u];
+            let bad_shape =
+                reply.len() != fields.len() || reply.iter().any(|col| col.len() != positions.len());
+            if bad_shape {
+                return Err(Error::internal(format!(
+                    "partition `{}`: storage unit `{}` answered a get of {} fields x {} samples \
+                     with a reply of another shape",
+                    meta.partition(),
+                    self.units[u].id(),
+                    fields.len(),
+                    positions.len()
+                )));
+            }
+            for (slot, col) in slots.iter_mut().zip(reply) {
+                for (value, &pos) in col.into_iter().zip(positions) {
+                    slot[pos] = Some(value);
+                }
+            }
+        }
+        // ...then pack each field once: equal-shaped tensors are copied exactly once into one
+        // pre-sized contiguous buffer (a dense column); anything else keeps the shared handles.
+        let mut batch = Batch::empty(len);
+        for (field, slot) in fields.into_iter().zip(slots) {
+            let values = slot
+                .into_iter()
+                .map(|v| v.expect("every position is routed to exactly one unit"))
+                .collect();
+            let column = Column::from_values(&field, values)
+                .map_err(|e| e.context(format!("partition `{}`: get", meta.partition())))?;
+            batch.insert(field, column)?;
+        }
+        Ok(batch)
+    }
+
+    async fn update(&self, meta: &BatchMeta, batch: &Batch, merge: &MergeOp) -> Result<PutReceipt> {
+        Self::check_write("update", meta, batch)?;
+        if meta.is_empty() {
+            return Ok(PutReceipt::default());
+        }
+        let routes = self.route(meta.samples());
+        let calls = routes
+            .iter()
+            .enumerate()
+            .filter(|(_, positions)| !positions.is_empty())
+            .map(|(u, positions)| {
+                let req = UnitUpdate {
+                    samples: samples_at(meta, positions),
+                    fields: split_rows(batch, positions),
+                };
+                let unit = &self.units[u];
+                async move { (u, unit.update(req, merge).await) }
+            });
+        let replies = self.collect("update", meta, join_all(calls).await)?;
+
+        let mut shapes: BTreeMap<&str, Vec<Option<CellShape>>> = batch
+            .field_names()
+            .map(|f| (f, vec![None; meta.len()]))
+            .collect();
+        for (u, reply) in replies {
+            let positions = &routes[u];
+            for (field, slot) in shapes.iter_mut() {
+                let got = reply
+                    .fields
+                    .get(*field)
+                    .filter(|s| s.len() == positions.len())
+                    .ok_or_else(|| {
+                        Error::internal(format!(
+                            "partition `{}`: storage unit `{}` committed an update but did not \
+                             report the {} result shapes of field `{field}`",
+                            meta.partition(),
+                            self.units[u].id(),
+                            positions.len()
+                        ))
+                    })?;
+                for (shape, &pos) in got.iter().zip(positions) {
+                    slot[pos] = Some(shape.clone());
+                }
+            }
+        }
+        let mut schemas = BTreeMap::new();
+        for (field, slot) in shapes {
+            let slot = slot
+                .into_iter()
+                .map(|s| s.expect("every position is routed to exactly one unit"))
+                .collect();
+            schemas.insert(field.to_string(), schema_of(meta.partition(), field, slot)?);
+        }
+        Ok(PutReceipt {
+            schemas,
+            backend_meta: None,
+        })
+    }
+
+    async fn clear(&self, meta: &BatchMeta, fields: &FieldFilter) -> Result<()> {
+        if meta.is_empty() {
+            return Ok(());
+        }
+        let routes = self.route(meta.samples());
+        let calls = routes
+            .iter()
+            .enumerate()
+            .filter(|(_, positions)| !positions.is_empty())
+            .map(|(u, positions)| {
+                let samples = samples_at(meta, positions);
+                let unit = &self.units[u];
+                async move { (u, unit.clear(&samples, fields).await) }
+            });
+        // Unlike the original, a failed clear is reported: the caller must not release the
+        // indexes of samples whose data may still be stored.
+        self.collect("clear", meta, join_all(calls).await)?;
+        Ok(())
+    }
+}

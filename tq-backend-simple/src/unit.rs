@@ -1,0 +1,813 @@
+//! Storage units: the [`StorageUnit`] interface and the in-process [`MemoryUnit`].
+
+use crate::block::{BlockId, BlockTable};
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard};
+use tq_core::{
+    apply_merge, DType, Error, FieldFilter, FieldName, MergeOp, MergeRegistry, Result, SampleId,
+    Tensor, Value,
+};
+
+/// The live fraction below which a shared allocation is compacted, unless configured otherwise.
+pub const DEFAULT_COMPACTION_THRESHOLD: f64 = 0.5;
+
+/// How many times [`MemoryUnit`] recomputes an update whose cells were rewritten concurrently
+/// while the merge ran outside the lock, before giving up with `Conflict`.
+const UPDATE_ATTEMPTS: usize = 4;
+
+/// The rows of one field in a unit request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnitRows {
+    /// One value per sample of the request, in request order.
+    pub values: Vec<Value>,
+    /// True when every value is a slice of one allocation (the rows of a dense column, or one
+    /// received frame). The unit then tracks the values as one block so that it can decide when
+    /// to copy survivors out and let the allocation go (see the crate docs). False when each
+    /// value owns its own buffer.
+    pub shared_allocation: bool,
+}
+
+impl UnitRows {
+    /// Rows that are slices of one allocation.
+    pub fn shared(values: Vec<Value>) -> Self {
+        UnitRows {
+            values,
+            shared_allocation: true,
+        }
+    }
+
+    /// Rows that each own their buffer.
+    pub fn separate(values: Vec<Value>) -> Self {
+        UnitRows {
+            values,
+            shared_allocation: false,
+        }
+    }
+}
+
+/// A write of some fields of some samples to one unit.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct UnitPut {
+    /// The samples written, index and generation. Indexes must be distinct.
+    pub samples: Vec<SampleId>,
+    /// Per field, one row per sample.
+    pub fields: BTreeMap<FieldName, UnitRows>,
+}
+
+/// A merge of incoming rows into stored cells of one unit.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct UnitUpdate {
+    /// The samples updated, index and generation. Indexes must be distinct.
+    pub samples: Vec<SampleId>,
+    /// Per field, one incoming row per sample.
+    pub fields: BTreeMap<FieldName, UnitRows>,
+}
+
+/// What a stored cell looks like, reported after an update so that the caller can describe the
+/// merged field without reading it back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CellShape {
+    Tensor { dtype: DType, shape: Vec<usize> },
+    Object,
+}
+
+impl CellShape {
+    /// The shape of `value`.
+    pub fn of(value: &Value) -> Self {
+        match value {
+            Value::Tensor(t) => CellShape::Tensor {
+                dtype: t.dtype(),
+                shape: t.shape().to_vec(),
+            },
+            Value::Object(_) => CellShape::Object,
+        }
+    }
+}
+
+/// The answer to a [`UnitUpdate`]: per field, the shape of every stored result in request order.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct UnitUpdateReply {
+    pub fields: BTreeMap<FieldName, Vec<CellShape>>,
+}
+
+/// Counters of one unit. Byte counts are payload bytes (tensor data and object bytes); map and
+/// bookkeeping overhead is not included.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct UnitStats {
+    pub unit_id: String,
+    /// Distinct sample indexes holding at least one cell (what capacity counts).
+    pub rows: usize,
+    /// Stored cells (sample, field).
+    pub cells: usize,
+    /// Payload bytes of all stored cells.
+    pub live_bytes: u64,
+    /// Shared allocations currently tracked (not yet compacted or emptied).
+    pub shared_blocks: usize,
+    /// Bytes those shared allocations keep alive, including rows no cell refers to anymore.
+    pub shared_retained_bytes: u64,
+    /// Payload bytes of stored cells that are slices of a tracked shared allocation.
+    pub shared_live_bytes: u64,
+    /// Compactions run so far.
+    pub compactions: u64,
+    /// Bytes copied by those compactions.
+    pub compacted_bytes: u64,
+    /// Capacity in samples (distinct indexes), if limited.
+    pub capacity: Option<usize>,
+}
+
+impl UnitStats {
+    /// The payload memory the unit keeps alive: cells that own their buffers plus every shared
+    /// allocation in full. Equals `live_bytes` when nothing is retained for dead rows.
+    pub fn retained_bytes(&self) -> u64 {
+        self.live_bytes - self.shared_live_bytes + self.shared_retained_bytes
+    }
+}
+
+/// The one interface through which [`crate::SimpleStorage`] talks to a storage unit, in process
+/// ([`MemoryUnit`]) or over the network (a remote stub).
+///
+/// Requests and replies are plain data so that a stub can serialize them. Contract for every
+/// implementation:
+/// - every request is all-or-nothing: an error means the unit changed nothing;
+/// - generations are honoured: a stale generation never overwrites, reads or deletes a newer one;
+/// - error messages name the unit (its [`StorageUnit::id`]), and the field and sample involved.
+#[async_trait]
+pub trait StorageUnit: Send + Sync + 'static {
+    /// A stable name for messages and stats.
+    fn id(&self) -> &str;
+
+    /// Stores the rows. A newer generation of an index replaces every cell of the older one;
+    /// an older generation than the stored one is `Conflict`; exceeding the capacity is
+    /// `CapacityExceeded`.
+    async fn put(&self, req: UnitPut) -> Result<()>;
+
+    /// Reads `fields` of `samples`: one vector per field, rows in request order (duplicates
+    /// allowed). Every cell must be stored with exactly the requested generation, else
+    /// `NotFound`; there are no partial results.
+    async fn get(&self, fields: &[FieldName], samples: &[SampleId]) -> Result<Vec<Vec<Value>>>;
+
+    /// Merges the incoming rows into the stored cells (`merge(stored, incoming)`), replacing
+    /// them with the results. Every cell must exist with the requested generation.
+    async fn update(&self, req: UnitUpdate, merge: &MergeOp) -> Result<UnitUpdateReply>;
+
+    /// Removes the cells selected by `fields` of the samples whose stored generation is at most
+    /// the requested one. Idempotent; unknown samples and fields are ignored.
+    async fn clear(&self, samples: &[SampleId], fields: &FieldFilter) -> Result<()>;
+
+    /// The unit's counters.
+    async fn stats(&self) -> Result<UnitStats>;
+}
+
+/// Configuration of a [`MemoryUnit`].
+#[derive(Debug, Clone)]
+pub struct UnitConfig {
+    /// Maximum number of distinct sample indexes held; `None` is unlimited.
+    pub capacity: Option<usize>,
+    /// Live fraction (0..=1) of a shared allocation below which its survivors are copied out.
+    /// 0 never compacts; 1 compacts as soon as any row of the allocation goes away.
+    pub compaction_threshold: f64,
+    /// Functions available to [`MergeOp::Named`].
+    pub merge_registry: MergeRegistry,
+}
+
+impl Default for UnitConfig {
+    fn default() -> Self {
+        UnitConfig {
+            capacity: None,
+            compaction_threshold: DEFAULT_COMPACTION_THRESHOLD,
+            merge_registry: MergeRegistry::default(),
+        }
+    }
+}
+
+/// Checks a compaction threshold: a fraction in `0..=1`.
+pub(crate) fn check_threshold(threshold: f64) -> Result<()> {
+    if !(0.0..=1.0).contains(&threshold) {
+        return Err(Error::invalid(format!(
+            "compaction threshold must be a fraction between 0 and 1, got {threshold}"
+        )));
+    }
+    Ok(())
+}
+
+#[derive(Debug)]
+struct Cell {
+    generation: u32,
+    value: Value,
+    /// The shared allocation this value is a slice of, if tracked.
+    block: Option<BlockId>,
+    /// Identifies the write that produced this value (unique per request); lets an update
+    /// detect that a cell changed while its merge ran outside the lock.
+    stamp: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    /// Every cell of the row has this generation.
+    generation: u32,
+    cells: usize,
+}
+
+/// Everything a [`MemoryUnit`] holds, behind its one lock.
+#[derive(Debug)]
+struct State {
+    /// field → sample index → cell.
+    fields: HashMap<FieldName, HashMap<u32, Cell>>,
+    /// sample index → generation and number of cells. An index is present iff it has cells.
+    rows: HashMap<u32, Row>,
+    blocks: BlockTable,
+    cells: usize,
+    live_bytes: u64,
+    next_stamp: u64,
+}
+
+/// Undoes the accounting of a cell that left the unit (or was replaced).
+fn forget(blocks: &mut BlockTable, live_bytes: &mut u64, cell: &Cell) {
+    let n = cell.value.nbytes() as u64;
+    *live_bytes -= n;
+    if let Some(b) = cell.block {
+        blocks.release(b, n);
+    }
+}
+
+impl State {
+    fn stamp(&mut self) -> u64 {
+        self.next_stamp += 1;
+        self.next_stamp
+    }
+
+    /// Stores `cell` for `sample`, replacing the same-generation cell if any.
+    fn insert(&mut self, field: &str, sample: SampleId, cell: Cell) {
+        let State {
+            fields,
+            rows,
+            blocks,
+            cells,
+            live_bytes,
+            ..
+        } = self;
+        *live_bytes += cell.value.nbytes() as u64;
+        let map = match fields.get_mut(field) {
+            Some(m) => m,
+            None => fields.entry(field.to_string()).or_default(),
+        };
+        match map.insert(sample.index, cell) {
+            Some(old) => forget(blocks, live_bytes, &old),
+            None => {
+                *cells += 1;
+                let row = rows.entry(sample.index).or_insert(Row {
+                    generation: sample.generation,
+                    cells: 0,
+                });
+                debug_assert_eq!(row.generation, sample.generation, "older row not purged");
+                row.cells += 1;
+            }
+        }
+    }
+
+    /// Removes one cell, if stored.
+    fn remove(&mut self, field: &str, index: u32) {
+        let State {
+            fields,
+            rows,
+            blocks,
+            cells,
+            live_bytes,
+            ..
+        } = self;
+        let Some(map) = fields.get_mut(field) else {
+            return;
+        };
+        let Some(cell) = map.remove(&index) else {
+            return;
+        };
+        if map.is_empty() {
+            fields.remove(field);
+        }
+        forget(blocks, live_bytes, &cell);
+        *cells -= 1;
+        if let Some(row) = rows.get_mut(&index) {
+            row.cells -= 1;
+            if row.cells == 0 {
+                rows.remove(&index);
+            }
+        }
+    }
+
+    /// Removes every cell of `index`, whatever the field.
+    fn purge(&mut self, index: u32) {
+        let State {
+            fields,
+            rows,
+            blocks,
+            cells,
+            live_bytes,
+            ..
+        } = self;
+        fields.retain(|_, map| {
+            if let Some(cell) = map.remove(&index) {
+                forget(blocks, live_bytes, &cell);
+                *cells -= 1;
+            }
+            !map.is_empty()
+        });
+        rows.remove(&index);
+    }
+}
+
+/// Copies a value into a buffer of its own, so that it no longer pins a shared allocation.
+fn owned_copy(value: &Value) -> Value {
+    match value {
+        Value::Tensor(t) => Value::Tensor(
+            Tensor::new(
+                t.dtype(),
+                t.shape().to_vec(),
+                Bytes::copy_from_slice(t.data()),
+            )
+            .expect("same dtype, shape and length"),
+        ),
+        Value::Object(b) => Value::Object(Bytes::copy_from_slice(b)),
+    }
+}
+
+/// The address range covered by `values` (all slices of one allocation), if any bytes.
+fn address_span(values: &[Value]) -> Option<(usize, usize)> {
+    values
+        .iter()
+        .map(Value::bytes)
+        .filter(|b| !b.is_empty())
+        .map(|b| (b.as_ptr() as usize, b.as_ptr() as usize + b.len()))
+        .reduce(|(lo, hi), (l, h)| (lo.min(l), hi.max(h)))
+}
+
+/// An in-process storage unit: cells in hash maps behind one mutex.
+///
+/// Critical sections are short and never span an `.await`: puts and clears only move `Bytes`
+/// handles, gets clone them (reference counts, no payload copy). The expensive parts — computing
+/// merge results and copying survivors during compaction — run outside the lock and are
+/// committed afterwards (an update whose cells changed meanwhile is recomputed).
+///
+/// Rows of a put that come from one allocation ([`UnitRows::shared_allocation`]) are stored as
+/// slices of it and tracked as a block; see the crate docs for the compaction policy.
+#[derive(Debug)]
+pub struct MemoryUnit {
+    id: String,
+    capacity: Option<usize>,
+    registry: MergeRegistry,
+    state: Mutex<State>,
+}
+
+impl MemoryUnit {
+    /// A unit with no capacity limit, the default compaction threshold and no named merges.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self::with_config(id, UnitConfig::default()).expect("the default config is valid")
+    }
+
+    /// A unit with the given capacity, compaction threshold and merge registry. A threshold
+    /// outside `0..=1` is `Invalid`.
+    pub fn with_config(id: impl Into<String>, config: UnitConfig) -> Result<Self> {
+        let id = id.into();
+        check_threshold(config.compaction_threshold).map_err(|e| e.context(unit_name(&id)))?;
+        Ok(MemoryUnit {
+            id,
+            capacity: config.capacity,
+            registry: config.merge_registry,
+            state: Mutex::new(State {
+                fields: HashMap::new(),
+                rows: HashMap::new(),
+                blocks: BlockTable::new(config.compaction_threshold),
+                cells: 0,
+                live_bytes: 0,
+                next_stamp: 0,
+            }),
+        })
+    }
+
+    /// The capacity in samples, if limited.
+    pub fn capacity(&self) -> Option<usize> {
+        self.capacity
+    }
+
+    fn name(&self) -> String {
+        unit_name(&self.id)
+    }
+
+    /// Locks the state. A poisoned lock means a panic interrupted a mutation; the state may be
+    /// inconsistent, so the unit refuses to serve rather than return wrong data.
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        self.state.lock().map_err(|_| {
+            Error::internal(format!(
+                "{}: state lock poisoned by an earlier panic; the unit no longer serves",
+                self.name()
+            ))
+        })
+    }
+
+    /// Checks the shape of a request: one row per sample for every field, distinct indexes,
+    /// non-empty field names.
+    fn check_request(
+        &self,
+        op: &str,
+        samples: &[SampleId],
+        fields: &BTreeMap<FieldName, UnitRows>,
+    ) -> Result<()> {
+        for (name, rows) in fields {
+            if name.is_empty() {
+                return Err(Error::invalid(format!(
+                    "{}: {op} with an empty field name",
+                    self.name()
+                )));
+            }
+            if rows.values.len() != samples.len() {
+                return Err(Error::invalid(format!(
+                    "{}: {op} of field `{name}` has {} rows for {} samples",
+                    self.name(),
+                    rows.values.len(),
+                    samples.len()
+                )));
+            }
+        }
+        let mut seen = HashSet::with_capacity(samples.len());
+        if let Some(dup) = samples.iter().find(|s| !seen.insert(s.index)) {
+            return Err(Error::invalid(format!(
+                "{}: {op} names sample index {} more than once",
+                self.name(),
+                dup.index
+            )));
+        }
+        Ok(())
+    }
+
+    /// The error for a cell that is not stored with the requested generation.
+    fn missing(&self, st: &State, op: &str, field: &str, sample: SampleId) -> Error {
+        let detail = match (st.rows.get(&sample.index), st.fields.get(field)) {
+            (None, _) => format!("index {} holds nothing on this unit", sample.index),
+            (Some(row), _) if row.generation != sample.generation => format!(
+                "the unit holds generation {} of index {}",
+                row.generation, sample.index
+            ),
+            _ => format!("index {} does not hold this field", sample.index),
+        };
+        Error::not_found(format!(
+            "{}: {op}: field `{field}` of sample {sample} is not stored ({detail})",
+            self.name()
+        ))
+    }
+
+    /// Copies the survivors of every sparse block into owned buffers. Each block is gathered
+    /// under the lock, copied without it, and swapped in under the lock again; a cell that was
+    /// rewritten meanwhile has already left the block and is skipped.
+    fn compact_pending(&self) {
+        loop {
+            let (id, field, survivors) = {
+                let Ok(mut st) = self.lock() else { return };
+                let Some((id, job)) = st.blocks.next_job() else {
+                    return;
+                };
+                let survivors: Vec<(u32, Value)> = match st.fields.get(&job.field) {
+                    Some(map) => job
+                        .members
+                        .iter()
+                        .filter_map(|i| {
+                            map.get(i)
+                                .filter(|c| c.block == Some(id))
+                                .map(|c| (*i, c.value.clone()))
+                        })
+                        .collect(),
+                    None => Vec::new(),
+                };
+                (id, job.field, survivors)
+            };
+            let copies: Vec<(u32, Value)> = survivors
+                .into_iter()
+                .map(|(i, v)| (i, owned_copy(&v)))
+                .collect();
+            let Ok(mut guard) = self.lock() else { return };
+            let st = &mut *guard;
+            let mut copied = 0u64;
+            let mut rows = 0usize;
+            if let Some(map) = st.fields.get_mut(&field) {
+                for (i, v) in copies {
+                    if let Some(cell) = map.get_mut(&i).filter(|c| c.block == Some(id)) {
+                        let n = v.nbytes() as u64;
+                        cell.value = v;
+                        cell.block = None;
+                        st.blocks.release(id, n);
+                        copied += n;
+                        rows += 1;
+                    }
+                }
+            }
+            st.blocks.record_compaction(copied);
+            debug_assert!(!st.blocks.contains(id), "compacted block still tracked");
+            tracing::debug!(
+                unit = %self.id,
+                field = %field,
+                rows,
+                bytes = copied,
+                "compacted a sparse shared allocation"
+            );
+        }
+    }
+
+    /// Runs pending compactions, if any, after a mutation released the lock.
+    fn after_mutation(&self) {
+        let pending = self.lock().map(|st| st.blocks.has_pending());
+        if pending.unwrap_or(false) {
+            self.compact_pending();
+        }
+    }
+
+    fn put_locked(&self, st: &mut State, req: UnitPut) -> Result<()> {
+        // Validate everything before touching anything.
+        for s in &req.samples {
+            if let Some(row) = st.rows.get(&s.index) {
+                if row.generation > s.generation {
+                    return Err(Error::conflict(format!(
+                        "{}: put of sample index {} with generation {} is stale; the unit holds \
+                         generation {}",
+                        self.name(),
+                        s.index,
+                        s.generation,
+                        row.generation
+                    )));
+                }
+            }
+        }
+        if req.fields.is_empty() {
+            return Ok(());
+        }
+        if let Some(capacity) = self.capacity {
+            let existing = st.rows.len();
+            let new = req
+                .samples
+                .iter()
+                .filter(|s| !st.rows.contains_key(&s.index))
+                .count();
+            if existing + new > capacity {
+                return Err(Error::capacity_exceeded(format!(
+                    "{}: storage capacity exceeded: {existing} existing + {new} new > {capacity} \
+                     samples",
+                    self.name()
+                )));
+            }
+        }
+        // A newer generation takes the index over: nothing of the old sample may stay readable.
+        for s in &req.samples {
+            if st
+                .rows
+                .get(&s.index)
+                .is_some_and(|r| r.generation < s.generation)
+            {
+                st.purge(s.index);
+            }
+        }
+        let stamp = st.stamp();
+        for (field, rows) in req.fields {
+            let block = if rows.shared_allocation {
+                let members: Vec<(u32, u64)> = req
+                    .samples
+                    .iter()
+                    .zip(&rows.values)
+                    .map(|(s, v)| (s.index, v.nbytes() as u64))
+                    .collect();
+                let total = members.iter().map(|&(_, b)| b).sum();
+                st.blocks.open(&field, members, total)
+            } else {
+                None
+            };
+            for (s, value) in req.samples.iter().zip(rows.values) {
+                let cell = Cell {
+                    generation: s.generation,
+                    value,
+                    block,
+                    stamp,
+                };
+                st.insert(&field, *s, cell);
+            }
+        }
+        Ok(())
+    }
+
+    /// Snapshot of the cells an update reads: per field, (stored value, stamp) per sample.
+    fn update_snapshot(
+        &self,
+        samples: &[SampleId],
+        fields: &BTreeMap<FieldName, UnitRows>,
+    ) -> Result<Vec<Vec<(Value, u64)>>> {
+        let st = self.lock()?;
+        let mut out = Vec::with_capacity(fields.len());
+        for field in fields.keys() {
+            let map = st.fields.get(field);
+            let mut col = Vec::with_capacity(samples.len());
+            for s in samples {
+                match map.and_then(|m| m.get(&s.index)) {
+                    Some(c) if c.generation == s.generation => col.push((c.value.clone(), c.stamp)),
+                    _ => return Err(self.missing(&st, "update", field, *s)),
+                }
+            }
+            out.push(col);
+        }
+        Ok(out)
+    }
+
+    /// Computes every merge result; the first failure aborts with nothing changed.
+    fn compute_merges(
+        &self,
+        samples: &[SampleId],
+        fields: &BTreeMap<FieldName, UnitRows>,
+        stored: &[Vec<(Value, u64)>],
+        merge: &MergeOp,
+    ) -> Result<Vec<Vec<Value>>> {
+        fields
+            .iter()
+            .zip(stored)
+            .map(|((field, rows), olds)| {
+                samples
+                    .iter()
+                    .zip(rows.values.iter().zip(olds))
+                    .map(|(s, (new, (old, _)))| {
+                        apply_merge(merge, &self.registry, old, new).map_err(|e| {
+                            e.context(format!(
+                                "{}: update of field `{field}` of sample {s}",
+                                self.name()
+                            ))
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Commits merge results if no cell changed since the snapshot. Returns false (nothing
+    /// written) when one did.
+    fn update_commit(
+        &self,
+        req: &UnitUpdate,
+        stored: &[Vec<(Value, u64)>],
+        results: Vec<Vec<Value>>,
+    ) -> Result<bool> {
+        let mut guard = self.lock()?;
+        let st = &mut *guard;
+        for (field, olds) in req.fields.keys().zip(stored) {
+            let map = st.fields.get(field);
+            for (s, (_, stamp)) in req.samples.iter().zip(olds) {
+                if map.and_then(|m| m.get(&s.index)).map(|c| c.stamp) != Some(*stamp) {
+                    return Ok(false);
+                }
+            }
+        }
+        let stamp = st.stamp();
+        for ((field, rows), results) in req.fields.iter().zip(results) {
+            // Results that are slices of the request's allocation (e.g. `Replace` of a dense
+            // column) pin it just like a put does: track them as a block.
+            let span = rows
+                .shared_allocation
+                .then(|| address_span(&rows.values))
+                .flatten();
+            let aliases = |v: &Value| {
+                let b = v.bytes();
+                let p = b.as_ptr() as usize;
+                span.is_some_and(|(lo, hi)| !b.is_empty() && p >= lo && p + b.len() <= hi)
+            };
+            let members: Vec<(u32, u64)> = req
+                .samples
+                .iter()
+                .zip(&results)
+                .filter(|(_, v)| aliases(v))
+                .map(|(s, v)| (s.index, v.nbytes() as u64))
+                .collect();
+            let block = if members.is_empty() {
+                None
+            } else {
+                let total = rows.values.iter().map(|v| v.nbytes() as u64).sum();
+                st.blocks.open(field, members, total)
+            };
+            for (s, value) in req.samples.iter().zip(results) {
+                let block = if aliases(&value) { block } else { None };
+                let cell = Cell {
+                    generation: s.generation,
+                    value,
+                    block,
+                    stamp,
+                };
+                st.insert(field, *s, cell);
+            }
+        }
+        Ok(true)
+    }
+}
+
+fn unit_name(id: &str) -> String {
+    format!("storage unit `{id}`")
+}
+
+#[async_trait]
+impl StorageUnit for MemoryUnit {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn put(&self, req: UnitPut) -> Result<()> {
+        self.check_request("put", &req.samples, &req.fields)?;
+        if req.samples.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut st = self.lock()?;
+            self.put_locked(&mut st, req)?;
+        }
+        self.after_mutation();
+        Ok(())
+    }
+
+    async fn get(&self, fields: &[FieldName], samples: &[SampleId]) -> Result<Vec<Vec<Value>>> {
+        let st = self.lock()?;
+        let mut out = Vec::with_capacity(fields.len());
+        for field in fields {
+            let map = st.fields.get(field);
+            let mut col = Vec::with_capacity(samples.len());
+            for s in samples {
+                match map.and_then(|m| m.get(&s.index)) {
+                    Some(c) if c.generation == s.generation => col.push(c.value.clone()),
+                    _ => return Err(self.missing(&st, "get", field, *s)),
+                }
+            }
+            out.push(col);
+        }
+        Ok(out)
+    }
+
+    async fn update(&self, req: UnitUpdate, merge: &MergeOp) -> Result<UnitUpdateReply> {
+        self.check_request("update", &req.samples, &req.fields)?;
+        if req.samples.is_empty() || req.fields.is_empty() {
+            return Ok(UnitUpdateReply {
+                fields: req.fields.keys().map(|f| (f.clone(), Vec::new())).collect(),
+            });
+        }
+        for attempt in 1..=UPDATE_ATTEMPTS {
+            let stored = self.update_snapshot(&req.samples, &req.fields)?;
+            let results = self.compute_merges(&req.samples, &req.fields, &stored, merge)?;
+            let shapes: BTreeMap<FieldName, Vec<CellShape>> = req
+                .fields
+                .keys()
+                .zip(&results)
+                .map(|(f, col)| (f.clone(), col.iter().map(CellShape::of).collect()))
+                .collect();
+            if self.update_commit(&req, &stored, results)? {
+                self.after_mutation();
+                return Ok(UnitUpdateReply { fields: shapes });
+            }
+            tracing::debug!(unit = %self.id, attempt, "cells changed during update; recomputing");
+        }
+        Err(Error::conflict(format!(
+            "{}: update of {} samples: the cells were rewritten concurrently {UPDATE_ATTEMPTS} \
+             times while merging; nothing was merged",
+            self.name(),
+            req.samples.len()
+        )))
+    }
+
+    async fn clear(&self, samples: &[SampleId], fields: &FieldFilter) -> Result<()> {
+        {
+            let mut st = self.lock()?;
+            for s in samples {
+                match st.rows.get(&s.index) {
+                    // Only cells of this generation or older: a stale clear never deletes the
+                    // sample that took the index over.
+                    Some(_row) => match fields {
+                        FieldFilter::All => st.purge(s.index),
+                        FieldFilter::Only(names) => {
+                            for name in names {
+                                st.remove(name, s.index);
+                            }
+                        }
+                    },
+                    _ => {}
+                }
+            }
+        }
+        self.after_mutation();
+        Ok(())
+    }
+
+    async fn stats(&self) -> Result<UnitStats> {
+        let st = self.lock()?;
+        let b = st.blocks.counters();
+        Ok(UnitStats {
+            unit_id: self.id.clone(),
+            rows: st.rows.len(),
+            cells: st.cells,
+            live_bytes: st.live_bytes,
+            shared_blocks: b.blocks,
+            shared_retained_bytes: b.retained_bytes,
+            shared_live_bytes: b.live_bytes,
+            compactions: b.compactions,
+            compacted_bytes: b.compacted_bytes,
+            capacity: self.capacity,
+        })
+    }
+}

@@ -1,0 +1,28 @@
+//! Builds the storage backend a configuration names. Backends are cargo features.
+
+use crate::config::{Backend, Config};
+use std::sync::Arc;
+use tq_core::{Result, StorageManager};
+
+pub(crate) fn build(config: &Config) -> Result<Arc<dyn StorageManager>> {
+    match config.storage.backend {
+        #[cfg(feature = "simple")]
+        Backend::Simple => {
+            let s = &config.storage;
+            let storage = tq_backend_simple::SimpleStorage::in_memory(
+                s.num_units as usize,
+                tq_backend_simple::SimpleConfig {
+                    capacity_per_unit: s.capacity_per_unit,
+                    compaction_threshold: s.compaction_threshold,
+                    ..Default::default()
+                },
+            )?;
+            Ok(Arc::new(storage))
+        }
+        #[cfg(not(feature = "simple"))]
+        Backend::Simple => Err(tq_core::Error::unsupported(
+            "embedded storage",
+            "simple (build tq-client with the `simple` feature)",
+        )),
+    }
+}

@@ -1,0 +1,507 @@
+//! The client: one implementation of every operation over a [`ControlPlane`] handle and a
+//! [`StorageManager`]; embedded and remote deployments differ only in the handles plugged in.
+
+use crate::Config;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use tq_controller::{
+    ConsumptionStatus, ControlPlane, Controller, ControllerConfig, GetMetaMode, GetMetaRequest,
+    KeyListing, ProductionNotice, ProductionStatus, Wait,
+};
+use tq_core::{
+    Batch, BatchMeta, Error, FieldFilter, FieldName, Result, SampleId, StorageManager, Tags,
+};
+
+/// What a KV write returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvBatchMeta {
+    pub partition: String,
+    pub keys: Vec<String>,
+    /// Each key's tags after the write.
+    pub tags: Vec<Tags>,
+    /// Fields every key now holds, sorted.
+    pub fields: Vec<FieldName>,
+}
+
+/// A handle to tq. Cheap to clone; all clones share one controller and one storage.
+#[derive(Clone)]
+pub struct Client {
+    control: Arc<dyn ControlPlane>,
+    storage: Arc<dyn StorageManager>,
+    config: Arc<Config>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("storage", &self.storage.name())
+            .finish_non_exhaustive()
+    }
+}
+
+fn owned_keys<K: AsRef<str>>(partition: &str, keys: &[K]) -> Result<Vec<String>> {
+    if partition.is_empty() {
+        return Err(Error::invalid("partition names must not be empty"));
+    }
+    if keys.is_empty() {
+        return Err(Error::invalid(format!(
+            "partition `{partition}`: empty key list"
+        )));
+    }
+    let mut seen = HashSet::with_capacity(keys.len());
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        let k = k.as_ref();
+        if k.is_empty() {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: empty key"
+            )));
+        }
+        if !seen.insert(k) {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: key `{k}` appears twice"
+            )));
+        }
+        out.push(k.to_string());
+    }
+    Ok(out)
+}
+
+fn owned_fields<F: AsRef<str>>(partition: &str, fields: &[F]) -> Result<Vec<FieldName>> {
+    if fields.is_empty() {
+        return Err(Error::invalid(format!(
+            "partition `{partition}`: empty field list"
+        )));
+    }
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(fields.len());
+    for f in fields {
+        let f = f.as_ref();
+        if !seen.insert(f) {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: field `{f}` appears twice"
+            )));
+        }
+        out.push(f.to_string());
+    }
+    Ok(out)
+}
+
+impl Client {
+    /// Runs the controller and the storage units inside this process: calls are direct, nothing
+    /// is serialized and nothing listens on a port.
+    pub fn embedded(config: Config) -> Result<Client> {
+        config.validate()?;
+        let controller = Controller::new(ControllerConfig {
+            storage_units: config.storage.num_units,
+            default_sampler: config.controller.default_sampler.clone(),
+        })?;
+        for (name, spec) in &config.controller.samplers {
+            controller.register_sampler(name.clone(), tq_controller::sampler_from_name(spec)?);
+        }
+        let storage = crate::backends::build(&config)?;
+        Ok(Client::from_parts(Arc::new(controller), storage, config))
+    }
+
+    /// A client over any control plane and storage (custom backends, tests).
+    pub fn from_parts(
+        control: Arc<dyn ControlPlane>,
+        storage: Arc<dyn StorageManager>,
+        config: Config,
+    ) -> Client {
+        Client {
+            control,
+            storage,
+            config: Arc::new(config),
+        }
+    }
+
+    pub fn control(&self) -> &Arc<dyn ControlPlane> {
+        &self.control
+    }
+    pub fn storage(&self) -> &Arc<dyn StorageManager> {
+        &self.storage
+    }
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // Metadata API
+
+    /// Metadata for a batch (fetch, insert or force mode); see [`GetMetaRequest`].
+    pub async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
+        self.control.get_meta(req).await
+    }
+
+    /// Fetches up to `batch_size` samples produced for `fields` and not yet consumed by `task`,
+    /// waiting up to the configured fetch timeout. The samples are consumed by `task`.
+    pub async fn fetch(
+        &self,
+        partition: &str,
+        fields: &[&str],
+        task: &str,
+        batch_size: usize,
+    ) -> Result<BatchMeta> {
+        let wait = Wait::For(self.config.fetch_timeout());
+        self.get_meta(GetMetaRequest::fetch(
+            partition, fields, task, batch_size, wait,
+        ))
+        .await
+    }
+
+    /// Writes `batch` into new samples of `partition` and returns their metadata. If the write
+    /// fails, the new samples are removed again.
+    pub async fn put_new(&self, partition: &str, batch: &Batch) -> Result<BatchMeta> {
+        check_batch(partition, batch)?;
+        let meta = self
+            .get_meta(GetMetaRequest {
+                partition: partition.to_string(),
+                fields: Vec::new(),
+                mode: GetMetaMode::Insert { count: batch.len() },
+                sampler: None,
+                dp_rank: None,
+                batch_index: None,
+            })
+            .await?;
+        match self.put(&meta, batch).await {
+            Ok(m) => Ok(m),
+            Err(e) => {
+                if let Err(cleanup) = self.clear_samples(&meta).await {
+                    tracing::warn!(partition, error = %cleanup, "could not remove samples of a failed put");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes `batch` (rows aligned with `meta`'s samples) to storage, then publishes the cells
+    /// with `meta`'s tags in one controller message. Returns `meta` with the new fields, ready.
+    pub async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<BatchMeta> {
+        let partition = meta.partition();
+        if meta.is_empty() {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: put needs a non-empty batch meta"
+            )));
+        }
+        check_batch(partition, batch)?;
+        if batch.len() != meta.len() {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: batch has {} rows for {} samples",
+                batch.len(),
+                meta.len()
+            )));
+        }
+        let mut seen = HashSet::with_capacity(meta.len());
+        if let Some(d) = meta.samples().iter().find(|s| !seen.insert(s.index)) {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: sample {d} appears twice"
+            )));
+        }
+        let receipt = self.storage.put(meta, batch).await?;
+        self.control
+            .notify_production(ProductionNotice {
+                partition: partition.to_string(),
+                samples: meta.samples().to_vec(),
+                schemas: receipt.schemas.clone(),
+                tags: Some(meta.tags().to_vec()),
+                backend_meta: receipt.backend_meta.clone(),
+            })
+            .await
+            .map_err(|e| {
+                e.context("data reached storage but was not published, so it stays invisible")
+            })?;
+        let mut out = meta.clone();
+        out.add_fields(receipt.schemas, receipt.backend_meta)?;
+        Ok(out)
+    }
+
+    /// Reads the fields of `meta` for its samples, in order. The controller is not involved.
+    pub async fn get_data(&self, meta: &BatchMeta) -> Result<Batch> {
+        if meta.is_empty() || meta.fields().is_empty() {
+            return Ok(Batch::empty(meta.len()));
+        }
+        self.storage.get(meta).await
+    }
+
+    /// Clears whole samples: hide them at once, delete their cells, then release the indexes.
+    /// Samples already cleared are skipped; a failed clear can simply be repeated.
+    pub async fn clear_samples(&self, meta: &BatchMeta) -> Result<()> {
+        if meta.is_empty() {
+            return Ok(());
+        }
+        self.clear(meta.partition(), Some(meta.samples())).await
+    }
+
+    /// Clears every sample of `partition`; the partition disappears once it is empty.
+    pub async fn clear_partition(&self, partition: &str) -> Result<()> {
+        self.clear(partition, None).await
+    }
+
+    async fn clear(&self, partition: &str, samples: Option<&[SampleId]>) -> Result<()> {
+        let marked = self.control.mark_clearing(partition, samples).await?;
+        if marked.is_empty() {
+            if samples.is_none() {
+                // An empty partition still gets removed.
+                self.control.release(partition, &[]).await?;
+            }
+            return Ok(());
+        }
+        self.storage
+            .clear(&marked, &FieldFilter::All)
+            .await
+            .map_err(|e| e.context(format!(
+                "partition `{partition}`: storage clear failed; the samples stay hidden, repeat the clear"
+            )))?;
+        self.control.release(partition, marked.samples()).await
+    }
+
+    pub async fn production_status(
+        &self,
+        partition: &str,
+        fields: &[&str],
+    ) -> Result<ProductionStatus> {
+        let fields: Vec<FieldName> = fields.iter().map(|s| s.to_string()).collect();
+        self.control.production_status(partition, &fields).await
+    }
+
+    pub async fn consumption_status(
+        &self,
+        partition: &str,
+        task: &str,
+    ) -> Result<ConsumptionStatus> {
+        self.control.consumption_status(partition, task).await
+    }
+
+    /// Forgets what `task` (or every task, with `None`) consumed in `partition`.
+    pub async fn reset_consumption(&self, partition: &str, task: Option<&str>) -> Result<()> {
+        self.control.reset_consumption(partition, task).await
+    }
+
+    pub async fn list_partitions(&self) -> Result<Vec<String>> {
+        self.control.list_partitions().await
+    }
+
+    // ----------------------------------------------------------------------------------------
+    // KV API
+
+    /// Writes one key: `fields` is a one-row batch; `tags` are merged into the key's tags.
+    pub async fn kv_put(
+        &self,
+        partition: &str,
+        key: &str,
+        fields: Option<&Batch>,
+        tags: Option<Tags>,
+    ) -> Result<KvBatchMeta> {
+        if let Some(b) = fields {
+            if b.len() != 1 {
+                return Err(Error::invalid(format!(
+                    "partition `{partition}`: kv_put of key `{key}` needs a one-row batch, got {} rows",
+                    b.len()
+                )));
+            }
+        }
+        self.kv_batch_put(partition, &[key], fields, tags.map(|t| vec![t]))
+            .await
+    }
+
+    /// Writes several keys at once (created on first use). Row `i` of `fields` and `tags[i]`
+    /// belong to `keys[i]`. Everything is validated before anything changes; if the storage
+    /// write fails, keys this call created are removed again.
+    pub async fn kv_batch_put<K: AsRef<str>>(
+        &self,
+        partition: &str,
+        keys: &[K],
+        fields: Option<&Batch>,
+        tags: Option<Vec<Tags>>,
+    ) -> Result<KvBatchMeta> {
+        let keys = owned_keys(partition, keys)?;
+        if fields.is_none() && tags.is_none() {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: kv put needs fields, tags or both"
+            )));
+        }
+        if let Some(b) = fields {
+            check_batch(partition, b)?;
+            if b.len() != keys.len() {
+                return Err(Error::invalid(format!(
+                    "partition `{partition}`: batch has {} rows for {} keys",
+                    b.len(),
+                    keys.len()
+                )));
+            }
+        }
+        if let Some(t) = &tags {
+            if t.len() != keys.len() {
+                return Err(Error::invalid(format!(
+                    "partition `{partition}`: {} tag maps for {} keys",
+                    t.len(),
+                    keys.len()
+                )));
+            }
+        }
+        let kv = self
+            .control
+            .kv_retrieve_meta(partition, &keys, true)
+            .await?;
+        if kv.keys != keys {
+            return Err(Error::internal(format!(
+                "partition `{partition}`: key resolution returned {} of {} keys",
+                kv.keys.len(),
+                keys.len()
+            )));
+        }
+        let mut meta = kv.meta;
+        let mut merged: Vec<Tags> = meta.tags().to_vec();
+        if let Some(t) = tags {
+            for ((m, t), mine) in meta.tags_mut().iter_mut().zip(&t).zip(merged.iter_mut()) {
+                *m = t.clone();
+                mine.extend(t.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+        }
+        let mut field_set: BTreeSet<FieldName> = meta.field_names().map(str::to_string).collect();
+        match fields {
+            Some(batch) => {
+                if let Err(e) = self.put(&meta, batch).await {
+                    self.remove_created(partition, &meta, &kv.missing, &keys)
+                        .await;
+                    return Err(e);
+                }
+                field_set.extend(batch.field_names().map(str::to_string));
+            }
+            None => {
+                self.control
+                    .set_tags(partition, meta.samples(), meta.tags().to_vec())
+                    .await?
+            }
+        }
+        Ok(KvBatchMeta {
+            partition: partition.to_string(),
+            keys,
+            tags: merged,
+            fields: field_set.into_iter().collect(),
+        })
+    }
+
+    /// Best-effort removal of keys a failed put created, so no empty keys are left behind.
+    async fn remove_created(
+        &self,
+        partition: &str,
+        meta: &BatchMeta,
+        created: &[String],
+        keys: &[String],
+    ) {
+        if created.is_empty() {
+            return;
+        }
+        let created: HashSet<&str> = created.iter().map(String::as_str).collect();
+        let positions: Vec<usize> = keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| created.contains(k.as_str()))
+            .map(|(i, _)| i)
+            .collect();
+        let result = match meta.select_samples(&positions) {
+            Ok(m) => self.clear_samples(&m).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            tracing::warn!(partition, error = %e, "could not remove keys created by a failed put");
+        }
+    }
+
+    /// Reads keys. Every key must exist and every requested field be produced for every key;
+    /// without `fields`, the fields all keys hold are returned. Rows follow `keys`' order.
+    pub async fn kv_batch_get<K: AsRef<str>>(
+        &self,
+        partition: &str,
+        keys: &[K],
+        fields: Option<&[&str]>,
+    ) -> Result<Batch> {
+        let keys = owned_keys(partition, keys)?;
+        let wanted = fields.map(|f| owned_fields(partition, f)).transpose()?;
+        let kv = self
+            .control
+            .kv_retrieve_meta(partition, &keys, false)
+            .await?;
+        if !kv.missing.is_empty() {
+            return Err(Error::not_found(format!(
+                "partition `{partition}`: keys not found: {:?}",
+                kv.missing
+            )));
+        }
+        let meta = match wanted {
+            Some(f) => {
+                if let Some(bad) = f
+                    .iter()
+                    .find(|f| !kv.meta.fields().contains_key(f.as_str()))
+                {
+                    return Err(Error::invalid(format!(
+                        "partition `{partition}`: field `{bad}` is not produced for every requested key \
+                         (fields all keys hold: {:?})",
+                        kv.meta.field_names().collect::<Vec<_>>()
+                    )));
+                }
+                kv.meta.select_fields(&f)?
+            }
+            None => kv.meta,
+        };
+        self.get_data(&meta).await
+    }
+
+    /// Keys and tags of `partition`, or of every partition. A missing partition lists nothing.
+    pub async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
+        self.control.kv_list(partition).await
+    }
+
+    /// Clears keys. Without `fields` the keys disappear; with `fields` only those cells are
+    /// removed and keys, other fields, tags and consumption stay. Keys or fields that do not
+    /// exist are skipped, so clearing twice is harmless. An empty field list is `Invalid`.
+    pub async fn kv_clear<K: AsRef<str>>(
+        &self,
+        partition: &str,
+        keys: &[K],
+        fields: Option<&[&str]>,
+    ) -> Result<()> {
+        let keys = owned_keys(partition, keys)?;
+        let fields = fields.map(|f| owned_fields(partition, f)).transpose()?;
+        let kv = self
+            .control
+            .kv_retrieve_meta(partition, &keys, false)
+            .await?;
+        if kv.meta.is_empty() {
+            return Ok(());
+        }
+        let Some(fields) = fields else {
+            return self.clear_samples(&kv.meta).await;
+        };
+        let samples = kv.meta.samples().to_vec();
+        let marked = self
+            .control
+            .begin_clear_fields(partition, &samples, &fields)
+            .await?;
+        if !marked.is_empty() {
+            self.storage
+                .clear(&marked, &FieldFilter::Only(fields.clone()))
+                .await
+                .map_err(|e| {
+                    e.context(format!(
+                        "partition `{partition}`: storage clear of fields {fields:?} failed; \
+                     the cells read as cleared, repeat the clear to free them"
+                    ))
+                })?;
+        }
+        self.control
+            .finish_clear_fields(partition, &samples, &fields)
+            .await
+    }
+}
+
+fn check_batch(partition: &str, batch: &Batch) -> Result<()> {
+    if batch.is_empty() || batch.columns().is_empty() {
+        return Err(Error::invalid(format!(
+            "partition `{partition}`: put needs at least one row and one field"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,479 @@
+//! End-to-end behaviour of the embedded deployment (reference §10 cases 35–39 and the fixes).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tq_client::*;
+use tq_core::{Batch, Bytes, Column, ErrorKind, FieldKind, TagValue, Tags, Tensor};
+
+fn client() -> Client {
+    Client::embedded(Config::default()).unwrap()
+}
+
+fn dense_i64(rows: usize, cols: usize, base: i64) -> Column {
+    let v: Vec<i64> = (0..rows * cols).map(|i| base + i as i64).collect();
+    Column::Dense(Tensor::from_slice(vec![rows, cols], &v).unwrap())
+}
+
+fn batch(rows: usize, base: i64) -> Batch {
+    Batch::from_columns([
+        ("ids", dense_i64(rows, 4, base)),
+        (
+            "text",
+            Column::Objects(
+                (0..rows)
+                    .map(|i| Bytes::from(format!("row {}", base + i as i64)))
+                    .collect(),
+            ),
+        ),
+    ])
+    .unwrap()
+}
+
+fn tag(k: &str, v: i64) -> Tags {
+    [(k.to_string(), TagValue::Int(v))].into()
+}
+
+fn keys_of(listing: &[KeyListing], partition: &str) -> Vec<String> {
+    listing
+        .iter()
+        .find(|l| l.partition == partition)
+        .map(|l| l.entries.iter().map(|(k, _)| k.clone()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn kv_put_get_tags_and_cumulative_fields() {
+    let tq = client();
+    let one = batch(1, 0);
+    let m = tq
+        .kv_put("p", "k", Some(&one), Some(tag("step", 1)))
+        .await
+        .unwrap();
+    assert_eq!(m.fields, vec!["ids", "text"]);
+    assert_eq!(m.tags[0]["step"], TagValue::Int(1));
+    // Tag-only update merges.
+    let m = tq
+        .kv_put("p", "k", None, Some(tag("score", 7)))
+        .await
+        .unwrap();
+    assert_eq!(m.tags[0].len(), 2);
+    // Adding a field keeps the old ones; the returned field list is cumulative.
+    let extra = Batch::from_columns([("reward", dense_i64(1, 1, 42))]).unwrap();
+    let m = tq.kv_put("p", "k", Some(&extra), None).await.unwrap();
+    assert_eq!(m.fields, vec!["ids", "reward", "text"]);
+    let got = tq.kv_batch_get("p", &["k"], None).await.unwrap();
+    assert_eq!(
+        got.field_names().collect::<Vec<_>>(),
+        vec!["ids", "reward", "text"]
+    );
+    assert_eq!(got.column("ids"), one.column("ids"));
+    let got = tq
+        .kv_batch_get("p", &["k"], Some(&["reward"]))
+        .await
+        .unwrap();
+    assert_eq!(got.field_names().collect::<Vec<_>>(), vec!["reward"]);
+    let listing = tq.kv_list(Some("p")).await.unwrap();
+    assert_eq!(listing[0].entries[0].1["score"], TagValue::Int(7));
+    // A multi-row batch is refused for kv_put.
+    let e = tq
+        .kv_put("p", "k2", Some(&batch(2, 0)), None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+}
+
+#[tokio::test]
+async fn differing_shapes_come_back_ragged() {
+    let tq = client();
+    let short = Batch::from_columns([("resp", dense_i64(1, 2, 0))]).unwrap();
+    let long = Batch::from_columns([("resp", dense_i64(1, 5, 0))]).unwrap();
+    tq.kv_put("p", "a", Some(&short), None).await.unwrap();
+    tq.kv_put("p", "b", Some(&long), None).await.unwrap();
+    let got = tq.kv_batch_get("p", &["a", "b"], None).await.unwrap();
+    match got.column("resp").unwrap() {
+        Column::Ragged(rows) => {
+            assert_eq!(rows[0].shape(), &[2]);
+            assert_eq!(rows[1].shape(), &[5]);
+        }
+        other => panic!("expected ragged, got {other:?}"),
+    }
+    let meta = tq
+        .get_meta(GetMetaRequest {
+            partition: "p".into(),
+            fields: vec!["resp".into()],
+            mode: GetMetaMode::Force,
+            sampler: None,
+            dp_rank: None,
+            batch_index: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(meta.fields()["resp"].kind, FieldKind::Ragged);
+}
+
+#[tokio::test]
+async fn heterogeneous_keys_return_common_fields() {
+    let tq = client();
+    let a =
+        Batch::from_columns([("f_a", dense_i64(1, 1, 1)), ("f_b", dense_i64(1, 1, 2))]).unwrap();
+    let b =
+        Batch::from_columns([("f_a", dense_i64(1, 1, 3)), ("f_c", dense_i64(1, 1, 4))]).unwrap();
+    tq.kv_put("p", "a", Some(&a), None).await.unwrap();
+    tq.kv_put("p", "b", Some(&b), None).await.unwrap();
+    let got = tq.kv_batch_get("p", &["a", "b"], None).await.unwrap();
+    assert_eq!(got.field_names().collect::<Vec<_>>(), vec!["f_a"]);
+    let e = tq
+        .kv_batch_get("p", &["a", "b"], Some(&["f_b"]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+    assert!(e.message().contains("f_b"), "{e}");
+}
+
+#[tokio::test]
+async fn invalid_kv_input_changes_nothing() {
+    let tq = client();
+    let b2 = batch(2, 0);
+    let cases: Vec<tq_core::Error> = vec![
+        tq.kv_batch_put("p", &["a", "a"], Some(&b2), None)
+            .await
+            .unwrap_err(),
+        tq.kv_batch_put::<&str>("p", &[], Some(&b2), None)
+            .await
+            .unwrap_err(),
+        tq.kv_batch_put("p", &["a", "b", "c"], Some(&b2), None)
+            .await
+            .unwrap_err(),
+        tq.kv_batch_put("p", &["a", "b"], Some(&b2), Some(vec![Tags::new()]))
+            .await
+            .unwrap_err(),
+        tq.kv_batch_put("p", &["a", "b"], None, None)
+            .await
+            .unwrap_err(),
+        tq.kv_batch_put("p", &["a", ""], Some(&b2), None)
+            .await
+            .unwrap_err(),
+        tq.kv_batch_get("p", &["a", "a"], None).await.unwrap_err(),
+        tq.kv_clear("p", &["a"], Some(&[])).await.unwrap_err(),
+    ];
+    for e in cases {
+        assert_eq!(e.kind(), &ErrorKind::Invalid, "{e}");
+    }
+    assert!(
+        tq.list_partitions().await.unwrap().is_empty(),
+        "nothing was created"
+    );
+    // A missing key is NotFound naming the key, never a shorter result.
+    tq.kv_batch_put("p", &["a", "b"], Some(&b2), None)
+        .await
+        .unwrap();
+    let e = tq.kv_batch_get("p", &["a", "zz"], None).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::NotFound);
+    assert!(e.message().contains("zz"), "{e}");
+    // Bad field selection is Invalid.
+    let e = tq
+        .kv_batch_get("p", &["a"], Some(&["nope"]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+}
+
+#[tokio::test]
+async fn kv_clear_is_idempotent_and_isolated_between_partitions() {
+    let tq = client();
+    tq.kv_put("p1", "a", Some(&batch(1, 0)), None)
+        .await
+        .unwrap();
+    tq.kv_clear("p1", &["a"], None).await.unwrap();
+    assert!(keys_of(&tq.kv_list(None).await.unwrap(), "p1").is_empty());
+    tq.kv_clear("p1", &["a"], None).await.unwrap();
+    tq.kv_clear("nope", &["a"], None).await.unwrap();
+    // p2 reuses the index of p1's cleared key; p1 sees nothing.
+    tq.kv_put("p2", "b", Some(&batch(1, 100)), None)
+        .await
+        .unwrap();
+    let m = tq
+        .get_meta(GetMetaRequest::fetch("p1", &["ids"], "t", 1, Wait::NoWait))
+        .await
+        .unwrap();
+    assert!(m.is_empty());
+    assert!(tq.kv_list(Some("p1")).await.unwrap().is_empty());
+    assert_eq!(
+        tq.kv_batch_get("p2", &["b"], None).await.unwrap(),
+        batch(1, 100)
+    );
+}
+
+#[tokio::test]
+async fn field_level_clear_keeps_keys_tags_and_consumption() {
+    let tq = client();
+    tq.kv_batch_put(
+        "p",
+        &["a", "b"],
+        Some(&batch(2, 0)),
+        Some(vec![tag("t", 1), tag("t", 2)]),
+    )
+    .await
+    .unwrap();
+    // Consume both for task "train".
+    assert_eq!(tq.fetch("p", &["ids"], "train", 2).await.unwrap().len(), 2);
+    tq.kv_clear("p", &["a"], Some(&["text"])).await.unwrap();
+    // a's text is gone, b's is not; a's ids stay; tags stay.
+    let e = tq
+        .kv_batch_get("p", &["a"], Some(&["text"]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+    let got = tq.kv_batch_get("p", &["a", "b"], None).await.unwrap();
+    assert_eq!(got.field_names().collect::<Vec<_>>(), vec!["ids"]);
+    assert_eq!(
+        tq.kv_batch_get("p", &["b"], Some(&["text"]))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let listing = tq.kv_list(Some("p")).await.unwrap();
+    assert_eq!(keys_of(&listing, "p"), vec!["a", "b"]);
+    assert_eq!(listing[0].entries[0].1["t"], TagValue::Int(1));
+    assert!(tq
+        .consumption_status("p", "train")
+        .await
+        .unwrap()
+        .all_consumed());
+    // Clearing again, or a field some keys lack, is fine; writing it again works.
+    tq.kv_clear("p", &["a", "b"], Some(&["text"]))
+        .await
+        .unwrap();
+    tq.kv_put(
+        "p",
+        "a",
+        Some(&batch(1, 9).select_fields(&["text"]).unwrap()),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        tq.kv_batch_get("p", &["a"], Some(&["text"]))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    // Clearing every field leaves the key listed.
+    tq.kv_clear("p", &["b"], Some(&["ids"])).await.unwrap();
+    assert_eq!(
+        keys_of(&tq.kv_list(Some("p")).await.unwrap(), "p"),
+        vec!["a", "b"]
+    );
+}
+
+#[tokio::test]
+async fn metadata_api_round_trip() {
+    let tq = client();
+    let data = batch(8, 0);
+    let put = tq.put_new("train", &data).await.unwrap();
+    assert!(put.is_ready());
+    assert_eq!(put.len(), 8);
+    // Partial production: ids+text produced, reward not.
+    assert!(tq
+        .production_status("train", &["ids", "text"])
+        .await
+        .unwrap()
+        .all_produced());
+    assert!(!tq
+        .production_status("train", &["ids", "reward"])
+        .await
+        .unwrap()
+        .all_produced());
+    // Consumption is marked at fetch time, before any data is read.
+    let m = tq
+        .fetch("train", &["ids", "text"], "learner", 5)
+        .await
+        .unwrap();
+    let status = tq.consumption_status("train", "learner").await.unwrap();
+    assert_eq!(status.consumed.iter().filter(|&&c| c).count(), 5);
+    let got = tq.get_data(&m).await.unwrap();
+    assert_eq!(got, data.select_rows(&[0, 1, 2, 3, 4]).unwrap());
+    // Write a new field for the fetched samples, through their meta.
+    let reward = Batch::from_columns([("reward", dense_i64(5, 1, 0))]).unwrap();
+    let m2 = tq.put(&m, &reward).await.unwrap();
+    assert!(m2.fields().contains_key("reward"));
+    let m3 = tq.fetch("train", &["reward"], "critic", 5).await.unwrap();
+    assert_eq!(m3.samples(), m.samples());
+    // Clearing an empty meta is a no-op; clearing the fetched samples leaves the others.
+    tq.clear_samples(&tq_core::BatchMeta::empty("train"))
+        .await
+        .unwrap();
+    tq.clear_samples(&m).await.unwrap();
+    assert_eq!(
+        tq.consumption_status("train", "learner")
+            .await
+            .unwrap()
+            .samples
+            .len(),
+        3
+    );
+    tq.clear_partition("train").await.unwrap();
+    assert!(tq.list_partitions().await.unwrap().is_empty());
+    // Bad puts.
+    let e = tq
+        .put(&tq_core::BatchMeta::empty("train"), &data)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+    let e = tq.put(&put, &batch(3, 0)).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+}
+
+#[tokio::test]
+async fn stale_metadata_cannot_touch_a_reused_index() {
+    let tq = client();
+    let old = tq.put_new("p1", &batch(2, 0)).await.unwrap();
+    tq.clear_samples(&old).await.unwrap();
+    let new = tq.put_new("p2", &batch(2, 50)).await.unwrap();
+    let old_idx: HashSet<u32> = old.samples().iter().map(|s| s.index).collect();
+    let new_idx: HashSet<u32> = new.samples().iter().map(|s| s.index).collect();
+    assert_eq!(old_idx, new_idx, "indexes are reused");
+    let e = tq.get_data(&old).await.unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DataLost),
+        "{e}"
+    );
+    let e = tq.put(&old, &batch(2, 999)).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Conflict, "{e}");
+    tq.clear_samples(&old).await.unwrap();
+    assert_eq!(tq.get_data(&new).await.unwrap(), batch(2, 50));
+}
+
+#[tokio::test]
+async fn capacity_exceeded_leaves_nothing_behind() {
+    let mut cfg = Config::default();
+    cfg.storage.num_units = 1;
+    cfg.storage.capacity_per_unit = Some(4);
+    let tq = Client::embedded(cfg).unwrap();
+    tq.kv_batch_put("p", &["a", "b", "c"], Some(&batch(3, 0)), None)
+        .await
+        .unwrap();
+    let e = tq
+        .kv_batch_put("p", &["d", "e"], Some(&batch(2, 0)), None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::CapacityExceeded, "{e}");
+    assert_eq!(
+        keys_of(&tq.kv_list(Some("p")).await.unwrap(), "p"),
+        vec!["a", "b", "c"]
+    );
+    let e = tq.put_new("q", &batch(2, 0)).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::CapacityExceeded);
+    assert_eq!(tq.list_partitions().await.unwrap(), vec!["p"]);
+    // Overwriting existing keys still works, and freeing room lets new keys in.
+    tq.kv_batch_put("p", &["a", "b"], Some(&batch(2, 7)), None)
+        .await
+        .unwrap();
+    tq.kv_clear("p", &["c"], None).await.unwrap();
+    tq.kv_batch_put("p", &["d", "e"], Some(&batch(2, 0)), None)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_producers_and_consumers_lose_and_duplicate_nothing() {
+    let tq = client();
+    let producers = 4;
+    let per_producer = 50;
+    let mut handles = Vec::new();
+    for p in 0..producers {
+        let tq = tq.clone();
+        handles.push(tokio::spawn(async move {
+            for i in 0..per_producer {
+                let id = (p * per_producer + i) as i64;
+                let b = Batch::from_columns([("id", dense_i64(1, 1, id))]).unwrap();
+                tq.put_new("stream", &b).await.unwrap();
+            }
+        }));
+    }
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut consumers = Vec::new();
+    for _ in 0..3 {
+        let (tq, seen) = (tq.clone(), seen.clone());
+        consumers.push(tokio::spawn(async move {
+            loop {
+                let m = tq
+                    .get_meta(GetMetaRequest::fetch(
+                        "stream",
+                        &["id"],
+                        "consumer",
+                        7,
+                        Wait::For(Duration::from_millis(300)),
+                    ))
+                    .await;
+                let m = match m {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == &ErrorKind::Timeout => break,
+                    Err(e) => panic!("{e}"),
+                };
+                let data = tq.get_data(&m).await.unwrap();
+                let Column::Dense(t) = data.column("id").unwrap() else {
+                    panic!()
+                };
+                seen.lock().unwrap().extend(t.to_vec::<i64>().unwrap());
+                tq.clear_samples(&m).await.unwrap();
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    // Whatever is left (fewer than a batch) is drained by one last small fetch.
+    for c in consumers {
+        c.await.unwrap();
+    }
+    let rest = tq
+        .get_meta(GetMetaRequest::fetch(
+            "stream",
+            &["id"],
+            "consumer",
+            1,
+            Wait::NoWait,
+        ))
+        .await
+        .unwrap();
+    let mut rest_meta = rest;
+    while !rest_meta.is_empty() {
+        let d = tq.get_data(&rest_meta).await.unwrap();
+        let Column::Dense(t) = d.column("id").unwrap() else {
+            panic!()
+        };
+        seen.lock().unwrap().extend(t.to_vec::<i64>().unwrap());
+        tq.clear_samples(&rest_meta).await.unwrap();
+        rest_meta = tq
+            .get_meta(GetMetaRequest::fetch(
+                "stream",
+                &["id"],
+                "consumer",
+                1,
+                Wait::NoWait,
+            ))
+            .await
+            .unwrap();
+    }
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort_unstable();
+    let want: Vec<i64> = (0..(producers * per_producer) as i64).collect();
+    assert_eq!(seen, want, "every sample consumed exactly once");
+}
+
+#[test]
+fn blocking_client_round_trip() {
+    let tq = BlockingClient::embedded(Config::default()).unwrap();
+    tq.kv_batch_put("p", &["x", "y"], Some(&batch(2, 3)), None)
+        .unwrap();
+    assert_eq!(
+        tq.kv_batch_get("p", &["x", "y"], None).unwrap(),
+        batch(2, 3)
+    );
+    tq.kv_clear("p", &["x", "y"], None).unwrap();
+    assert!(tq.list_partitions().unwrap().is_empty());
+}
