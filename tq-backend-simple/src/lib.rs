@@ -23,9 +23,9 @@
 //!
 //! A dense column arrives as one allocation. Storing its rows as `Bytes` slices of that
 //! allocation makes put zero-copy, but any one surviving row keeps the whole allocation alive:
-//! after a partial clear the memory does not come back (the Python original retained up to 3x
-//! the live data this way). Copying every row on ingest would fix reclamation at the price of a
-//! full copy on the hot path.
+//! after a partial clear the memory does not come back (upstream measured 11.9 GiB retained
+//! against 4.0–4.8 GiB once large buffers were returned eagerly). Copying every row on ingest
+//! would fix reclamation at the price of a full copy on the hot path.
 //!
 //! A [`MemoryUnit`] does both, each where it is cheap. It tracks every (request, field) allocation
 //! it stores slices of as a *block*: the bytes the block pins and the bytes still referenced by

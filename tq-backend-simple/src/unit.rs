@@ -778,7 +778,7 @@ impl StorageUnit for MemoryUnit {
                 match st.rows.get(&s.index) {
                     // Only cells of this generation or older: a stale clear never deletes the
                     // sample that took the index over.
-                    Some(_row) => match fields {
+                    Some(row) if row.generation <= s.generation => match fields {
                         FieldFilter::All => st.purge(s.index),
                         FieldFilter::Only(names) => {
                             for name in names {

@@ -437,6 +437,10 @@ async fn manager_put_is_zero_copy_and_get_packs_one_dense_column() {
         let v = unit.get(&names(&["x"]), &[*sample]).await.unwrap();
         assert_eq!(v[0][0].bytes().as_ptr(), t.data()[pos * 8..].as_ptr());
     }
+    // Each unit tracks its rows of the dense column as one shared block (3 rows of 8 bytes).
+    for u in s.stats().await.unwrap() {
+        assert_eq!((u.shared_blocks, u.shared_retained_bytes), (1, 24), "{u:?}");
+    }
     // Reversed order across both units comes back as one contiguous dense column (one copy,
     // independent of storage).
     let rev = meta.select_samples(&[5, 4, 3, 2, 1, 0]).unwrap();

@@ -1,1 +1,11 @@
+//! tq-bench: the standard workloads of `BENCHMARKS.md`, a small measurement harness (median,
+//! min, max over repetitions after a warm-up) and the runs `tq bench` reports.
+//!
+//! Criterion benches under `benches/` use the same workloads for regression tracking.
 
+pub mod controller;
+pub mod embedded;
+pub mod measure;
+pub mod workloads;
+
+pub use measure::{measure, Stats};

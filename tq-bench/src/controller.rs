@@ -1,0 +1,122 @@
+//! Controller micro-benchmarks: the metadata cost of a batch, with no payload.
+
+use crate::measure::{measure, Stats};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tq_controller::{
+    ControlPlane, Controller, ControllerConfig, GetMetaMode, GetMetaRequest, ProductionNotice, Wait,
+};
+use tq_core::{DType, FieldSchema, Result};
+
+/// `allocate → notify(fields) → fetch` of `samples` samples with `fields` fields, then an
+/// untimed clear so every iteration starts from the same state.
+pub fn allocate_notify_fetch(
+    runtime: &tokio::runtime::Runtime,
+    samples: usize,
+    fields: usize,
+    reps: usize,
+) -> Result<Stats> {
+    let c = Controller::new(ControllerConfig::default())?;
+    let schemas: BTreeMap<String, FieldSchema> = (0..fields)
+        .map(|f| {
+            (
+                format!("field_{f}"),
+                FieldSchema::dense(DType::F32, vec![128]),
+            )
+        })
+        .collect();
+    let mut times = Vec::new();
+    for i in 0..=reps {
+        let elapsed = runtime.block_on(one_round(&c, samples, &schemas))?;
+        if i > 0 {
+            times.push(elapsed);
+        }
+    }
+    Ok(Stats::from_samples(times))
+}
+
+/// One timed allocate → notify → fetch, followed by an untimed clear.
+async fn one_round(
+    c: &Controller,
+    samples: usize,
+    schemas: &BTreeMap<String, FieldSchema>,
+) -> Result<Duration> {
+    let t = Instant::now();
+    let meta = c
+        .get_meta(GetMetaRequest {
+            partition: "bench".into(),
+            fields: vec![],
+            mode: GetMetaMode::Insert { count: samples },
+            sampler: None,
+            dp_rank: None,
+            batch_index: None,
+        })
+        .await?;
+    c.notify_production(ProductionNotice {
+        partition: "bench".into(),
+        samples: meta.samples().to_vec(),
+        schemas: schemas.clone(),
+        tags: None,
+        backend_meta: None,
+    })
+    .await?;
+    let fetched = c
+        .get_meta(GetMetaRequest {
+            partition: "bench".into(),
+            fields: schemas.keys().cloned().collect(),
+            mode: GetMetaMode::Fetch {
+                task: "t".into(),
+                batch_size: samples,
+                wait: Wait::NoWait,
+            },
+            sampler: None,
+            dp_rank: None,
+            batch_index: None,
+        })
+        .await?;
+    let elapsed = t.elapsed();
+    assert_eq!(fetched.len(), samples, "fetch returned the whole batch");
+    let marked = c.mark_clearing("bench", Some(meta.samples())).await?;
+    c.release("bench", marked.samples()).await?;
+    Ok(elapsed)
+}
+
+/// `kv_retrieve_meta` of `keys` existing keys (each with `fields` produced fields).
+pub fn kv_retrieve_meta(
+    runtime: &tokio::runtime::Runtime,
+    keys: usize,
+    fields: usize,
+    reps: usize,
+) -> Result<Stats> {
+    let c = Controller::new(ControllerConfig::default())?;
+    let names = crate::workloads::keys(keys);
+    runtime.block_on(async {
+        let kv = c.kv_retrieve_meta("bench", &names, true).await?;
+        c.notify_production(ProductionNotice {
+            partition: "bench".into(),
+            samples: kv.meta.samples().to_vec(),
+            schemas: (0..fields)
+                .map(|f| {
+                    (
+                        format!("field_{f}"),
+                        FieldSchema::dense(DType::F32, vec![16]),
+                    )
+                })
+                .collect(),
+            tags: None,
+            backend_meta: None,
+        })
+        .await
+    })?;
+    let mut err = None;
+    let stats = measure(1, reps, || {
+        match runtime.block_on(c.kv_retrieve_meta("bench", &names, false)) {
+            Ok(kv) => assert_eq!(kv.meta.len(), keys),
+            Err(e) => err = Some(e),
+        }
+    });
+    match err {
+        Some(e) => Err(e),
+        None => Ok(stats),
+    }
+}
