@@ -17,7 +17,9 @@ pub struct EmbeddedReport {
     pub put: Stats,
     pub get: Stats,
     pub clear: Stats,
-    /// RSS right after the last put (bytes), and after the last clear.
+    /// RSS with the workload built but nothing stored, right after the last put, and after
+    /// the last clear (bytes).
+    pub rss_before: Option<u64>,
     pub rss_after_put: Option<u64>,
     pub rss_after_clear: Option<u64>,
 }
@@ -45,6 +47,7 @@ pub fn run(
         }
         tq.kv_clear(partition, &keys, None).await
     })?;
+    let rss_before = rss_bytes().0;
     let memcpy = measure(1, reps, || {
         std::hint::black_box(copy_batch(batch));
     });
@@ -76,6 +79,7 @@ pub fn run(
         put: Stats::from_samples(put),
         get: Stats::from_samples(get),
         clear: Stats::from_samples(clear),
+        rss_before,
         rss_after_put,
         rss_after_clear,
     })
@@ -125,8 +129,9 @@ impl EmbeddedReport {
     /// One line on memory.
     pub fn memory_line(&self) -> String {
         format!(
-            "{}: RSS after put {} MiB, after clear {} MiB (payload {:.0} MiB)",
+            "{}: RSS with the workload built {} MiB, after put {} MiB, after clear {} MiB (payload {:.0} MiB)",
             self.workload,
+            mib(self.rss_before),
             mib(self.rss_after_put),
             mib(self.rss_after_clear),
             self.bytes as f64 / 1048576.0

@@ -342,18 +342,21 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     progress.finish_and_clear();
     let elapsed = start.elapsed().as_secs_f64();
 
-    let trained = trained.lock().expect("trained map");
-    let mut missing = 0;
-    let mut duplicated = 0;
-    for uid in 0..args.prompts as i64 {
-        for j in 0..args.responses as i64 {
-            match trained.get(&(uid, j)).copied().unwrap_or(0) {
-                0 => missing += 1,
-                1 => {}
-                _ => duplicated += 1,
+    let (missing, duplicated) = {
+        let trained = trained.lock().expect("trained map");
+        let mut missing = 0;
+        let mut duplicated = 0;
+        for uid in 0..args.prompts as i64 {
+            for j in 0..args.responses as i64 {
+                match trained.get(&(uid, j)).copied().unwrap_or(0) {
+                    0 => missing += 1,
+                    1 => {}
+                    _ => duplicated += 1,
+                }
             }
         }
-    }
+        (missing, duplicated)
+    };
     let leftover = tq.list_partitions().await?;
     let (w, r) = (
         traffic.written.load(Ordering::Relaxed),

@@ -1,5 +1,6 @@
 //! `tq`: the command-line entry point.
 
+mod bench;
 mod demo;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ enum Command {
     /// Run an embedded GRPO-style pipeline (prompts → rollout → reward → trainer) and check
     /// that every sample is trained exactly once.
     Demo(demo::DemoArgs),
+    /// Measure the standard workloads on the embedded deployment next to in-run baselines.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Demo(args) => runtime.block_on(demo::run(args)),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
