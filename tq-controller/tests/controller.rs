@@ -572,3 +572,36 @@ async fn field_level_clear_blocks_writes_until_finished() {
     assert!(c.consumption_status("p", "t").await.unwrap().all_consumed());
     assert!(c.begin_clear_fields("p", &ids, &[]).await.is_err());
 }
+
+#[tokio::test]
+async fn growth_keeps_production_and_consumption() {
+    let c = controller(2);
+    let first = insert(&c, "p", 3).await;
+    produce(&c, "p", &first, &["a"]).await;
+    assert_eq!(fetch(&c, "p", &["a"], "t", 2).await.len(), 2);
+    // Grow far past the first bitmap word and add many fields.
+    let more = insert(&c, "p", 500).await;
+    let fields: Vec<String> = (0..40).map(|i| format!("f{i}")).collect();
+    let names: Vec<&str> = fields.iter().map(String::as_str).collect();
+    produce(&c, "p", &more, &names).await;
+    let cs = c.consumption_status("p", "t").await.unwrap();
+    assert_eq!(cs.samples.len(), 503);
+    assert_eq!(
+        cs.consumed.iter().filter(|&&x| x).count(),
+        2,
+        "consumption survived growth"
+    );
+    assert!(c
+        .production_status("p", &["a".into()])
+        .await
+        .unwrap()
+        .produced[..3]
+        .iter()
+        .all(|&p| p));
+    assert_eq!(fetch(&c, "p", &["f39"], "t", 500).await.len(), 500);
+    assert_eq!(
+        fetch(&c, "p", &["a"], "t", 5).await.len(),
+        0,
+        "only one unconsumed `a` left"
+    );
+}

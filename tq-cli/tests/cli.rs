@@ -1,0 +1,70 @@
+//! The `tq` binary, run as a user would.
+
+use std::process::Command;
+
+fn tq(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tq"))
+        .args(args)
+        .output()
+        .expect("run tq")
+}
+
+#[test]
+fn demo_trains_every_sample_exactly_once() {
+    let out = tq(&[
+        "demo",
+        "--prompts",
+        "64",
+        "--responses",
+        "3",
+        "--train-groups",
+        "4",
+        "--quiet",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("trained samples   192 "), "{stdout}");
+    assert!(stdout.contains("check             OK"), "{stdout}");
+    assert!(stdout.contains("peak memory"), "{stdout}");
+}
+
+#[test]
+fn demo_rejects_bad_sizes_with_a_clear_error() {
+    let out = tq(&["demo", "--responses", "0", "--quiet"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("at least 1"), "{stderr}");
+}
+
+#[test]
+fn bench_rejects_unknown_workloads() {
+    let out = tq(&["bench", "--workloads", "nope"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown workload `nope`"));
+}
+
+#[test]
+fn bench_reports_figures_next_to_memcpy() {
+    let out = tq(&[
+        "bench",
+        "--workloads",
+        "simple-small",
+        "--samples",
+        "64",
+        "--reps",
+        "1",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for op in ["memcpy", "put", "get", "clear"] {
+        assert!(
+            stdout.contains(&format!("| simple-small | {op} |")),
+            "{stdout}"
+        );
+    }
+    assert!(stdout.contains("allocate + notify + fetch"), "{stdout}");
+}
