@@ -189,7 +189,8 @@ impl Controller {
             batch_index: req.batch_index,
         };
         let ready = p.ready(&fids, task);
-        if ready.len() < batch_size && !sampler.has_cached(&ctx) {
+        let cached = sampler.has_cached(&ctx);
+        if ready.len() < batch_size && !cached {
             return Ok(None);
         }
         let picked = sampler.sample(&ready, batch_size, &ctx)?;
@@ -197,6 +198,16 @@ impl Controller {
             return Ok(None);
         }
         let ready_ids: HashSet<SampleId> = ready.iter().map(|c| c.id).collect();
+        // A fresh answer may only hand out ready samples; a cached one (rank-aware sampling)
+        // names samples another rank already consumed.
+        if !cached {
+            if let Some(bad) = picked.sampled.iter().find(|id| !ready_ids.contains(id)) {
+                return Err(Error::internal(format!(
+                    "partition `{}`: sampler handed out sample {bad}, which is not ready",
+                    req.partition
+                )));
+            }
+        }
         let slots = match p.slots_of(&picked.sampled) {
             Ok(s) => s,
             // A cached answer may name samples cleared since; treat as not ready.

@@ -20,8 +20,43 @@ enum Shapes {
     Unknown,
     /// Every member has this shape.
     Uniform(Vec<usize>),
-    /// Members differ (ragged); one entry per member slot.
-    PerSlot(HashMap<u32, Vec<usize>>),
+    /// Members differ (ragged).
+    PerSlot(RaggedShapes),
+}
+
+/// Shapes of a ragged field: one per member slot, plus how many members have each shape, so
+/// that deciding whether the field is dense again costs O(1) instead of a scan of the members.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct RaggedShapes {
+    by_slot: HashMap<u32, Vec<usize>>,
+    counts: HashMap<Vec<usize>, usize>,
+}
+
+impl RaggedShapes {
+    fn insert(&mut self, slot: u32, shape: Vec<usize>) {
+        self.remove(slot);
+        *self.counts.entry(shape.clone()).or_default() += 1;
+        self.by_slot.insert(slot, shape);
+    }
+
+    fn remove(&mut self, slot: u32) {
+        if let Some(old) = self.by_slot.remove(&slot) {
+            if let Some(c) = self.counts.get_mut(&old) {
+                *c -= 1;
+                if *c == 0 {
+                    self.counts.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// The one shape every member has, if there is exactly one.
+    fn single_shape(&self) -> Option<&Vec<usize>> {
+        match self.counts.len() {
+            1 => self.counts.keys().next(),
+            _ => None,
+        }
+    }
 }
 
 /// The schema and membership of one field in one partition. Fields keep their column number for
@@ -75,17 +110,14 @@ impl FieldState {
                     Shapes::Uniform(u) => {
                         // Promotion to ragged: every existing member keeps the old shape.
                         let old = std::mem::take(u);
-                        let mut map: HashMap<u32, Vec<usize>> = self
-                            .produced
-                            .ones()
-                            .map(|s| (s as u32, old.clone()))
-                            .collect();
-                        map.insert(slot, shape.to_vec());
-                        self.shapes = Shapes::PerSlot(map);
+                        let mut ragged = RaggedShapes::default();
+                        for s in self.produced.ones() {
+                            ragged.insert(s as u32, old.clone());
+                        }
+                        ragged.insert(slot, shape.to_vec());
+                        self.shapes = Shapes::PerSlot(ragged);
                     }
-                    Shapes::PerSlot(map) => {
-                        map.insert(slot, shape.to_vec());
-                    }
+                    Shapes::PerSlot(ragged) => ragged.insert(slot, shape.to_vec()),
                 }
             }
             if !self.produced.get(slot as usize) {
@@ -93,6 +125,8 @@ impl FieldState {
                 self.members += 1;
             }
         }
+        // Overwrites may have given every member the same shape again.
+        self.normalize();
     }
 
     /// Removes one cell; returns whether it was present. Call `normalize` after a batch.
@@ -102,13 +136,13 @@ impl FieldState {
         }
         self.produced.set(slot as usize, false);
         self.members -= 1;
-        if let Shapes::PerSlot(map) = &mut self.shapes {
-            map.remove(&slot);
+        if let Shapes::PerSlot(ragged) = &mut self.shapes {
+            ragged.remove(slot);
         }
         true
     }
 
-    /// Forgets the schema of an empty field; demotes a ragged field whose members agree.
+    /// Forgets the schema of an empty field; demotes a ragged field whose members agree. O(1).
     fn normalize(&mut self) {
         if self.members == 0 {
             self.dtype = None;
@@ -117,12 +151,9 @@ impl FieldState {
             self.produced.clear_all();
             return;
         }
-        if let Shapes::PerSlot(map) = &self.shapes {
-            let mut it = map.values();
-            if let Some(first) = it.next() {
-                if it.all(|s| s == first) {
-                    self.shapes = Shapes::Uniform(first.clone());
-                }
+        if let Shapes::PerSlot(ragged) = &self.shapes {
+            if let Some(shape) = ragged.single_shape() {
+                self.shapes = Shapes::Uniform(shape.clone());
             }
         }
     }
@@ -136,11 +167,11 @@ impl FieldState {
         match &self.shapes {
             Shapes::Unknown => FieldSchema::dense(dtype, vec![]),
             Shapes::Uniform(s) => FieldSchema::dense(dtype, s.clone()),
-            Shapes::PerSlot(map) => FieldSchema::from_shapes(
+            Shapes::PerSlot(ragged) => FieldSchema::from_shapes(
                 dtype,
                 slots
                     .iter()
-                    .map(|s| map.get(s).cloned().unwrap_or_default())
+                    .map(|s| ragged.by_slot.get(s).cloned().unwrap_or_default())
                     .collect(),
             ),
         }

@@ -605,3 +605,59 @@ async fn growth_keeps_production_and_consumption() {
         "only one unconsumed `a` left"
     );
 }
+
+/// A sampler that hands out something that is not ready must not get it through.
+struct Rogue;
+impl Sampler for Rogue {
+    fn sample(
+        &self,
+        ready: &[Candidate<'_>],
+        _: usize,
+        _: &SamplerContext<'_>,
+    ) -> tq_core::Result<Sampled> {
+        let mut ids: Vec<SampleId> = ready.iter().map(|c| c.id).collect();
+        ids.push(SampleId::new(ready[0].id.index + 1, 0));
+        Ok(Sampled {
+            sampled: ids.clone(),
+            consumed: ids,
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_sampler_cannot_hand_out_unready_samples() {
+    let c = controller(1);
+    c.register_sampler("rogue", Arc::new(Rogue));
+    let ids = insert(&c, "p", 2).await;
+    produce(&c, "p", &ids[..1], &["a"]).await;
+    let e = c
+        .get_meta(GetMetaRequest::fetch("p", &["a"], "t", 1, Wait::NoWait).with_sampler("rogue"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Internal);
+    // Nothing was consumed.
+    assert!(!c.consumption_status("p", "t").await.unwrap().consumed[0]);
+}
+
+#[tokio::test]
+async fn overwriting_the_odd_shape_demotes_to_dense() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 2).await;
+    c.notify_production(notice("p", &ids, &[("f", f32s(vec![2]))]))
+        .await
+        .unwrap();
+    c.notify_production(notice("p", &ids[..1], &[("f", f32s(vec![3]))]))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.get_meta(force("p", &["f"])).await.unwrap().fields()["f"].kind,
+        FieldKind::Ragged
+    );
+    c.notify_production(notice("p", &ids[..1], &[("f", f32s(vec![2]))]))
+        .await
+        .unwrap();
+    assert_eq!(
+        c.get_meta(force("p", &["f"])).await.unwrap().fields()["f"],
+        f32s(vec![2])
+    );
+}
