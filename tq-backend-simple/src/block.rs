@@ -10,7 +10,9 @@
 //!
 //! The table is plain data guarded by the unit's lock; it never copies payloads itself.
 
+use crate::unit::IndexHasher;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use tq_core::FieldName;
 
 /// Identifies one block within a unit. Never reused.
@@ -50,7 +52,9 @@ pub(crate) struct BlockCounters {
 /// Every block of one unit, plus the compaction policy.
 #[derive(Debug)]
 pub(crate) struct BlockTable {
-    blocks: HashMap<BlockId, Block>,
+    /// Ids are sequential and internal, so the cheap index hasher serves (a release, one lookup
+    /// here, happens for every cell that leaves a block).
+    blocks: HashMap<BlockId, Block, BuildHasherDefault<IndexHasher>>,
     next_id: BlockId,
     threshold: f64,
     pending: Vec<BlockId>,
@@ -61,7 +65,7 @@ impl BlockTable {
     /// `threshold` is the live fraction below which a block is compacted (validated by the unit).
     pub fn new(threshold: f64) -> Self {
         BlockTable {
-            blocks: HashMap::new(),
+            blocks: HashMap::default(),
             next_id: 0,
             threshold,
             pending: Vec::new(),
@@ -118,8 +122,8 @@ impl BlockTable {
             self.counters.blocks -= 1;
             self.counters.retained_bytes -= block.total_bytes;
             debug_assert_eq!(block.live_bytes, 0);
-        } else {
-            self.queue_if_sparse(id);
+        } else if Self::becomes_sparse(self.threshold, block) {
+            self.pending.push(id);
         }
     }
 
@@ -127,12 +131,21 @@ impl BlockTable {
         let Some(block) = self.blocks.get_mut(&id) else {
             return;
         };
-        // `live < threshold * total`; a threshold of 0 never compacts, 1 compacts on any loss.
-        let sparse = (block.live_bytes as f64) < self.threshold * block.total_bytes as f64;
-        if sparse && !block.compacting && block.live_cells > 0 {
-            block.compacting = true;
+        if Self::becomes_sparse(self.threshold, block) {
             self.pending.push(id);
         }
+    }
+
+    /// Marks `block` as compacting and returns true when it just became sparse and must be
+    /// queued. Takes the block itself so a release needs one map lookup, not two.
+    fn becomes_sparse(threshold: f64, block: &mut Block) -> bool {
+        // `live < threshold * total`; a threshold of 0 never compacts, 1 compacts on any loss.
+        let sparse = (block.live_bytes as f64) < threshold * block.total_bytes as f64;
+        if sparse && !block.compacting && block.live_cells > 0 {
+            block.compacting = true;
+            return true;
+        }
+        false
     }
 
     /// True when some block waits for compaction.

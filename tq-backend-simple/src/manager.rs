@@ -1,8 +1,8 @@
 //! [`SimpleStorage`]: the [`StorageManager`] that routes samples to storage units.
 
 use crate::unit::{
-    check_threshold, CellShape, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats,
-    UnitUpdate,
+    check_threshold, CellShape, IndexSet, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows,
+    UnitStats, UnitUpdate,
 };
 use async_trait::async_trait;
 use futures::future::join_all;
@@ -187,7 +187,7 @@ impl SimpleStorage {
                 meta.len()
             )));
         }
-        let mut seen = HashSet::with_capacity(meta.len());
+        let mut seen = IndexSet::with_capacity_and_hasher(meta.len(), Default::default());
         if let Some(dup) = meta.samples().iter().find(|s| !seen.insert(s.index)) {
             return Err(Error::invalid(format!(
                 "partition `{}`: {op} names sample index {} more than once",
@@ -321,8 +321,22 @@ impl StorageManager for SimpleStorage {
             });
         let replies = self.collect("get", meta, join_all(calls).await)?;
 
-        // Scatter the handles (no payload copy) into batch order, field by field...
-        let mut slots: Vec<Vec<Option<Value>>> = vec![vec![None; len]; fields.len()];
+        // Each reply column holds its unit's rows in batch order (routes are ascending), so a
+        // field's values come out in batch order by walking the positions and taking the next
+        // value of the unit that owns each one: no intermediate slot table, one move per handle.
+        let mut owner = vec![0usize; len];
+        for (u, positions) in routes.iter().enumerate() {
+            for &pos in positions {
+                owner[pos] = u;
+            }
+        }
+        let mut columns: Vec<Vec<std::vec::IntoIter<Value>>> = (0..fields.len())
+            .map(|_| {
+                (0..self.units.len())
+                    .map(|_| Vec::new().into_iter())
+                    .collect()
+            })
+            .collect();
         for (u, reply) in replies {
             let positions = &routes[u];
             let bad_shape =
@@ -337,19 +351,21 @@ impl StorageManager for SimpleStorage {
                     positions.len()
                 )));
             }
-            for (slot, col) in slots.iter_mut().zip(reply) {
-                for (value, &pos) in col.into_iter().zip(positions) {
-                    slot[pos] = Some(value);
-                }
+            for (per_unit, col) in columns.iter_mut().zip(reply) {
+                per_unit[u] = col.into_iter();
             }
         }
-        // ...then pack each field once: equal-shaped tensors are copied exactly once into one
+        // Then pack each field once: equal-shaped tensors are copied exactly once into one
         // pre-sized contiguous buffer (a dense column); anything else keeps the shared handles.
         let mut batch = Batch::empty(len);
-        for (field, slot) in fields.into_iter().zip(slots) {
-            let values = slot
-                .into_iter()
-                .map(|v| v.expect("every position is routed to exactly one unit"))
+        for (field, mut per_unit) in fields.into_iter().zip(columns) {
+            let values = owner
+                .iter()
+                .map(|&u| {
+                    per_unit[u]
+                        .next()
+                        .expect("every position is routed to exactly one unit")
+                })
                 .collect();
             let column = Column::from_values(&field, values)
                 .map_err(|e| e.context(format!("partition `{}`: get", meta.partition())))?;

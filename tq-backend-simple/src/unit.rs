@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, MutexGuard};
 use tq_core::{
     apply_merge, DType, Error, FieldFilter, FieldName, MergeOp, MergeRegistry, Result, SampleId,
@@ -17,6 +18,35 @@ pub const DEFAULT_COMPACTION_THRESHOLD: f64 = 0.5;
 /// How many times [`MemoryUnit`] recomputes an update whose cells were rewritten concurrently
 /// while the merge ran outside the lock, before giving up with `Conflict`.
 const UPDATE_ATTEMPTS: usize = 4;
+
+/// Hasher for sample indexes. Indexes are small integers handed out by the controller, not
+/// attacker-chosen keys, so the DoS resistance of the default SipHash buys nothing here, while
+/// hashing them costs on every cell of every put, get and clear. One multiply mixes the bits
+/// (the rotation brings the well-mixed high bits down to where the table picks its bucket).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct IndexHasher(u64);
+
+impl Hasher for IndexHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.write_u64(i as u64);
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0xf135_7aea_2e62_a9c5);
+    }
+    fn finish(&self) -> u64 {
+        self.0.rotate_left(26)
+    }
+}
+
+/// A map keyed by sample index.
+pub(crate) type IndexMap<V> = HashMap<u32, V, BuildHasherDefault<IndexHasher>>;
+/// A set of sample indexes.
+pub(crate) type IndexSet = HashSet<u32, BuildHasherDefault<IndexHasher>>;
 
 /// The rows of one field in a unit request.
 #[derive(Debug, Clone, PartialEq)]
@@ -204,6 +234,9 @@ struct Cell {
     stamp: u64,
 }
 
+/// The members (sample index, bytes) and total bytes of a block a put is about to open.
+type BlockMembers = (Vec<(u32, u64)>, u64);
+
 #[derive(Debug, Clone, Copy)]
 struct Row {
     /// Every cell of the row has this generation.
@@ -215,9 +248,9 @@ struct Row {
 #[derive(Debug)]
 struct State {
     /// field → sample index → cell.
-    fields: HashMap<FieldName, HashMap<u32, Cell>>,
+    fields: HashMap<FieldName, IndexMap<Cell>>,
     /// sample index → generation and number of cells. An index is present iff it has cells.
-    rows: HashMap<u32, Row>,
+    rows: IndexMap<Row>,
     blocks: BlockTable,
     cells: usize,
     live_bytes: u64,
@@ -239,8 +272,13 @@ impl State {
         self.next_stamp
     }
 
-    /// Stores `cell` for `sample`, replacing the same-generation cell if any.
-    fn insert(&mut self, field: &str, sample: SampleId, cell: Cell) {
+    /// Stores one field's cells, replacing same-generation cells. The field's map is looked up
+    /// once for all cells (not per cell) and, when new, sized for them up front.
+    fn insert_field(
+        &mut self,
+        field: &str,
+        new_cells: impl ExactSizeIterator<Item = (SampleId, Cell)>,
+    ) {
         let State {
             fields,
             rows,
@@ -249,21 +287,25 @@ impl State {
             live_bytes,
             ..
         } = self;
-        *live_bytes += cell.value.nbytes() as u64;
         let map = match fields.get_mut(field) {
             Some(m) => m,
-            None => fields.entry(field.to_string()).or_default(),
+            None => fields.entry(field.to_string()).or_insert_with(|| {
+                IndexMap::with_capacity_and_hasher(new_cells.len(), Default::default())
+            }),
         };
-        match map.insert(sample.index, cell) {
-            Some(old) => forget(blocks, live_bytes, &old),
-            None => {
-                *cells += 1;
-                let row = rows.entry(sample.index).or_insert(Row {
-                    generation: sample.generation,
-                    cells: 0,
-                });
-                debug_assert_eq!(row.generation, sample.generation, "older row not purged");
-                row.cells += 1;
+        for (sample, cell) in new_cells {
+            *live_bytes += cell.value.nbytes() as u64;
+            match map.insert(sample.index, cell) {
+                Some(old) => forget(blocks, live_bytes, &old),
+                None => {
+                    *cells += 1;
+                    let row = rows.entry(sample.index).or_insert(Row {
+                        generation: sample.generation,
+                        cells: 0,
+                    });
+                    debug_assert_eq!(row.generation, sample.generation, "older row not purged");
+                    row.cells += 1;
+                }
             }
         }
     }
@@ -377,7 +419,7 @@ impl MemoryUnit {
             registry: config.merge_registry,
             state: Mutex::new(State {
                 fields: HashMap::new(),
-                rows: HashMap::new(),
+                rows: IndexMap::default(),
                 blocks: BlockTable::new(config.compaction_threshold),
                 cells: 0,
                 live_bytes: 0,
@@ -430,7 +472,7 @@ impl MemoryUnit {
                 )));
             }
         }
-        let mut seen = HashSet::with_capacity(samples.len());
+        let mut seen = IndexSet::with_capacity_and_hasher(samples.len(), Default::default());
         if let Some(dup) = samples.iter().find(|s| !seen.insert(s.index)) {
             return Err(Error::invalid(format!(
                 "{}: {op} names sample index {} more than once",
@@ -521,7 +563,33 @@ impl MemoryUnit {
         }
     }
 
-    fn put_locked(&self, st: &mut State, req: UnitPut) -> Result<()> {
+    /// Per field of `req` (in its order), the members and total bytes of the block its rows
+    /// form, if they share an allocation. Depends only on the request, so it is computed
+    /// before taking the lock.
+    fn block_members(req: &UnitPut) -> Vec<Option<BlockMembers>> {
+        req.fields
+            .values()
+            .map(|rows| {
+                rows.shared_allocation.then(|| {
+                    let members: Vec<(u32, u64)> = req
+                        .samples
+                        .iter()
+                        .zip(&rows.values)
+                        .map(|(s, v)| (s.index, v.nbytes() as u64))
+                        .collect();
+                    let total = members.iter().map(|&(_, b)| b).sum();
+                    (members, total)
+                })
+            })
+            .collect()
+    }
+
+    fn put_locked(
+        &self,
+        st: &mut State,
+        req: UnitPut,
+        block_members: Vec<Option<BlockMembers>>,
+    ) -> Result<()> {
         // Validate everything before touching anything.
         for s in &req.samples {
             if let Some(row) = st.rows.get(&s.index) {
@@ -566,28 +634,18 @@ impl MemoryUnit {
             }
         }
         let stamp = st.stamp();
-        for (field, rows) in req.fields {
-            let block = if rows.shared_allocation {
-                let members: Vec<(u32, u64)> = req
-                    .samples
-                    .iter()
-                    .zip(&rows.values)
-                    .map(|(s, v)| (s.index, v.nbytes() as u64))
-                    .collect();
-                let total = members.iter().map(|&(_, b)| b).sum();
-                st.blocks.open(&field, members, total)
-            } else {
-                None
-            };
-            for (s, value) in req.samples.iter().zip(rows.values) {
+        for ((field, rows), members) in req.fields.into_iter().zip(block_members) {
+            let block = members.and_then(|(members, total)| st.blocks.open(&field, members, total));
+            let cells = req.samples.iter().zip(rows.values).map(|(s, value)| {
                 let cell = Cell {
                     generation: s.generation,
                     value,
                     block,
                     stamp,
                 };
-                st.insert(&field, *s, cell);
-            }
+                (*s, cell)
+            });
+            st.insert_field(&field, cells);
         }
         Ok(())
     }
@@ -686,7 +744,7 @@ impl MemoryUnit {
                 let total = rows.values.iter().map(|v| v.nbytes() as u64).sum();
                 st.blocks.open(field, members, total)
             };
-            for (s, value) in req.samples.iter().zip(results) {
+            let cells = req.samples.iter().zip(results).map(|(s, value)| {
                 let block = if aliases(&value) { block } else { None };
                 let cell = Cell {
                     generation: s.generation,
@@ -694,8 +752,9 @@ impl MemoryUnit {
                     block,
                     stamp,
                 };
-                st.insert(field, *s, cell);
-            }
+                (*s, cell)
+            });
+            st.insert_field(field, cells);
         }
         Ok(true)
     }
@@ -716,27 +775,31 @@ impl StorageUnit for MemoryUnit {
         if req.samples.is_empty() {
             return Ok(());
         }
+        let block_members = Self::block_members(&req);
         {
             let mut st = self.lock()?;
-            self.put_locked(&mut st, req)?;
+            self.put_locked(&mut st, req, block_members)?;
         }
         self.after_mutation();
         Ok(())
     }
 
     async fn get(&self, fields: &[FieldName], samples: &[SampleId]) -> Result<Vec<Vec<Value>>> {
+        // The reply vectors are allocated before taking the lock; under it only handles are
+        // cloned.
+        let mut out: Vec<Vec<Value>> = fields
+            .iter()
+            .map(|_| Vec::with_capacity(samples.len()))
+            .collect();
         let st = self.lock()?;
-        let mut out = Vec::with_capacity(fields.len());
-        for field in fields {
+        for (field, col) in fields.iter().zip(&mut out) {
             let map = st.fields.get(field);
-            let mut col = Vec::with_capacity(samples.len());
             for s in samples {
                 match map.and_then(|m| m.get(&s.index)) {
                     Some(c) if c.generation == s.generation => col.push(c.value.clone()),
                     _ => return Err(self.missing(&st, "get", field, *s)),
                 }
             }
-            out.push(col);
         }
         Ok(out)
     }

@@ -9,7 +9,8 @@ use tq_controller::{
     KeyListing, ProductionNotice, ProductionStatus, Wait,
 };
 use tq_core::{
-    Batch, BatchMeta, Error, FieldFilter, FieldName, Result, SampleId, StorageManager, Tags,
+    Batch, BatchMeta, Error, FieldFilter, FieldName, PutReceipt, Result, SampleId, StorageManager,
+    Tags,
 };
 
 /// What a KV write returns.
@@ -178,6 +179,26 @@ impl Client {
     /// Writes `batch` (rows aligned with `meta`'s samples) to storage, then publishes the cells
     /// with `meta`'s tags in one controller message. Returns `meta` with the new fields, ready.
     pub async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<BatchMeta> {
+        let receipt = self
+            .store_and_publish(meta, batch, true)
+            .await?
+            .expect("the receipt is kept when asked for");
+        let mut out = meta.clone();
+        out.add_fields(receipt.schemas, receipt.backend_meta)?;
+        Ok(out)
+    }
+
+    /// [`Client::put`] up to publishing: validates, writes to storage, publishes. Returns the
+    /// receipt only when `keep_receipt`; the KV path does not use it, and handing the schemas
+    /// to the controller by value saves cloning them (one shape vector per row for ragged
+    /// fields). Without the receipt, the checks `add_fields` would have made still apply: an
+    /// inconsistent receipt is an error, returned after publishing just as `put` returns it.
+    async fn store_and_publish(
+        &self,
+        meta: &BatchMeta,
+        batch: &Batch,
+        keep_receipt: bool,
+    ) -> Result<Option<PutReceipt>> {
         let partition = meta.partition();
         if meta.is_empty() {
             return Err(Error::invalid(format!(
@@ -199,21 +220,28 @@ impl Client {
             )));
         }
         let receipt = self.storage.put(meta, batch).await?;
+        let (schemas, backend_meta, kept, consistent) = if keep_receipt {
+            let (s, b) = (receipt.schemas.clone(), receipt.backend_meta.clone());
+            (s, b, Some(receipt), Ok(()))
+        } else {
+            let consistent =
+                meta.check_new_fields(&receipt.schemas, receipt.backend_meta.as_deref());
+            (receipt.schemas, receipt.backend_meta, None, consistent)
+        };
         self.control
             .notify_production(ProductionNotice {
                 partition: partition.to_string(),
                 samples: meta.samples().to_vec(),
-                schemas: receipt.schemas.clone(),
+                schemas,
                 tags: Some(meta.tags().to_vec()),
-                backend_meta: receipt.backend_meta.clone(),
+                backend_meta,
             })
             .await
             .map_err(|e| {
                 e.context("data reached storage but was not published, so it stays invisible")
             })?;
-        let mut out = meta.clone();
-        out.add_fields(receipt.schemas, receipt.backend_meta)?;
-        Ok(out)
+        consistent?;
+        Ok(kept)
     }
 
     /// Reads the fields of `meta` for its samples, in order. The controller is not involved.
@@ -362,7 +390,7 @@ impl Client {
         let mut field_set: BTreeSet<FieldName> = meta.field_names().map(str::to_string).collect();
         match fields {
             Some(batch) => {
-                if let Err(e) = self.put(&meta, batch).await {
+                if let Err(e) = self.store_and_publish(&meta, batch, false).await {
                     self.remove_created(partition, &meta, &kv.missing, &keys)
                         .await;
                     return Err(e);

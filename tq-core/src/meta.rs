@@ -195,18 +195,29 @@ impl BatchMeta {
         schemas: BTreeMap<FieldName, FieldSchema>,
         backend_meta: Option<Vec<BackendMeta>>,
     ) -> Result<()> {
-        for (name, s) in &schemas {
-            s.check_rows(name, self.samples.len())?;
-        }
-        if let Some(bm) = &backend_meta {
-            check_len("backend meta", bm.len(), self.samples.len())?;
-        }
+        self.check_new_fields(&schemas, backend_meta.as_deref())?;
         self.fields.extend(schemas);
         self.production.iter_mut().for_each(|p| *p = true);
         if let Some(bm) = backend_meta {
             for (mine, theirs) in self.backend_meta.iter_mut().zip(bm) {
                 mine.extend(theirs);
             }
+        }
+        Ok(())
+    }
+
+    /// The checks of [`BatchMeta::add_fields`] alone, for callers that only need to know whether
+    /// the fields would fit (so they need not clone this meta to find out).
+    pub fn check_new_fields(
+        &self,
+        schemas: &BTreeMap<FieldName, FieldSchema>,
+        backend_meta: Option<&[BackendMeta]>,
+    ) -> Result<()> {
+        for (name, s) in schemas {
+            s.check_rows(name, self.samples.len())?;
+        }
+        if let Some(bm) = backend_meta {
+            check_len("backend meta", bm.len(), self.samples.len())?;
         }
         Ok(())
     }

@@ -3,11 +3,70 @@
 use crate::{DType, Element, Error, Result};
 use bytes::Bytes;
 
-/// A row-major, contiguous, little-endian tensor. Cloning and row slicing never copy the bytes.
+/// Dimensions held inline by [`Shape`]; covers a dense column of rank-4 samples and every row
+/// of rank up to 4 — the cells stores and readers handle one by one.
+const INLINE_DIMS: usize = 4;
+
+/// A tensor's dimensions, inline up to [`INLINE_DIMS`] and on the heap beyond.
+///
+/// Row slices and cell clones happen once per cell on the put/get paths; with a `Vec<usize>`
+/// each of them was a heap allocation (and a free when the cell went away).
+#[derive(Clone)]
+enum Shape {
+    Inline { len: u8, dims: [usize; INLINE_DIMS] },
+    Heap(Box<[usize]>),
+}
+
+impl Shape {
+    fn from_slice(dims: &[usize]) -> Self {
+        if dims.len() <= INLINE_DIMS {
+            let mut inline = [0; INLINE_DIMS];
+            inline[..dims.len()].copy_from_slice(dims);
+            Shape::Inline {
+                len: dims.len() as u8,
+                dims: inline,
+            }
+        } else {
+            Shape::Heap(dims.into())
+        }
+    }
+
+    /// Reuses the vector's allocation when the shape does not fit inline.
+    fn from_vec(dims: Vec<usize>) -> Self {
+        if dims.len() <= INLINE_DIMS {
+            Shape::from_slice(&dims)
+        } else {
+            Shape::Heap(dims.into_boxed_slice())
+        }
+    }
+
+    fn as_slice(&self) -> &[usize] {
+        match self {
+            Shape::Inline { len, dims } => &dims[..*len as usize],
+            Shape::Heap(dims) => dims,
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [usize] {
+        match self {
+            Shape::Inline { len, dims } => &mut dims[..*len as usize],
+            Shape::Heap(dims) => dims,
+        }
+    }
+}
+
+impl PartialEq for Shape {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+/// A row-major, contiguous, little-endian tensor. Cloning and row slicing never copy the bytes
+/// and, for shapes of up to four dimensions, never allocate.
 #[derive(Clone, PartialEq)]
 pub struct Tensor {
     dtype: DType,
-    shape: Vec<usize>,
+    shape: Shape,
     data: Bytes,
 }
 
@@ -15,7 +74,7 @@ impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tensor")
             .field("dtype", &self.dtype)
-            .field("shape", &self.shape)
+            .field("shape", &self.shape())
             .field("nbytes", &self.data.len())
             .finish()
     }
@@ -38,7 +97,11 @@ impl Tensor {
                 data.len()
             )));
         }
-        Ok(Tensor { dtype, shape, data })
+        Ok(Tensor {
+            dtype,
+            shape: Shape::from_vec(shape),
+            data,
+        })
     }
 
     /// Copies `values` into a new tensor of the given shape.
@@ -73,7 +136,7 @@ impl Tensor {
         self.dtype
     }
     pub fn shape(&self) -> &[usize] {
-        &self.shape
+        self.shape.as_slice()
     }
     /// The raw little-endian bytes.
     pub fn data(&self) -> &Bytes {
@@ -83,7 +146,7 @@ impl Tensor {
         self.data
     }
     pub fn numel(&self) -> usize {
-        numel(&self.shape)
+        numel(self.shape())
     }
     pub fn nbytes(&self) -> usize {
         self.data.len()
@@ -91,12 +154,12 @@ impl Tensor {
 
     /// Number of rows (size of dimension 0); a scalar has none.
     pub fn rows(&self) -> usize {
-        self.shape.first().copied().unwrap_or(0)
+        self.shape().first().copied().unwrap_or(0)
     }
 
     /// Bytes of one row (product of the trailing dimensions times the element size).
     pub fn row_nbytes(&self) -> usize {
-        numel(self.shape.get(1..).unwrap_or(&[])) * self.dtype.size()
+        numel(self.shape().get(1..).unwrap_or(&[])) * self.dtype.size()
     }
 
     /// Row `i` as a tensor of shape `shape[1..]`, sharing this tensor's bytes.
@@ -104,7 +167,7 @@ impl Tensor {
         let w = self.row_nbytes();
         Tensor {
             dtype: self.dtype,
-            shape: self.shape[1..].to_vec(),
+            shape: Shape::from_slice(&self.shape()[1..]),
             data: self.data.slice(i * w..(i + 1) * w),
         }
     }
@@ -113,7 +176,7 @@ impl Tensor {
     pub fn slice_rows(&self, start: usize, end: usize) -> Tensor {
         let w = self.row_nbytes();
         let mut shape = self.shape.clone();
-        shape[0] = end - start;
+        shape.as_mut_slice()[0] = end - start;
         Tensor {
             dtype: self.dtype,
             shape,
@@ -196,6 +259,28 @@ mod tests {
         assert_eq!(
             t.slice_rows(1, 3).to_vec::<i32>().unwrap(),
             vec![3, 4, 5, 6]
+        );
+    }
+
+    #[test]
+    fn shapes_beyond_the_inline_capacity() {
+        let dims = vec![2, 1, 1, 1, 1, 3];
+        let t = Tensor::from_slice(dims.clone(), &[0u8, 1, 2, 3, 4, 5]).unwrap();
+        assert_eq!(t.shape(), dims.as_slice());
+        assert_eq!(t.row(1).shape(), &[1, 1, 1, 1, 3]);
+        assert_eq!(t.row(1).row(0).shape(), &[1, 1, 1, 3]);
+        assert_eq!(t.row(1).to_vec::<u8>().unwrap(), vec![3, 4, 5]);
+        assert_eq!(t.slice_rows(1, 2).shape(), &[1, 1, 1, 1, 1, 3]);
+        assert_eq!(t.slice_rows(0, 2), t);
+        assert_ne!(t.row(0), t.row(1));
+        let scalar = Tensor::new(DType::U8, vec![], Bytes::from_static(&[7])).unwrap();
+        assert_eq!(
+            (scalar.shape(), scalar.rows(), scalar.numel()),
+            (&[][..], 0, 1)
+        );
+        assert_eq!(
+            format!("{:?}", t.row(0)),
+            "Tensor { dtype: U8, shape: [1, 1, 1, 1, 3], nbytes: 3 }"
         );
     }
 
