@@ -54,9 +54,13 @@
 
 mod block;
 mod manager;
+#[cfg(feature = "net")]
+mod net;
 mod unit;
 
 pub use manager::{SimpleConfig, SimpleStorage};
+#[cfg(feature = "net")]
+pub use net::{RemoteUnit, UnitServer};
 pub use unit::{
     CellShape, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats, UnitUpdate,
     UnitUpdateReply, DEFAULT_COMPACTION_THRESHOLD,

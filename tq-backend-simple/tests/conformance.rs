@@ -10,18 +10,18 @@ fn make(units: usize) -> Arc<dyn StorageManager> {
 
 #[tokio::test]
 async fn conformance_one_unit() {
-    tq_core::testkit::run_all(|| make(1)).await;
+    tq_core::testkit::run_all(|| async { make(1) }).await;
 }
 
 #[tokio::test]
 async fn conformance_three_units() {
-    tq_core::testkit::run_all(|| make(3)).await;
+    tq_core::testkit::run_all(|| async { make(3) }).await;
 }
 
 #[tokio::test]
 async fn conformance_with_eager_compaction() {
     // Threshold 1 compacts on every partial clear or overwrite: the suite must not notice.
-    tq_core::testkit::run_all(|| {
+    tq_core::testkit::run_all(|| async {
         let config = SimpleConfig {
             compaction_threshold: 1.0,
             ..SimpleConfig::default()

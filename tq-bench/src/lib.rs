@@ -3,8 +3,10 @@
 //!
 //! Criterion benches under `benches/` use the same workloads for regression tracking.
 
+pub mod baseline;
 pub mod controller;
-pub mod embedded;
+pub mod kv;
+pub mod latency;
 pub mod measure;
 pub mod workloads;
 

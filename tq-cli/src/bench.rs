@@ -1,10 +1,22 @@
-//! `tq bench`: the standard workloads on the embedded deployment, each next to a memcpy of the
-//! same bytes measured in the same run, plus the controller's metadata cost. Prints markdown.
+//! `tq bench`: the standard workloads on the embedded deployment (next to a memcpy of the same
+//! bytes) and on a remote one (a controller and two storage-unit processes on loopback, next to
+//! raw tokio TCP moving the same bytes), plus controller cost and small-request latency.
+//! Prints markdown.
 
-use clap::Args;
-use tq_bench::{controller, embedded, workloads};
-use tq_client::Config;
+use clap::{Args, ValueEnum};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tq_bench::{baseline, controller, kv, latency, workloads};
+use tq_client::{Client, Config};
 use tq_core::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Deployment {
+    Embedded,
+    Remote,
+    Both,
+}
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -21,9 +33,91 @@ pub struct BenchArgs {
     /// Timed repetitions per figure (after one warm-up).
     #[arg(long, default_value_t = 5)]
     reps: usize,
-    /// Number of in-memory storage units.
+    /// Number of storage units.
     #[arg(long, default_value_t = 2)]
     units: u32,
+    /// Which deployments to measure.
+    #[arg(long, value_enum, default_value_t = Deployment::Both)]
+    deployment: Deployment,
+    /// Round trips for the latency figure.
+    #[arg(long, default_value_t = 1000)]
+    latency_rounds: usize,
+}
+
+/// Server processes started for the remote figures; killed when dropped.
+struct Servers {
+    children: Vec<Child>,
+    controller: String,
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts `tq <args>` (this binary) and returns it with the endpoint it reports.
+fn spawn_server(args: &[&str]) -> Result<(Child, String)> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::internal("cannot find the tq binary").with_source(e))?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .env_remove("TQ_NET_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| Error::internal(format!("cannot start tq {args:?}")).with_source(e))?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut lines = BufReader::new(stdout).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) if line.starts_with("listening ") => {
+                let endpoint = line
+                    .split_whitespace()
+                    .last()
+                    .unwrap_or_default()
+                    .to_string();
+                // Keep draining stdout so the server never blocks on a full pipe.
+                std::thread::spawn(move || for _ in lines {});
+                return Ok((child, endpoint));
+            }
+            Some(Ok(_)) => continue,
+            _ => {
+                let _ = child.kill();
+                return Err(Error::unavailable(format!(
+                    "tq {args:?} exited before listening"
+                )));
+            }
+        }
+    }
+}
+
+fn start_remote(units: u32) -> Result<Servers> {
+    let n = units.to_string();
+    let (c, controller) =
+        spawn_server(&["controller", "--listen", "tcp://127.0.0.1:0", "--units", &n])?;
+    let mut servers = Servers {
+        children: vec![c],
+        controller,
+    };
+    for i in 0..units {
+        let id = format!("unit-{i}");
+        let ctl = servers.controller.clone();
+        let (u, _) = spawn_server(&["storage-unit", "--controller", &ctl, "--id", &id])?;
+        servers.children.push(u);
+    }
+    Ok(servers)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1e6)
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -45,44 +139,110 @@ pub fn run(args: BenchArgs) -> Result<()> {
             )));
         }
     }
-    println!("## Controller (no payload), {} repetitions", args.reps);
+    println!(
+        "## Controller (no payload), {} repetitions",
+        args.reps.max(5)
+    );
     println!();
     println!("| operation | ms median (min–max) |\n|---|---|");
     let s = controller::allocate_notify_fetch(&runtime, args.samples, 28, args.reps.max(5))?;
     println!(
-        "| allocate + notify + fetch, {} samples × 28 fields | {:.3} ({:.3}–{:.3}) |",
+        "| allocate + notify + fetch, {} samples × 28 fields | {} ({}–{}) |",
         args.samples,
-        s.median.as_secs_f64() * 1e3,
-        s.min.as_secs_f64() * 1e3,
-        s.max.as_secs_f64() * 1e3
+        ms(s.median),
+        ms(s.min),
+        ms(s.max)
     );
     let s = controller::kv_retrieve_meta(&runtime, args.samples, 4, args.reps.max(5))?;
     println!(
-        "| kv_retrieve_meta, {} keys | {:.3} ({:.3}–{:.3}) |",
+        "| kv_retrieve_meta, {} keys | {} ({}–{}) |",
         args.samples,
-        s.median.as_secs_f64() * 1e3,
-        s.min.as_secs_f64() * 1e3,
-        s.max.as_secs_f64() * 1e3
+        ms(s.median),
+        ms(s.min),
+        ms(s.max)
     );
-    println!();
-    println!(
-        "## Embedded, {} samples per batch, {} storage units, {} repetitions",
-        args.samples, args.units, args.reps
-    );
-    println!();
-    println!("{}", embedded::TABLE_HEADER);
-    let mut memory = Vec::new();
-    for name in names {
-        let batch = workloads::by_name(name, args.samples).expect("checked above");
-        let mut config = Config::default();
-        config.storage.num_units = args.units;
-        let report = embedded::run(&runtime, config, name, &batch, args.reps)?;
-        println!("{}", report.rows());
-        memory.push(report.memory_line());
-    }
-    println!();
-    for m in memory {
-        println!("- {m}");
+
+    let mut config = Config::default();
+    config.storage.num_units = args.units;
+    let deployments: Vec<&str> = match args.deployment {
+        Deployment::Embedded => vec!["embedded"],
+        Deployment::Remote => vec!["remote"],
+        Deployment::Both => vec!["embedded", "remote"],
+    };
+    for deployment in deployments {
+        let remote = deployment == "remote";
+        let servers = if remote {
+            Some(start_remote(args.units)?)
+        } else {
+            None
+        };
+        let tq = match &servers {
+            Some(s) => runtime.block_on(Client::connect_with(&s.controller, config.clone()))?,
+            None => Client::embedded(config.clone())?,
+        };
+        println!();
+        if remote {
+            println!(
+                "## Remote: controller and {} storage-unit processes on loopback, {} samples per batch, {} repetitions",
+                args.units, args.samples, args.reps
+            );
+        } else {
+            println!(
+                "## Embedded, {} storage units, {} samples per batch, {} repetitions",
+                args.units, args.samples, args.reps
+            );
+        }
+        println!();
+        println!("{}", kv::TABLE_HEADER);
+        let mut memory = Vec::new();
+        for name in &names {
+            let batch = workloads::by_name(name, args.samples).expect("checked above");
+            let (put_base, get_base) = if remote {
+                let (send, receive) = runtime.block_on(baseline::tcp(batch.nbytes(), args.reps))?;
+                (
+                    kv::Baseline {
+                        name: "raw TCP send".into(),
+                        stats: send,
+                    },
+                    kv::Baseline {
+                        name: "raw TCP receive".into(),
+                        stats: receive,
+                    },
+                )
+            } else {
+                let m = baseline::memcpy(&batch, args.reps);
+                (
+                    kv::Baseline {
+                        name: "memcpy".into(),
+                        stats: m,
+                    },
+                    kv::Baseline {
+                        name: "memcpy".into(),
+                        stats: m,
+                    },
+                )
+            };
+            let report = kv::run(
+                &runtime, &tq, name, &batch, args.reps, put_base, get_base, !remote,
+            )?;
+            println!("{}", report.rows());
+            memory.extend(report.memory_line());
+        }
+        if !memory.is_empty() {
+            println!();
+            for m in memory {
+                println!("- {m}");
+            }
+        }
+        let rounds = args.latency_rounds.max(1);
+        let lat = latency::Percentiles::of(runtime.block_on(latency::put_get(&tq, rounds))?);
+        let floor =
+            latency::Percentiles::of(runtime.block_on(baseline::tcp_ping_pong(4096, rounds))?);
+        println!();
+        println!("Latency, {rounds} rounds of kv_put (4 KiB) + kv_batch_get: p50 {} µs, p99 {} µs, max {} µs; raw TCP 4 KiB ping-pong: p50 {} µs, p99 {} µs.",
+            us(lat.p50), us(lat.p99), us(lat.max), us(floor.p50), us(floor.p99));
+        drop(tq);
+        drop(servers);
     }
     Ok(())
 }

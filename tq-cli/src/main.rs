@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -24,6 +25,12 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure the standard workloads on the embedded deployment next to in-run baselines.
     Bench(bench::BenchArgs),
+    /// Run a controller and N storage units in this process.
+    Serve(serve::ServeArgs),
+    /// Run a controller; storage units register with it.
+    Controller(serve::ControllerArgs),
+    /// Run one storage unit and register it with a controller.
+    StorageUnit(serve::UnitArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +55,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => runtime.block_on(demo::run(args)),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => runtime.block_on(serve::serve(args)),
+        Command::Controller(args) => runtime.block_on(serve::controller_server(args)),
+        Command::StorageUnit(args) => runtime.block_on(serve::storage_unit(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

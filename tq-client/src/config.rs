@@ -13,6 +13,11 @@
 //! num_units = 2                    # sample index i lives on unit i % num_units
 //! capacity_per_unit = 100000       # samples per unit; omit for unlimited
 //! compaction_threshold = 0.5       # compact a put's allocation when less than this is live
+//!
+//! [net]                            # remote deployments
+//! token = "..."                    # shared secret (better: TQ_NET_TOKEN)
+//! request_timeout_ms = 30000
+//! connect_timeout_ms = 5000
 //! ```
 //!
 //! Every key can be overridden by an environment variable named `TQ_<SECTION>_<KEY>` in upper
@@ -30,6 +35,31 @@ use tq_core::{Error, Result};
 pub struct Config {
     pub controller: ControllerSection,
     pub storage: StorageSection,
+    pub net: NetSection,
+}
+
+/// Settings of remote deployments (`Client::connect`, `tq serve`, ...).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetSection {
+    /// Shared secret every peer presents in its handshake (required by servers that listen on
+    /// a non-loopback address). Prefer the `TQ_NET_TOKEN` environment variable to a file.
+    pub token: Option<String>,
+    /// Deadline of one request, in milliseconds (a waiting fetch gets its wait on top).
+    pub request_timeout_ms: u64,
+    /// Deadline of connecting to a peer, and of waiting for every storage unit to register
+    /// when a client connects, in milliseconds.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for NetSection {
+    fn default() -> Self {
+        NetSection {
+            token: None,
+            request_timeout_ms: 30_000,
+            connect_timeout_ms: 5_000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,6 +170,15 @@ impl Config {
         if let Some(v) = get("TQ_STORAGE_CAPACITY_PER_UNIT") {
             self.storage.capacity_per_unit = Some(parse("TQ_STORAGE_CAPACITY_PER_UNIT", &v)?);
         }
+        if let Some(v) = get("TQ_NET_TOKEN") {
+            self.net.token = Some(v);
+        }
+        if let Some(v) = get("TQ_NET_REQUEST_TIMEOUT_MS") {
+            self.net.request_timeout_ms = parse("TQ_NET_REQUEST_TIMEOUT_MS", &v)?;
+        }
+        if let Some(v) = get("TQ_NET_CONNECT_TIMEOUT_MS") {
+            self.net.connect_timeout_ms = parse("TQ_NET_CONNECT_TIMEOUT_MS", &v)?;
+        }
         if let Some(v) = get("TQ_STORAGE_COMPACTION_THRESHOLD") {
             self.storage.compaction_threshold = parse("TQ_STORAGE_COMPACTION_THRESHOLD", &v)?;
         }
@@ -167,6 +206,14 @@ impl Config {
                 .map_err(|e| e.context(format!("controller.samplers.{name}")))?;
         }
         Ok(())
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.net.request_timeout_ms)
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.net.connect_timeout_ms)
     }
 
     pub fn fetch_timeout(&self) -> Duration {

@@ -30,10 +30,14 @@ mod backends;
 mod blocking;
 mod client;
 mod config;
+#[cfg(feature = "remote")]
+mod remote;
 
 pub use blocking::BlockingClient;
 pub use client::{Client, KvBatchMeta};
-pub use config::{Backend, Config, ControllerSection, StorageSection};
+pub use config::{Backend, Config, ControllerSection, NetSection, StorageSection};
+#[cfg(feature = "remote")]
+pub use remote::pool_config;
 pub use tq_controller::{
     ConsumptionStatus, GetMetaMode, GetMetaRequest, KeyListing, ProductionStatus, Wait,
 };

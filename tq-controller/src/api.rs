@@ -77,7 +77,7 @@ impl GetMetaRequest {
 
 /// "These cells are now in storage": sent after a successful storage write. Tags travel in the
 /// same message, so a consumer never sees a ready sample without its tags.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProductionNotice {
     pub partition: String,
     pub samples: Vec<SampleId>,
@@ -90,7 +90,7 @@ pub struct ProductionNotice {
 }
 
 /// Result of resolving keys.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KvMeta {
     /// Rows for the found (or created) keys, in request order; its fields are the fields
     /// produced for every one of those rows.
@@ -103,7 +103,7 @@ pub struct KvMeta {
 }
 
 /// Per-sample production of some fields.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProductionStatus {
     pub samples: Vec<SampleId>,
     pub fields: Vec<FieldName>,
@@ -119,7 +119,7 @@ impl ProductionStatus {
 }
 
 /// Per-sample consumption by one task.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConsumptionStatus {
     pub samples: Vec<SampleId>,
     pub consumed: Vec<bool>,
@@ -133,7 +133,7 @@ impl ConsumptionStatus {
 }
 
 /// One partition's keys and tags, in insertion order.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KeyListing {
     pub partition: String,
     pub entries: Vec<(String, Tags)>,

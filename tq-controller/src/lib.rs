@@ -13,6 +13,8 @@ mod allocator;
 mod api;
 mod bitmap;
 mod controller;
+#[cfg(feature = "net")]
+mod net;
 mod partition;
 mod sampler;
 
@@ -21,6 +23,8 @@ pub use api::{
     ProductionNotice, ProductionStatus, Wait,
 };
 pub use controller::{sampler_from_name, Controller, ControllerConfig};
+#[cfg(feature = "net")]
+pub use net::{ControllerServer, RemoteControlPlane, Topology, UnitInfo};
 pub use sampler::{
     Candidate, GrpoGroupNSampler, Sampled, Sampler, SamplerContext, SequentialSampler,
 };

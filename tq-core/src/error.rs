@@ -36,6 +36,9 @@ pub enum ErrorKind {
     Unavailable,
     /// Stored or received bytes do not decode.
     Corrupted,
+    /// A peer refused us: wrong or missing token, or a protocol version it does not speak.
+    /// Not retryable: repeating the request cannot succeed.
+    PermissionDenied,
     /// The client or component was shut down.
     Closed,
     /// A bug in tq: an invariant did not hold.
@@ -59,6 +62,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Timeout => f.write_str("timeout"),
             ErrorKind::Unavailable => f.write_str("unavailable"),
             ErrorKind::Corrupted => f.write_str("corrupted"),
+            ErrorKind::PermissionDenied => f.write_str("permission denied"),
             ErrorKind::Closed => f.write_str("closed"),
             ErrorKind::Internal => f.write_str("internal error"),
         }
@@ -143,6 +147,9 @@ impl Error {
     }
     pub fn corrupted(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Corrupted, message)
+    }
+    pub fn permission_denied(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::PermissionDenied, message)
     }
     pub fn closed(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Closed, message)

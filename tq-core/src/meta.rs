@@ -31,7 +31,6 @@ impl fmt::Display for SampleId {
 
 /// A small tag value attached to a sample (its "custom meta").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
 pub enum TagValue {
     Bool(bool),
     Int(i64),
@@ -86,7 +85,8 @@ pub type BackendMeta = BTreeMap<FieldName, Bytes>;
 ///
 /// Every per-row vector has one entry per sample, in sample order; constructors and operations
 /// keep that invariant.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(try_from = "RawBatchMeta")]
 pub struct BatchMeta {
     partition: String,
     samples: Vec<SampleId>,
@@ -94,6 +94,29 @@ pub struct BatchMeta {
     production: Vec<bool>,
     tags: Vec<Tags>,
     backend_meta: Vec<BackendMeta>,
+}
+
+/// The shape of a [`BatchMeta`] as received from a peer, checked before it becomes one.
+#[derive(Deserialize)]
+struct RawBatchMeta {
+    partition: String,
+    samples: Vec<SampleId>,
+    fields: BTreeMap<FieldName, FieldSchema>,
+    production: Vec<bool>,
+    tags: Vec<Tags>,
+    backend_meta: Vec<BackendMeta>,
+}
+
+impl TryFrom<RawBatchMeta> for BatchMeta {
+    type Error = Error;
+
+    fn try_from(r: RawBatchMeta) -> Result<BatchMeta> {
+        BatchMeta::new(r.partition, r.samples)
+            .with_fields(r.fields)?
+            .with_production(r.production)?
+            .with_tags(r.tags)?
+            .with_backend_meta(r.backend_meta)
+    }
 }
 
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {

@@ -2,11 +2,12 @@
 
 use crate::{BackendMeta, Batch, BatchMeta, FieldName, FieldSchema, Result};
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// What a backend can do beyond put/get/clear. The client checks these before calling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Capabilities {
     /// `update` merges values where they are stored.
     pub update: bool,
@@ -17,7 +18,7 @@ pub struct Capabilities {
 }
 
 /// Which cells of the selected samples a clear removes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FieldFilter {
     /// Whole samples: every cell.
     All,
@@ -36,7 +37,7 @@ impl FieldFilter {
 
 /// What storage reports after writing: the schema of every written field (aligned with the batch
 /// rows) and, for backends that need it, per-row backend metadata to keep in the controller.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct PutReceipt {
     pub schemas: BTreeMap<FieldName, FieldSchema>,
     pub backend_meta: Option<Vec<BackendMeta>>,

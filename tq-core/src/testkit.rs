@@ -3,11 +3,13 @@
 //! ```ignore
 //! #[tokio::test]
 //! async fn conformance() {
-//!     tq_core::testkit::run_all(|| Arc::new(MyStorage::new()) as Arc<dyn StorageManager>).await;
+//!     tq_core::testkit::run_all(|| async { Arc::new(MyStorage::new()) as Arc<dyn StorageManager> })
+//!         .await;
 //! }
 //! ```
 //!
-//! Each case gets a fresh backend from the factory and panics with a message naming the case on
+//! The factory is async so that it can start servers or connect to them. Each case gets a fresh
+//! backend from it and panics with a message naming the case on
 //! the first violated expectation. Samples are addressed by hand-made [`SampleId`]s, so no
 //! controller is involved.
 
@@ -16,20 +18,21 @@ use bytes::Bytes;
 use std::sync::Arc;
 
 /// Runs every conformance case against backends made by `make`.
-pub async fn run_all<F>(make: F)
+pub async fn run_all<F, Fut>(make: F)
 where
-    F: Fn() -> Arc<dyn StorageManager>,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Arc<dyn StorageManager>>,
 {
-    round_trip_of_every_column_kind(make().as_ref()).await;
-    adding_fields_to_existing_samples(make().as_ref()).await;
-    field_selection(make().as_ref()).await;
-    clear_whole_samples(make().as_ref()).await;
-    clear_chosen_fields(make().as_ref()).await;
-    clear_is_idempotent(make().as_ref()).await;
-    stale_generation_never_wins(make().as_ref()).await;
-    missing_cells_are_errors(make().as_ref()).await;
-    empty_and_mismatched_batches(make().as_ref()).await;
-    update_merges_in_place(make().as_ref()).await;
+    round_trip_of_every_column_kind(make().await.as_ref()).await;
+    adding_fields_to_existing_samples(make().await.as_ref()).await;
+    field_selection(make().await.as_ref()).await;
+    clear_whole_samples(make().await.as_ref()).await;
+    clear_chosen_fields(make().await.as_ref()).await;
+    clear_is_idempotent(make().await.as_ref()).await;
+    stale_generation_never_wins(make().await.as_ref()).await;
+    missing_cells_are_errors(make().await.as_ref()).await;
+    empty_and_mismatched_batches(make().await.as_ref()).await;
+    update_merges_in_place(make().await.as_ref()).await;
 }
 
 /// Indexes that spread over units and are not contiguous.

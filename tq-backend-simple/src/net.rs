@@ -1,0 +1,377 @@
+//! Storage units over the network (feature `net`): [`UnitServer`] serves any [`StorageUnit`]
+//! on a tq-net endpoint and [`RemoteUnit`] is the stub the manager uses to reach it.
+//!
+//! A request is one postcard header describing every cell (kind, dtype, shape) plus one body
+//! frame per cell carrying its raw bytes. Payloads never pass through the encoder: they go out
+//! as vectored writes of the stored `Bytes` and arrive as slices of the one receive buffer, which
+//! the receiving unit stores directly (zero copy, tracked as one shared allocation per field).
+
+use crate::unit::{StorageUnit, UnitPut, UnitRows, UnitStats, UnitUpdate, UnitUpdateReply};
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tq_core::{DType, Error, FieldFilter, FieldName, MergeOp, Result, SampleId, Tensor, Value};
+use tq_net::{CallOptions, Endpoint, Handler, Message, Pool};
+
+/// How one cell's frame is to be read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum CellDesc {
+    Tensor { dtype: DType, shape: Vec<usize> },
+    Object,
+}
+
+/// The rows of one field on the wire; the cells' bytes are the next frames in order.
+#[derive(Debug, Serialize, Deserialize)]
+struct WireRows {
+    field: FieldName,
+    shared: bool,
+    cells: Vec<CellDesc>,
+}
+
+/// The merge operations that can cross the network (closures cannot).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum WireMerge {
+    Replace,
+    Add,
+    Max,
+    Concat { dim: usize },
+    Named(String),
+}
+
+impl WireMerge {
+    fn from_op(op: &MergeOp, unit: &str) -> Result<WireMerge> {
+        Ok(match op {
+            MergeOp::Replace => WireMerge::Replace,
+            MergeOp::Add => WireMerge::Add,
+            MergeOp::Max => WireMerge::Max,
+            MergeOp::Concat { dim } => WireMerge::Concat { dim: *dim },
+            MergeOp::Named(n) => WireMerge::Named(n.clone()),
+            MergeOp::Custom(_) => {
+                return Err(Error::unsupported(
+                    "update with a closure merge",
+                    format!("remote storage unit `{unit}` (register a named merge function on the unit instead)"),
+                ))
+            }
+        })
+    }
+
+    fn into_op(self) -> MergeOp {
+        match self {
+            WireMerge::Replace => MergeOp::Replace,
+            WireMerge::Add => MergeOp::Add,
+            WireMerge::Max => MergeOp::Max,
+            WireMerge::Concat { dim } => MergeOp::Concat { dim },
+            WireMerge::Named(n) => MergeOp::Named(n),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum UnitRequest {
+    Put {
+        samples: Vec<SampleId>,
+        fields: Vec<WireRows>,
+    },
+    Get {
+        fields: Vec<FieldName>,
+        samples: Vec<SampleId>,
+    },
+    Update {
+        samples: Vec<SampleId>,
+        fields: Vec<WireRows>,
+        merge: WireMerge,
+    },
+    Clear {
+        samples: Vec<SampleId>,
+        filter: FieldFilter,
+    },
+    Stats,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum UnitResponse {
+    Done,
+    /// Per requested field, the cells in sample order; their bytes are the frames in order.
+    Got(Vec<Vec<CellDesc>>),
+    Updated(UnitUpdateReply),
+    Stats(UnitStats),
+}
+
+fn describe(values: &[Value], frames: &mut Vec<Bytes>) -> Vec<CellDesc> {
+    values
+        .iter()
+        .map(|v| {
+            frames.push(v.bytes().clone());
+            match v {
+                Value::Tensor(t) => CellDesc::Tensor {
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                },
+                Value::Object(_) => CellDesc::Object,
+            }
+        })
+        .collect()
+}
+
+fn encode_fields(fields: BTreeMap<FieldName, UnitRows>, frames: &mut Vec<Bytes>) -> Vec<WireRows> {
+    fields
+        .into_iter()
+        .map(|(field, rows)| WireRows {
+            cells: describe(&rows.values, frames),
+            shared: rows.shared_allocation,
+            field,
+        })
+        .collect()
+}
+
+/// Rebuilds cells from their descriptions and the message's frames, in order.
+struct FrameReader<'a> {
+    frames: std::slice::Iter<'a, Bytes>,
+    peer: &'a str,
+}
+
+impl FrameReader<'_> {
+    fn cells(&mut self, descs: Vec<CellDesc>) -> Result<Vec<Value>> {
+        descs
+            .into_iter()
+            .map(|d| {
+                let bytes = self.frames.next().cloned().ok_or_else(|| {
+                    Error::corrupted(format!(
+                        "{}: message has fewer frames than cells",
+                        self.peer
+                    ))
+                })?;
+                Ok(match d {
+                    CellDesc::Object => Value::Object(bytes),
+                    CellDesc::Tensor { dtype, shape } => {
+                        Value::Tensor(Tensor::new(dtype, shape, bytes).map_err(|e| {
+                            Error::corrupted(format!("{}: {}", self.peer, e.message()))
+                        })?)
+                    }
+                })
+            })
+            .collect()
+    }
+
+    fn fields(&mut self, wire: Vec<WireRows>) -> Result<BTreeMap<FieldName, UnitRows>> {
+        let mut out = BTreeMap::new();
+        for w in wire {
+            let values = self.cells(w.cells)?;
+            out.insert(
+                w.field,
+                UnitRows {
+                    values,
+                    shared_allocation: w.shared,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    fn finish(mut self) -> Result<()> {
+        match self.frames.next() {
+            None => Ok(()),
+            Some(_) => Err(Error::corrupted(format!(
+                "{}: message has more frames than cells",
+                self.peer
+            ))),
+        }
+    }
+}
+
+/// Serves one storage unit on the network.
+pub struct UnitServer {
+    unit: Arc<dyn StorageUnit>,
+}
+
+impl UnitServer {
+    pub fn new(unit: Arc<dyn StorageUnit>) -> Self {
+        UnitServer { unit }
+    }
+}
+
+#[async_trait]
+impl Handler for UnitServer {
+    async fn handle(&self, request: Message) -> Result<Message> {
+        let req: UnitRequest = request.decode()?;
+        let peer = format!("request to unit `{}`", self.unit.id());
+        let mut reader = FrameReader {
+            frames: request.frames.iter(),
+            peer: &peer,
+        };
+        let response = match req {
+            UnitRequest::Put { samples, fields } => {
+                let fields = reader.fields(fields)?;
+                reader.finish()?;
+                self.unit.put(UnitPut { samples, fields }).await?;
+                return Message::encode(&UnitResponse::Done, Vec::new());
+            }
+            UnitRequest::Update {
+                samples,
+                fields,
+                merge,
+            } => {
+                let fields = reader.fields(fields)?;
+                reader.finish()?;
+                let reply = self
+                    .unit
+                    .update(UnitUpdate { samples, fields }, &merge.into_op())
+                    .await?;
+                UnitResponse::Updated(reply)
+            }
+            UnitRequest::Get { fields, samples } => {
+                reader.finish()?;
+                let columns = self.unit.get(&fields, &samples).await?;
+                let mut frames = Vec::with_capacity(columns.iter().map(Vec::len).sum());
+                let descs = columns.iter().map(|c| describe(c, &mut frames)).collect();
+                return Message::encode(&UnitResponse::Got(descs), frames);
+            }
+            UnitRequest::Clear { samples, filter } => {
+                reader.finish()?;
+                self.unit.clear(&samples, &filter).await?;
+                UnitResponse::Done
+            }
+            UnitRequest::Stats => UnitResponse::Stats(self.unit.stats().await?),
+        };
+        Message::encode(&response, Vec::new())
+    }
+}
+
+/// A storage unit reached over the network.
+pub struct RemoteUnit {
+    id: String,
+    endpoint: Endpoint,
+    pool: Pool,
+}
+
+impl RemoteUnit {
+    /// A stub for the unit `id` listening at `endpoint`, sharing `pool`'s connections.
+    pub fn new(id: impl Into<String>, endpoint: Endpoint, pool: Pool) -> Self {
+        RemoteUnit {
+            id: id.into(),
+            endpoint,
+            pool,
+        }
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    async fn call(
+        &self,
+        req: &UnitRequest,
+        frames: Vec<Bytes>,
+        idempotent: bool,
+    ) -> Result<(UnitResponse, Message)> {
+        let msg = Message::encode(req, frames)?;
+        let reply = self
+            .pool
+            .call(
+                &self.endpoint,
+                msg,
+                CallOptions {
+                    timeout: None,
+                    idempotent,
+                },
+            )
+            .await
+            .map_err(|e| e.context(format!("storage unit `{}`", self.id)))?;
+        let resp: UnitResponse = reply.decode()?;
+        Ok((resp, reply))
+    }
+
+    fn unexpected(&self, what: &str, got: &UnitResponse) -> Error {
+        Error::corrupted(format!(
+            "storage unit `{}` answered a {what} with {got:?}",
+            self.id
+        ))
+    }
+}
+
+#[async_trait]
+impl StorageUnit for RemoteUnit {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Idempotent: writing the same cells of the same generation again changes nothing.
+    async fn put(&self, req: UnitPut) -> Result<()> {
+        let mut frames = Vec::with_capacity(req.fields.values().map(|r| r.values.len()).sum());
+        let fields = encode_fields(req.fields, &mut frames);
+        let wire = UnitRequest::Put {
+            samples: req.samples,
+            fields,
+        };
+        match self.call(&wire, frames, true).await?.0 {
+            UnitResponse::Done => Ok(()),
+            other => Err(self.unexpected("put", &other)),
+        }
+    }
+
+    async fn get(&self, fields: &[FieldName], samples: &[SampleId]) -> Result<Vec<Vec<Value>>> {
+        let req = UnitRequest::Get {
+            fields: fields.to_vec(),
+            samples: samples.to_vec(),
+        };
+        let (resp, msg) = self.call(&req, Vec::new(), true).await?;
+        let UnitResponse::Got(descs) = resp else {
+            return Err(self.unexpected("get", &resp));
+        };
+        if descs.len() != fields.len() || descs.iter().any(|d| d.len() != samples.len()) {
+            return Err(Error::corrupted(format!(
+                "storage unit `{}` answered a get of {} fields x {} samples with another shape",
+                self.id,
+                fields.len(),
+                samples.len()
+            )));
+        }
+        let peer = format!("reply of unit `{}`", self.id);
+        let mut reader = FrameReader {
+            frames: msg.frames.iter(),
+            peer: &peer,
+        };
+        let columns = descs
+            .into_iter()
+            .map(|d| reader.cells(d))
+            .collect::<Result<Vec<_>>>()?;
+        reader.finish()?;
+        Ok(columns)
+    }
+
+    /// Never retried: a lost answer leaves the outcome unknown, and merging twice is wrong.
+    async fn update(&self, req: UnitUpdate, merge: &MergeOp) -> Result<UnitUpdateReply> {
+        let merge = WireMerge::from_op(merge, &self.id)?;
+        let mut frames = Vec::new();
+        let fields = encode_fields(req.fields, &mut frames);
+        let wire = UnitRequest::Update {
+            samples: req.samples,
+            fields,
+            merge,
+        };
+        match self.call(&wire, frames, false).await?.0 {
+            UnitResponse::Updated(r) => Ok(r),
+            other => Err(self.unexpected("update", &other)),
+        }
+    }
+
+    async fn clear(&self, samples: &[SampleId], fields: &FieldFilter) -> Result<()> {
+        let req = UnitRequest::Clear {
+            samples: samples.to_vec(),
+            filter: fields.clone(),
+        };
+        match self.call(&req, Vec::new(), true).await?.0 {
+            UnitResponse::Done => Ok(()),
+            other => Err(self.unexpected("clear", &other)),
+        }
+    }
+
+    async fn stats(&self) -> Result<UnitStats> {
+        match self.call(&UnitRequest::Stats, Vec::new(), true).await?.0 {
+            UnitResponse::Stats(s) => Ok(s),
+            other => Err(self.unexpected("stats", &other)),
+        }
+    }
+}

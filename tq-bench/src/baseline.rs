@@ -1,0 +1,100 @@
+//! Baselines: the same bytes moved without tq, in the same run.
+
+use crate::measure::{copy_batch, measure, Stats};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tq_core::{Batch, Error, Result};
+
+/// Allocate and copy every buffer of `batch`, holding all copies (like a reader holds a batch).
+pub fn memcpy(batch: &Batch, reps: usize) -> Stats {
+    measure(1, reps, || {
+        std::hint::black_box(copy_batch(batch));
+    })
+}
+
+fn io(e: std::io::Error) -> Error {
+    Error::internal("raw TCP baseline").with_source(e)
+}
+
+/// Raw tokio TCP over loopback with `TCP_NODELAY`: `send` times writing `bytes` to a peer that
+/// reads them into a fresh buffer and answers one byte; `receive` times asking for `bytes` and
+/// reading them into a fresh buffer. These are what a put and a get must at least do.
+pub async fn tcp(bytes: usize, reps: usize) -> Result<(Stats, Stats)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io)?;
+    let addr = listener.local_addr().map_err(io)?;
+    let payload = vec![0xA5u8; bytes];
+    let server_payload = payload.clone();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await?;
+        s.set_nodelay(true)?;
+        loop {
+            let mut op = [0u8; 1];
+            if s.read_exact(&mut op).await.is_err() {
+                return Ok::<_, std::io::Error>(());
+            }
+            if op[0] == b'S' {
+                let mut buf = vec![0u8; server_payload.len()];
+                s.read_exact(&mut buf).await?;
+                std::hint::black_box(&buf);
+                s.write_all(b"k").await?;
+            } else {
+                s.write_all(&server_payload).await?;
+            }
+        }
+    });
+    let mut c = TcpStream::connect(addr).await.map_err(io)?;
+    c.set_nodelay(true).map_err(io)?;
+    let mut send = Vec::new();
+    let mut receive = Vec::new();
+    for i in 0..=reps {
+        let t = Instant::now();
+        c.write_all(b"S").await.map_err(io)?;
+        c.write_all(&payload).await.map_err(io)?;
+        let mut ack = [0u8; 1];
+        c.read_exact(&mut ack).await.map_err(io)?;
+        let s = t.elapsed();
+        let t = Instant::now();
+        c.write_all(b"R").await.map_err(io)?;
+        let mut buf = vec![0u8; bytes];
+        c.read_exact(&mut buf).await.map_err(io)?;
+        std::hint::black_box(&buf);
+        let r = t.elapsed();
+        if i > 0 {
+            send.push(s);
+            receive.push(r);
+        }
+    }
+    drop(c);
+    let _ = server.await;
+    Ok((Stats::from_samples(send), Stats::from_samples(receive)))
+}
+
+/// Round trips of `bytes` over raw loopback TCP: the floor under a small put + get.
+pub async fn tcp_ping_pong(bytes: usize, rounds: usize) -> Result<Vec<Duration>> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io)?;
+    let addr = listener.local_addr().map_err(io)?;
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await?;
+        s.set_nodelay(true)?;
+        let mut buf = vec![0u8; bytes];
+        while s.read_exact(&mut buf).await.is_ok() {
+            s.write_all(&buf).await?;
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    let mut c = TcpStream::connect(addr).await.map_err(io)?;
+    c.set_nodelay(true).map_err(io)?;
+    let out = vec![1u8; bytes];
+    let mut back = vec![0u8; bytes];
+    let mut times = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        c.write_all(&out).await.map_err(io)?;
+        c.read_exact(&mut back).await.map_err(io)?;
+        times.push(t.elapsed());
+    }
+    drop(c);
+    let _ = server.await;
+    Ok(times)
+}

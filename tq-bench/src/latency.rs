@@ -1,0 +1,48 @@
+//! Round-trip latency of one small `kv_put` followed by `kv_batch_get` of the same key.
+
+use std::time::{Duration, Instant};
+use tq_client::Client;
+use tq_core::{Batch, Column, DType, Result, Tensor};
+
+/// Percentiles of a set of durations.
+#[derive(Debug, Clone, Copy)]
+pub struct Percentiles {
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+}
+
+impl Percentiles {
+    pub fn of(mut v: Vec<Duration>) -> Percentiles {
+        v.sort_unstable();
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        Percentiles {
+            p50: at(0.5),
+            p99: at(0.99),
+            max: v[v.len() - 1],
+        }
+    }
+}
+
+/// `rounds` times: put one 4 KiB sample under one key, then read it back. Returns each pair's
+/// duration (after 50 untimed warm-up rounds).
+pub async fn put_get(tq: &Client, rounds: usize) -> Result<Vec<Duration>> {
+    let bytes = tq_core::Bytes::from(vec![7u8; 4096]);
+    let one = Batch::from_columns([(
+        "x",
+        Column::Dense(Tensor::new(DType::U8, vec![1, 4096], bytes)?),
+    )])?;
+    let mut times = Vec::with_capacity(rounds);
+    for i in 0..rounds + 50 {
+        let t = Instant::now();
+        tq.kv_put("latency", "k", Some(&one), None).await?;
+        let back = tq.kv_batch_get("latency", &["k"], None).await?;
+        let d = t.elapsed();
+        debug_assert_eq!(back.len(), 1);
+        if i >= 50 {
+            times.push(d);
+        }
+    }
+    tq.kv_clear("latency", &["k"], None).await?;
+    Ok(times)
+}

@@ -1,0 +1,157 @@
+//! Starting the real `tq` binary as server processes for end-to-end tests.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A running `tq` process; killed when dropped.
+pub struct Tq {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+/// One `listening <role> [<id>] <endpoint>` line.
+#[derive(Debug, Clone)]
+pub struct Listening {
+    pub role: String,
+    pub id: Option<String>,
+    pub endpoint: String,
+}
+
+impl Tq {
+    pub fn spawn(args: &[&str]) -> Tq {
+        Tq::spawn_env(args, &[])
+    }
+
+    pub fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Tq {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tq"));
+        cmd.args(args)
+            .env_remove("TQ_NET_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start tq");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Tq { child, lines: rx }
+    }
+
+    /// Waits for `n` listening lines (at most 30 s).
+    pub fn listening(&mut self, n: usize) -> Vec<Listening> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut out = Vec::new();
+        while out.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match self.lines.recv_timeout(left) {
+                Ok(l) => l,
+                Err(_) => {
+                    let status = self.child.try_wait().ok().flatten();
+                    panic!(
+                        "tq did not report {n} listening endpoints (got {out:?}, exit {status:?})"
+                    );
+                }
+            };
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            if parts.first() != Some(&"listening") {
+                continue;
+            }
+            out.push(Listening {
+                role: parts[1].to_string(),
+                id: (parts.len() == 4).then(|| parts[2].to_string()),
+                endpoint: parts[parts.len() - 1].to_string(),
+            });
+        }
+        out
+    }
+
+    /// The controller endpoint among `listening` lines.
+    pub fn controller_endpoint(lines: &[Listening]) -> String {
+        lines
+            .iter()
+            .find(|l| l.role == "controller")
+            .expect("a controller line")
+            .endpoint
+            .clone()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits up to `within` for the process to exit.
+    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Kills the process at once (SIGKILL), like a crash.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit on its own (at most `within`); returns status and stderr.
+    pub fn wait_exit(mut self, within: Duration) -> (std::process::ExitStatus, String) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                let mut err = String::new();
+                if let Some(mut e) = self.child.stderr.take() {
+                    use std::io::Read;
+                    let _ = e.read_to_string(&mut err);
+                }
+                return (s, err);
+            }
+            assert!(Instant::now() < deadline, "tq did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Tq {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `tq serve` with `units` storage units on free loopback ports; returns the process and the
+/// controller URL.
+pub fn serve(units: u32, extra: &[&str]) -> (Tq, String) {
+    let units_s = units.to_string();
+    let mut args = vec![
+        "serve",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--units",
+        &units_s,
+    ];
+    args.extend_from_slice(extra);
+    let mut tq = Tq::spawn(&args);
+    let lines = tq.listening(units as usize + 1);
+    let url = Tq::controller_endpoint(&lines);
+    (tq, url)
+}

@@ -1,0 +1,416 @@
+//! Multi-process end-to-end tests: the real `tq` servers on free loopback ports, clients over TCP.
+
+mod common;
+
+use common::{serve, Tq};
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tq_client::{Client, Config, GetMetaRequest, Wait};
+use tq_core::{Batch, Column, ErrorKind, StorageManager, Tensor};
+
+fn config(timeout_ms: u64) -> Config {
+    let mut c = Config::default();
+    c.net.request_timeout_ms = timeout_ms;
+    c.net.connect_timeout_ms = 5_000;
+    c
+}
+
+fn rows(n: usize, base: i64) -> Batch {
+    let v: Vec<i64> = (0..n * 8).map(|i| base + i as i64).collect();
+    Batch::from_columns([(
+        "x",
+        Column::Dense(Tensor::from_slice(vec![n, 8], &v).unwrap()),
+    )])
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_kit_passes_against_a_remote_deployment() {
+    let servers: Arc<Mutex<Vec<Tq>>> = Arc::default();
+    tq_core::testkit::run_all(|| {
+        let servers = servers.clone();
+        async move {
+            let (tq, url) = serve(2, &[]);
+            servers.lock().unwrap().push(tq);
+            let client = Client::connect_with(&url, config(10_000))
+                .await
+                .expect("connect");
+            client.storage().clone() as std::sync::Arc<dyn StorageManager>
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_client_has_the_embedded_behaviour() {
+    let (_tq, url) = serve(2, &[]);
+    let tq = Client::connect_with(&url, config(10_000)).await.unwrap();
+    tq.kv_batch_put("p", &["a", "b", "c"], Some(&rows(3, 0)), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        tq.kv_batch_get("p", &["a", "b", "c"], None).await.unwrap(),
+        rows(3, 0)
+    );
+    let e = tq
+        .kv_batch_put("p", &["a", "a"], Some(&rows(2, 0)), None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+    let e = tq.kv_batch_get("p", &["zz"], None).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::NotFound, "{e}");
+    let m = tq.fetch("p", &["x"], "t", 3).await.unwrap();
+    assert_eq!(m.len(), 3);
+    assert!(tq
+        .consumption_status("p", "t")
+        .await
+        .unwrap()
+        .all_consumed());
+    // A waiting fetch times out with the controller's Timeout error, not a transport error.
+    let e = tq
+        .get_meta(GetMetaRequest::fetch(
+            "p",
+            &["x"],
+            "t",
+            1,
+            Wait::For(Duration::from_millis(200)),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Timeout, "{e}");
+    tq.kv_clear("p", &["a", "b", "c"], None).await.unwrap();
+    assert!(tq.list_partitions().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_across_processes_lose_and_duplicate_nothing() {
+    let mut controller = Tq::spawn(&[
+        "controller",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--units",
+        "2",
+    ]);
+    let url = Tq::controller_endpoint(&controller.listening(1));
+    let mut units: Vec<Tq> = ["unit-a", "unit-b"]
+        .iter()
+        .map(|id| Tq::spawn(&["storage-unit", "--controller", &url, "--id", id]))
+        .collect();
+    for u in &mut units {
+        u.listening(1);
+    }
+    let producers = 3;
+    let per_producer = 40;
+    let mut tasks = Vec::new();
+    for p in 0..producers {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let tq = Client::connect_with(&url, config(10_000)).await.unwrap();
+            for i in 0..per_producer {
+                let id = (p * per_producer + i) as i64;
+                tq.put_new("stream", &rows(1, id * 8)).await.unwrap();
+            }
+        }));
+    }
+    let seen: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let mut consumers = Vec::new();
+    for _ in 0..3 {
+        let (url, seen) = (url.clone(), seen.clone());
+        consumers.push(tokio::spawn(async move {
+            let tq = Client::connect_with(&url, config(10_000)).await.unwrap();
+            loop {
+                let req = GetMetaRequest::fetch(
+                    "stream",
+                    &["x"],
+                    "c",
+                    5,
+                    Wait::For(Duration::from_millis(1500)),
+                );
+                let m = match tq.get_meta(req).await {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == &ErrorKind::Timeout => break,
+                    Err(e) => panic!("{e}"),
+                };
+                let d = tq.get_data(&m).await.unwrap();
+                let Column::Dense(t) = d.column("x").unwrap() else {
+                    panic!("dense")
+                };
+                let v = t.to_vec::<i64>().unwrap();
+                // Each row is 8 consecutive numbers starting at id * 8.
+                for r in v.chunks(8) {
+                    assert!(r.windows(2).all(|w| w[1] == w[0] + 1), "row intact");
+                    seen.lock().unwrap().push(r[0] / 8);
+                }
+                tq.clear_samples(&m).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for c in consumers {
+        c.await.unwrap();
+    }
+    // Drain what is left (fewer than a batch).
+    let tq = Client::connect_with(&url, config(10_000)).await.unwrap();
+    loop {
+        let m = tq
+            .get_meta(GetMetaRequest::fetch(
+                "stream",
+                &["x"],
+                "c",
+                1,
+                Wait::NoWait,
+            ))
+            .await
+            .unwrap();
+        if m.is_empty() {
+            break;
+        }
+        let d = tq.get_data(&m).await.unwrap();
+        let Column::Dense(t) = d.column("x").unwrap() else {
+            panic!("dense")
+        };
+        seen.lock().unwrap().push(t.to_vec::<i64>().unwrap()[0] / 8);
+        tq.clear_samples(&m).await.unwrap();
+    }
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..(producers * per_producer) as i64).collect::<Vec<_>>()
+    );
+    let _ = controller.terminate(Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_unit_fails_fast_and_recovers_after_restart() {
+    let mut controller = Tq::spawn(&[
+        "controller",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--units",
+        "2",
+    ]);
+    let url = Tq::controller_endpoint(&controller.listening(1));
+    let mut u0 = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-0"]);
+    u0.listening(1);
+    let mut u1 = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-1"]);
+    let u1_endpoint = u1.listening(1)[0].endpoint.clone();
+    let tq = Client::connect_with(&url, config(3_000)).await.unwrap();
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    tq.kv_batch_put("p", &keys, Some(&rows(8, 0)), None)
+        .await
+        .unwrap();
+    // Which keys live on which unit: sample index % 2.
+    let kv = tq
+        .control()
+        .kv_retrieve_meta("p", &keys, false)
+        .await
+        .unwrap();
+    let on_unit0: Vec<String> = kv
+        .keys
+        .iter()
+        .zip(kv.meta.samples())
+        .filter(|(_, s)| s.index % 2 == 0)
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert!(!on_unit0.is_empty() && on_unit0.len() < keys.len());
+
+    u1.kill();
+    let started = Instant::now();
+    let e = tq.kv_batch_get("p", &keys, None).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "failed within the deadline"
+    );
+    assert!(
+        matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+        "{e}"
+    );
+    assert!(e.message().contains("unit-1"), "error names the unit: {e}");
+    // The other unit and the controller keep serving.
+    assert_eq!(
+        tq.kv_batch_get("p", &on_unit0, None).await.unwrap().len(),
+        on_unit0.len()
+    );
+    assert_eq!(tq.kv_list(Some("p")).await.unwrap()[0].entries.len(), 8);
+
+    // Restart unit-1 on the same address: the same client recovers without a restart.
+    let mut u1 = Tq::spawn(&[
+        "storage-unit",
+        "--controller",
+        &url,
+        "--id",
+        "unit-1",
+        "--listen",
+        &u1_endpoint,
+    ]);
+    u1.listening(1);
+    let fresh: Vec<String> = (0..4).map(|i| format!("n{i}")).collect();
+    tq.kv_batch_put("p", &fresh, Some(&rows(4, 100)), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        tq.kv_batch_get("p", &fresh, None).await.unwrap(),
+        rows(4, 100)
+    );
+    // What the dead unit held is gone, and that is an error, not empty data.
+    let lost: Vec<&String> = keys.iter().filter(|k| !on_unit0.contains(k)).collect();
+    let e = tq.kv_batch_get("p", &lost, None).await.unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DataLost),
+        "{e}"
+    );
+    let _ = controller.terminate(Duration::from_secs(5));
+}
+
+fn hello(token: &str) -> Vec<u8> {
+    let mut v = b"TQNET".to_vec();
+    v.push(1);
+    v.extend_from_slice(&(token.len() as u16).to_le_bytes());
+    v.extend_from_slice(token.as_bytes());
+    v
+}
+
+fn host_port(url: &str) -> String {
+    url.trim_start_matches("tcp://").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_every_port_leaves_the_servers_serving() {
+    let mut tq_proc = Tq::spawn(&["serve", "--listen", "tcp://127.0.0.1:0", "--units", "2"]);
+    let lines = tq_proc.listening(3);
+    let url = Tq::controller_endpoint(&lines);
+    let mut idle = Vec::new();
+    for l in &lines {
+        let addr = host_port(&l.endpoint);
+        // Plain garbage.
+        let mut s = TcpStream::connect(&addr).unwrap();
+        let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        // A good handshake, then a prefix claiming a 1 TiB body and 2^31 frames.
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.write_all(&hello("")).unwrap();
+        let mut prefix = Vec::new();
+        prefix.extend_from_slice(&7u64.to_le_bytes());
+        prefix.push(0);
+        prefix.extend_from_slice(&[0, 0, 0]);
+        prefix.extend_from_slice(&16u32.to_le_bytes());
+        prefix.extend_from_slice(&(1u32 << 31).to_le_bytes());
+        prefix.extend_from_slice(&0u32.to_le_bytes());
+        let _ = s.write_all(&prefix);
+        let _ = s.write_all(&(1u64 << 40).to_le_bytes());
+        // A truncated message: the prefix promises a header that never fully arrives.
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.write_all(&hello("")).unwrap();
+        let mut p = Vec::new();
+        p.extend_from_slice(&8u64.to_le_bytes());
+        p.extend_from_slice(&[0, 0, 0, 0]);
+        p.extend_from_slice(&100u32.to_le_bytes());
+        p.extend_from_slice(&0u32.to_le_bytes());
+        p.extend_from_slice(&0u32.to_le_bytes());
+        p.extend_from_slice(b"only part of the header");
+        let _ = s.write_all(&p);
+        drop(s);
+        // A valid frame whose header is not a request this server knows.
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.write_all(&hello("")).unwrap();
+        let mut p = Vec::new();
+        p.extend_from_slice(&9u64.to_le_bytes());
+        p.extend_from_slice(&[0, 0, 0, 0]);
+        p.extend_from_slice(&3u32.to_le_bytes());
+        p.extend_from_slice(&0u32.to_le_bytes());
+        p.extend_from_slice(&0u32.to_le_bytes());
+        p.extend_from_slice(&[0xff, 0xff, 0xff]);
+        let _ = s.write_all(&p);
+        // A peer that connects and says nothing.
+        idle.push(TcpStream::connect(&addr).unwrap());
+    }
+    // Every server still answers real clients.
+    let tq = Client::connect_with(&url, config(5_000)).await.unwrap();
+    tq.kv_batch_put("p", &["a", "b", "c", "d"], Some(&rows(4, 0)), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        tq.kv_batch_get("p", &["a", "b", "c", "d"], None)
+            .await
+            .unwrap(),
+        rows(4, 0)
+    );
+    assert!(
+        tq_proc.child.try_wait().unwrap().is_none(),
+        "server still running"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_refuse_peers_without_the_token() {
+    let (_tq, url) = serve(1, &["--token", "s3cret"]);
+    let e = Client::connect_with(&url, config(3_000)).await.unwrap_err();
+    assert!(e.message().contains("unauthorized"), "{e}");
+    let mut with = config(3_000);
+    with.net.token = Some("s3cret".into());
+    let tq = Client::connect_with(&url, with).await.unwrap();
+    tq.kv_put("p", "a", Some(&rows(1, 0)), None).await.unwrap();
+    // A unit with the wrong token cannot register.
+    let mut ctl = Tq::spawn_env(
+        &[
+            "controller",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--units",
+            "1",
+        ],
+        &[("TQ_NET_TOKEN", "right")],
+    );
+    let curl = Tq::controller_endpoint(&ctl.listening(1));
+    let unit = Tq::spawn_env(
+        &["storage-unit", "--controller", &curl, "--id", "u"],
+        &[("TQ_NET_TOKEN", "wrong")],
+    );
+    let (status, stderr) = unit.wait_exit(Duration::from_secs(40));
+    assert!(!status.success());
+    assert!(stderr.contains("unauthorized"), "{stderr}");
+}
+
+#[test]
+fn non_loopback_needs_a_token_or_insecure() {
+    let tq = Tq::spawn(&["controller", "--listen", "tcp://0.0.0.0:0", "--units", "1"]);
+    let (status, stderr) = tq.wait_exit(Duration::from_secs(10));
+    assert!(!status.success());
+    assert!(
+        stderr.contains("refusing to listen on non-loopback"),
+        "{stderr}"
+    );
+    let mut tq = Tq::spawn(&[
+        "controller",
+        "--listen",
+        "tcp://0.0.0.0:0",
+        "--units",
+        "1",
+        "--insecure",
+    ]);
+    assert_eq!(tq.listening(1)[0].role, "controller");
+    let mut tq2 = Tq::spawn(&[
+        "controller",
+        "--listen",
+        "tcp://0.0.0.0:0",
+        "--units",
+        "1",
+        "--token",
+        "t",
+    ]);
+    assert_eq!(tq2.listening(1)[0].role, "controller");
+    let _ = tq.terminate(Duration::from_secs(5));
+}
+
+#[test]
+fn sigterm_shuts_servers_down_cleanly() {
+    let (mut tq, _) = serve(2, &[]);
+    let status = tq
+        .terminate(Duration::from_secs(10))
+        .expect("exited after SIGTERM");
+    assert!(status.success(), "{status:?}");
+}

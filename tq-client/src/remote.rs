@@ -1,0 +1,70 @@
+//! `Client::connect`: the same client over a remote controller and remote storage units.
+
+use crate::{Client, Config};
+use std::sync::Arc;
+use std::time::Duration;
+use tq_backend_simple::{RemoteUnit, SimpleStorage};
+use tq_controller::RemoteControlPlane;
+use tq_core::{Error, Result};
+use tq_net::{ClientConfig, Endpoint, Pool};
+
+/// The connection pool settings a configuration asks for.
+pub fn pool_config(config: &Config) -> ClientConfig {
+    ClientConfig {
+        token: config.net.token.clone(),
+        connect_timeout: config.connect_timeout(),
+        request_timeout: config.request_timeout(),
+        ..ClientConfig::default()
+    }
+}
+
+impl Client {
+    /// Connects to a controller (`tcp://host:port` or `unix:///path`) with the default
+    /// configuration plus environment overrides (e.g. `TQ_NET_TOKEN`).
+    pub async fn connect(url: &str) -> Result<Client> {
+        Client::connect_with(url, Config::load(None)?).await
+    }
+
+    /// Connects to a controller, waits until every storage unit has registered (up to the
+    /// connect timeout) and routes to the units in the controller's order, so every process
+    /// places samples identically.
+    pub async fn connect_with(url: &str, config: Config) -> Result<Client> {
+        config.validate()?;
+        let endpoint: Endpoint = url.parse()?;
+        let pool = Pool::new(pool_config(&config));
+        let control =
+            RemoteControlPlane::new(pool.clone(), endpoint.clone(), config.request_timeout());
+        let deadline = tokio::time::Instant::now() + config.connect_timeout();
+        let topology = loop {
+            let t = control.topology().await?;
+            if t.is_complete() {
+                break t;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::unavailable(format!(
+                    "controller {endpoint}: {} of {} storage units registered",
+                    t.units.len(),
+                    t.expected_units
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let units = topology
+            .units
+            .iter()
+            .map(|u| {
+                let ep: Endpoint = u.endpoint.parse().map_err(|e: Error| {
+                    e.context(format!("storage unit `{}` registered a bad endpoint", u.id))
+                })?;
+                Ok(Arc::new(RemoteUnit::new(u.id.clone(), ep, pool.clone()))
+                    as Arc<dyn tq_backend_simple::StorageUnit>)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let storage = SimpleStorage::new(units)?;
+        Ok(Client::from_parts(
+            Arc::new(control),
+            Arc::new(storage),
+            config,
+        ))
+    }
+}

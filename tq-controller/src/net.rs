@@ -1,0 +1,465 @@
+//! The controller over the network (feature `net`): [`ControllerServer`] serves a [`Controller`]
+//! (plus the registry of storage units) on a tq-net endpoint, and [`RemoteControlPlane`] is the
+//! client-side stub implementing [`ControlPlane`], so client code is the same embedded or remote.
+
+use crate::api::*;
+use crate::Controller;
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tq_core::{BatchMeta, Error, FieldName, Result, SampleId, Tags};
+use tq_net::{CallOptions, Endpoint, Handler, Message, Pool};
+
+/// A storage unit known to the controller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitInfo {
+    /// Stable name; a unit that restarts registers again under the same id.
+    pub id: String,
+    /// Where clients reach it (`tcp://host:port` or `unix:///path`).
+    pub endpoint: String,
+}
+
+/// The storage units, in routing order: sample index `i` lives on `units[i % expected_units]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topology {
+    pub expected_units: u32,
+    pub units: Vec<UnitInfo>,
+}
+
+impl Topology {
+    /// True when every expected unit has registered.
+    pub fn is_complete(&self) -> bool {
+        self.units.len() == self.expected_units as usize
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum ControlRequest {
+    GetMeta(GetMetaRequest),
+    Notify(ProductionNotice),
+    SetTags {
+        partition: String,
+        samples: Vec<SampleId>,
+        tags: Vec<Tags>,
+    },
+    MarkClearing {
+        partition: String,
+        samples: Option<Vec<SampleId>>,
+    },
+    Release {
+        partition: String,
+        samples: Vec<SampleId>,
+    },
+    BeginClearFields {
+        partition: String,
+        samples: Vec<SampleId>,
+        fields: Vec<FieldName>,
+    },
+    FinishClearFields {
+        partition: String,
+        samples: Vec<SampleId>,
+        fields: Vec<FieldName>,
+    },
+    KvRetrieveMeta {
+        partition: String,
+        keys: Vec<String>,
+        create: bool,
+    },
+    KvList {
+        partition: Option<String>,
+    },
+    ProductionStatus {
+        partition: String,
+        fields: Vec<FieldName>,
+    },
+    ConsumptionStatus {
+        partition: String,
+        task: String,
+    },
+    ResetConsumption {
+        partition: String,
+        task: Option<String>,
+    },
+    ListPartitions,
+    RegisterUnit(UnitInfo),
+    Topology,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum ControlResponse {
+    Done,
+    Meta(BatchMeta),
+    KvMeta(KvMeta),
+    KvList(Vec<KeyListing>),
+    Production(ProductionStatus),
+    Consumption(ConsumptionStatus),
+    Partitions(Vec<String>),
+    Topology(Topology),
+}
+
+/// Serves a controller and the unit registry.
+pub struct ControllerServer {
+    controller: Arc<Controller>,
+    topology: Mutex<Topology>,
+}
+
+impl ControllerServer {
+    /// Serves `controller`, expecting `expected_units` storage units to register.
+    pub fn new(controller: Arc<Controller>, expected_units: u32) -> Self {
+        ControllerServer {
+            controller,
+            topology: Mutex::new(Topology {
+                expected_units,
+                units: Vec::new(),
+            }),
+        }
+    }
+
+    /// Adds a unit, or updates the endpoint of a unit that registered before (a restart).
+    pub fn register_unit(&self, info: UnitInfo) -> Result<()> {
+        let mut t = self.topology.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(known) = t.units.iter_mut().find(|u| u.id == info.id) {
+            if known.endpoint != info.endpoint {
+                tracing::info!(unit = %info.id, endpoint = %info.endpoint, "storage unit moved");
+            }
+            known.endpoint = info.endpoint;
+            return Ok(());
+        }
+        if t.is_complete() {
+            return Err(Error::conflict(format!(
+                "all {} storage units are registered; unknown unit `{}` refused",
+                t.expected_units, info.id
+            )));
+        }
+        tracing::info!(unit = %info.id, endpoint = %info.endpoint, rank = t.units.len(), "storage unit registered");
+        t.units.push(info);
+        Ok(())
+    }
+
+    pub fn topology(&self) -> Topology {
+        self.topology
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    async fn dispatch(&self, req: ControlRequest) -> Result<ControlResponse> {
+        let c = &self.controller;
+        Ok(match req {
+            ControlRequest::GetMeta(r) => ControlResponse::Meta(c.get_meta(r).await?),
+            ControlRequest::Notify(n) => {
+                c.notify_production(n).await?;
+                ControlResponse::Done
+            }
+            ControlRequest::SetTags {
+                partition,
+                samples,
+                tags,
+            } => {
+                c.set_tags(&partition, &samples, tags).await?;
+                ControlResponse::Done
+            }
+            ControlRequest::MarkClearing { partition, samples } => {
+                ControlResponse::Meta(c.mark_clearing(&partition, samples.as_deref()).await?)
+            }
+            ControlRequest::Release { partition, samples } => {
+                c.release(&partition, &samples).await?;
+                ControlResponse::Done
+            }
+            ControlRequest::BeginClearFields {
+                partition,
+                samples,
+                fields,
+            } => ControlResponse::Meta(c.begin_clear_fields(&partition, &samples, &fields).await?),
+            ControlRequest::FinishClearFields {
+                partition,
+                samples,
+                fields,
+            } => {
+                c.finish_clear_fields(&partition, &samples, &fields).await?;
+                ControlResponse::Done
+            }
+            ControlRequest::KvRetrieveMeta {
+                partition,
+                keys,
+                create,
+            } => ControlResponse::KvMeta(c.kv_retrieve_meta(&partition, &keys, create).await?),
+            ControlRequest::KvList { partition } => {
+                ControlResponse::KvList(c.kv_list(partition.as_deref()).await?)
+            }
+            ControlRequest::ProductionStatus { partition, fields } => {
+                ControlResponse::Production(c.production_status(&partition, &fields).await?)
+            }
+            ControlRequest::ConsumptionStatus { partition, task } => {
+                ControlResponse::Consumption(c.consumption_status(&partition, &task).await?)
+            }
+            ControlRequest::ResetConsumption { partition, task } => {
+                c.reset_consumption(&partition, task.as_deref()).await?;
+                ControlResponse::Done
+            }
+            ControlRequest::ListPartitions => {
+                ControlResponse::Partitions(c.list_partitions().await?)
+            }
+            ControlRequest::RegisterUnit(info) => {
+                self.register_unit(info)?;
+                ControlResponse::Done
+            }
+            ControlRequest::Topology => ControlResponse::Topology(self.topology()),
+        })
+    }
+}
+
+#[async_trait]
+impl Handler for ControllerServer {
+    async fn handle(&self, request: Message) -> Result<Message> {
+        if !request.frames.is_empty() {
+            return Err(Error::invalid("controller requests carry no body frames"));
+        }
+        let req: ControlRequest = request.decode()?;
+        let resp = self.dispatch(req).await?;
+        Message::encode(&resp, Vec::new())
+    }
+}
+
+/// The control plane of a remote controller.
+#[derive(Clone)]
+pub struct RemoteControlPlane {
+    pool: Pool,
+    endpoint: Endpoint,
+    request_timeout: Duration,
+}
+
+impl RemoteControlPlane {
+    /// A stub for the controller at `endpoint`. `request_timeout` bounds every call (a fetch
+    /// that waits gets its wait on top).
+    pub fn new(pool: Pool, endpoint: Endpoint, request_timeout: Duration) -> Self {
+        RemoteControlPlane {
+            pool,
+            endpoint,
+            request_timeout,
+        }
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    async fn call(
+        &self,
+        req: ControlRequest,
+        idempotent: bool,
+        extra_wait: Duration,
+    ) -> Result<ControlResponse> {
+        let msg = Message::encode(&req, Vec::new())?;
+        let reply = self
+            .pool
+            .call(
+                &self.endpoint,
+                msg,
+                CallOptions {
+                    timeout: Some(self.request_timeout + extra_wait),
+                    idempotent,
+                },
+            )
+            .await
+            .map_err(|e| e.context(format!("controller {}", self.endpoint)))?;
+        reply.decode()
+    }
+
+    fn unexpected(&self, what: &str, got: ControlResponse) -> Error {
+        Error::corrupted(format!(
+            "controller {} answered {what} with {got:?}",
+            self.endpoint
+        ))
+    }
+
+    async fn done(&self, what: &str, req: ControlRequest, idempotent: bool) -> Result<()> {
+        match self.call(req, idempotent, Duration::ZERO).await? {
+            ControlResponse::Done => Ok(()),
+            other => Err(self.unexpected(what, other)),
+        }
+    }
+
+    async fn meta(
+        &self,
+        what: &str,
+        req: ControlRequest,
+        idempotent: bool,
+        wait: Duration,
+    ) -> Result<BatchMeta> {
+        match self.call(req, idempotent, wait).await? {
+            ControlResponse::Meta(m) => Ok(m),
+            other => Err(self.unexpected(what, other)),
+        }
+    }
+
+    /// Registers a storage unit (used by `tq storage-unit`).
+    pub async fn register_unit(&self, info: UnitInfo) -> Result<()> {
+        self.done("register_unit", ControlRequest::RegisterUnit(info), true)
+            .await
+    }
+
+    /// The storage units in routing order.
+    pub async fn topology(&self) -> Result<Topology> {
+        match self
+            .call(ControlRequest::Topology, true, Duration::ZERO)
+            .await?
+        {
+            ControlResponse::Topology(t) => Ok(t),
+            other => Err(self.unexpected("topology", other)),
+        }
+    }
+}
+
+#[async_trait]
+impl ControlPlane for RemoteControlPlane {
+    async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
+        // A fetch marks samples consumed and an insert allocates: replaying either after a lost
+        // answer would lose or leak samples, so only force mode is retried.
+        let (idempotent, wait) = match &req.mode {
+            GetMetaMode::Fetch {
+                wait: Wait::For(d), ..
+            } => (false, *d),
+            GetMetaMode::Fetch { .. } | GetMetaMode::Insert { .. } => (false, Duration::ZERO),
+            GetMetaMode::Force => (true, Duration::ZERO),
+        };
+        self.meta("get_meta", ControlRequest::GetMeta(req), idempotent, wait)
+            .await
+    }
+
+    async fn notify_production(&self, notice: ProductionNotice) -> Result<()> {
+        self.done("notify_production", ControlRequest::Notify(notice), true)
+            .await
+    }
+
+    async fn set_tags(&self, partition: &str, samples: &[SampleId], tags: Vec<Tags>) -> Result<()> {
+        let req = ControlRequest::SetTags {
+            partition: partition.into(),
+            samples: samples.to_vec(),
+            tags,
+        };
+        self.done("set_tags", req, true).await
+    }
+
+    async fn mark_clearing(
+        &self,
+        partition: &str,
+        samples: Option<&[SampleId]>,
+    ) -> Result<BatchMeta> {
+        let req = ControlRequest::MarkClearing {
+            partition: partition.into(),
+            samples: samples.map(<[SampleId]>::to_vec),
+        };
+        self.meta("mark_clearing", req, true, Duration::ZERO).await
+    }
+
+    async fn release(&self, partition: &str, samples: &[SampleId]) -> Result<()> {
+        let req = ControlRequest::Release {
+            partition: partition.into(),
+            samples: samples.to_vec(),
+        };
+        self.done("release", req, true).await
+    }
+
+    async fn begin_clear_fields(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<BatchMeta> {
+        let req = ControlRequest::BeginClearFields {
+            partition: partition.into(),
+            samples: samples.to_vec(),
+            fields: fields.to_vec(),
+        };
+        self.meta("begin_clear_fields", req, true, Duration::ZERO)
+            .await
+    }
+
+    async fn finish_clear_fields(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<()> {
+        let req = ControlRequest::FinishClearFields {
+            partition: partition.into(),
+            samples: samples.to_vec(),
+            fields: fields.to_vec(),
+        };
+        self.done("finish_clear_fields", req, true).await
+    }
+
+    async fn kv_retrieve_meta(
+        &self,
+        partition: &str,
+        keys: &[String],
+        create: bool,
+    ) -> Result<KvMeta> {
+        let req = ControlRequest::KvRetrieveMeta {
+            partition: partition.into(),
+            keys: keys.to_vec(),
+            create,
+        };
+        // Retrying resolves the same keys to the same samples (created ones included).
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::KvMeta(m) => Ok(m),
+            other => Err(self.unexpected("kv_retrieve_meta", other)),
+        }
+    }
+
+    async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
+        let req = ControlRequest::KvList {
+            partition: partition.map(str::to_string),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::KvList(l) => Ok(l),
+            other => Err(self.unexpected("kv_list", other)),
+        }
+    }
+
+    async fn production_status(
+        &self,
+        partition: &str,
+        fields: &[FieldName],
+    ) -> Result<ProductionStatus> {
+        let req = ControlRequest::ProductionStatus {
+            partition: partition.into(),
+            fields: fields.to_vec(),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::Production(p) => Ok(p),
+            other => Err(self.unexpected("production_status", other)),
+        }
+    }
+
+    async fn consumption_status(&self, partition: &str, task: &str) -> Result<ConsumptionStatus> {
+        let req = ControlRequest::ConsumptionStatus {
+            partition: partition.into(),
+            task: task.into(),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::Consumption(c) => Ok(c),
+            other => Err(self.unexpected("consumption_status", other)),
+        }
+    }
+
+    async fn reset_consumption(&self, partition: &str, task: Option<&str>) -> Result<()> {
+        let req = ControlRequest::ResetConsumption {
+            partition: partition.into(),
+            task: task.map(str::to_string),
+        };
+        self.done("reset_consumption", req, true).await
+    }
+
+    async fn list_partitions(&self) -> Result<Vec<String>> {
+        match self
+            .call(ControlRequest::ListPartitions, true, Duration::ZERO)
+            .await?
+        {
+            ControlResponse::Partitions(p) => Ok(p),
+            other => Err(self.unexpected("list_partitions", other)),
+        }
+    }
+}

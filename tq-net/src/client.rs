@@ -1,0 +1,689 @@
+//! The client side: multiplexed connections and the per-process connection [`Pool`].
+//!
+//! A connection carries many requests at once. Each request gets an id unique on its connection;
+//! a reader task matches answers to waiting callers by id, and a writer task writes requests in
+//! the order they are queued. So callers never wait on each other: a slow request does not hold
+//! up a later one, and a caller that gives up (deadline) leaves the connection intact for the
+//! others.
+//!
+//! When a connection breaks, its reader fails every pending request at once (nobody waits for a
+//! deadline on a dead socket) and the pool forgets it; the next call connects again, which is how
+//! clients recover when a server comes back.
+
+use crate::error::WireError;
+use crate::frame::{read_message, Encoded, Limits, Message, MessageKind};
+use crate::handshake::{self, ClientFailure};
+use crate::stream::{writer_loop, BoxRead, Outgoing, Stream};
+use crate::Endpoint;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tq_core::{Error, ErrorKind, Result};
+use tracing::{debug, warn};
+
+/// How a [`Pool`] connects and waits.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// What a server may send back in one message (and what this client refuses to send).
+    pub limits: Limits,
+    /// Presented in every handshake; servers off loopback require it.
+    pub token: Option<String>,
+    /// Longest wait for a TCP/Unix connect plus handshake. Default 5 s.
+    pub connect_timeout: Duration,
+    /// Default deadline of one request attempt ([`CallOptions::timeout`] overrides). Default 30 s.
+    pub request_timeout: Duration,
+    /// Connections kept per peer. More than one lets large transfers to one peer proceed on
+    /// several sockets; a new one is opened only while every existing one is busy. Default 2.
+    pub connections_per_peer: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            limits: Limits::default(),
+            token: None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            connections_per_peer: 2,
+        }
+    }
+}
+
+/// Per-call choices.
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    /// Deadline of one attempt; `None` uses [`ClientConfig::request_timeout`].
+    pub timeout: Option<Duration>,
+    /// True when applying the request twice has the same effect as once (get, put of the same
+    /// generation, clear). Only such requests are retried after a lost connection or a passed
+    /// deadline; for the others the outcome is then unknown and the caller is told so.
+    pub idempotent: bool,
+}
+
+impl CallOptions {
+    /// Options for an idempotent request (retried once on a fresh connection).
+    pub fn idempotent() -> Self {
+        CallOptions {
+            timeout: None,
+            idempotent: true,
+        }
+    }
+
+    /// Options for a request that must not be repeated (never retried).
+    pub fn once() -> Self {
+        CallOptions::default()
+    }
+
+    /// Sets the per-attempt deadline.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+/// What a waiting caller receives from its connection's reader.
+enum Reply {
+    Answer(Message),
+    Remote(Error),
+    Lost(String),
+}
+
+/// Pending requests of one connection, and whether it is still usable. One lock covers both so
+/// that a request is either registered before the connection fails (and then failed by it) or
+/// refused registration: no request can slip in unnoticed after the failure.
+#[derive(Default)]
+struct Pending {
+    waiting: HashMap<u64, oneshot::Sender<Reply>>,
+    closed: Option<String>,
+}
+
+#[derive(Default)]
+struct ConnState {
+    pending: Mutex<Pending>,
+    in_flight: AtomicUsize,
+}
+
+impl ConnState {
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        // A panic while holding this lock leaves the map consistent (single inserts/removes).
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks the connection dead and fails every pending request with `reason`.
+    fn fail(&self, reason: String) {
+        let mut pending = self.lock();
+        if pending.closed.is_none() {
+            pending.closed = Some(reason.clone());
+        }
+        for (_, waiter) in pending.waiting.drain() {
+            let _ = waiter.send(Reply::Lost(reason.clone()));
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.lock().closed.is_some()
+    }
+}
+
+/// Kind and text of a transport failure, and whether the request had been sent.
+fn summary(peer: &Endpoint, failure: &Failure, timeout: Duration) -> (ErrorKind, String, bool) {
+    match failure {
+        Failure::Final(e) | Failure::Remote(e) => (e.kind().clone(), e.message().to_owned(), true),
+        Failure::Connect(e) => (e.kind().clone(), e.message().to_owned(), false),
+        Failure::ConnectTimeout => (
+            ErrorKind::Timeout,
+            format!("peer {peer}: no connection within the request deadline of {timeout:?}"),
+            false,
+        ),
+        Failure::Lost(reason) => (
+            ErrorKind::Unavailable,
+            format!("peer {peer}: connection lost ({reason})"),
+            true,
+        ),
+        Failure::NoAnswer => (
+            ErrorKind::Timeout,
+            format!("peer {peer}: no answer within {timeout:?}"),
+            true,
+        ),
+    }
+}
+
+/// One multiplexed connection to a peer.
+struct Connection {
+    /// Pool-wide number, for logs.
+    number: u64,
+    peer: Endpoint,
+    state: Arc<ConnState>,
+    queue: mpsc::UnboundedSender<Outgoing>,
+    next_request: AtomicU64,
+    reader: JoinHandle<()>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // The writer ends by itself once `queue` is dropped (after writing what is queued).
+        self.reader.abort();
+    }
+}
+
+/// Removes a request from its connection's pending map when its caller stops waiting (answered,
+/// timed out, cancelled), so late answers are dropped and nothing accumulates.
+struct PendingGuard {
+    state: Arc<ConnState>,
+    id: u64,
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        self.state.lock().waiting.remove(&self.id);
+        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Why one attempt failed; decides between retrying and reporting.
+enum Failure {
+    /// Not a transport problem (an invalid request, a refused handshake): reported as is.
+    Final(Error),
+    /// The server answered with an error: reported as is, never retried.
+    Remote(Error),
+    /// No connection could be made; the request was not sent.
+    Connect(Error),
+    /// The deadline passed while connecting; the request was not sent.
+    ConnectTimeout,
+    /// The request went out (or may have), then the connection broke.
+    Lost(String),
+    /// The request went out and no answer came before the deadline.
+    NoAnswer,
+}
+
+impl Connection {
+    fn in_flight(&self) -> usize {
+        self.state.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Registers and queues a request. `SendError::Dead` when the connection is already dead:
+    /// nothing was sent, so the caller may use another connection.
+    fn send(
+        &self,
+        request: Message,
+        limits: &Limits,
+    ) -> std::result::Result<(PendingGuard, oneshot::Receiver<Reply>), SendError> {
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let encoded = Encoded::new(id, MessageKind::Request, request, Some(limits))
+            .map_err(|e| SendError::Invalid(e.context(format!("request to {}", self.peer))))?;
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut pending = self.state.lock();
+            if let Some(reason) = &pending.closed {
+                return Err(SendError::Dead(reason.clone()));
+            }
+            pending.waiting.insert(id, tx);
+        }
+        self.state.in_flight.fetch_add(1, Ordering::Relaxed);
+        let guard = PendingGuard {
+            state: self.state.clone(),
+            id,
+        };
+        if self
+            .queue
+            .send(Outgoing {
+                encoded,
+                permit: None,
+            })
+            .is_err()
+        {
+            return Err(SendError::Dead(
+                "the connection's writer has stopped".into(),
+            ));
+        }
+        Ok((guard, rx))
+    }
+}
+
+enum SendError {
+    Invalid(Error),
+    Dead(String),
+}
+
+/// Reads answers and hands each to the caller waiting for its id; on any failure, fails every
+/// pending request of the connection at once.
+async fn reader_loop(mut reader: BoxRead, state: Arc<ConnState>, limits: Limits, peer: Endpoint) {
+    let reason = loop {
+        let (id, kind, message) = match read_message(&mut reader, &limits).await {
+            Ok(Some(m)) => m,
+            Ok(None) => break "closed by the peer".to_owned(),
+            Err(e) => {
+                debug!(%peer, "connection failed: {e}");
+                break e.to_string();
+            }
+        };
+        let reply = match kind {
+            MessageKind::Response => Reply::Answer(message),
+            MessageKind::Error => match message.decode::<WireError>() {
+                Ok(wire) => Reply::Remote(wire.into_error()),
+                Err(e) => Reply::Remote(Error::corrupted(format!(
+                    "peer {peer} sent an undecodable error response: {}",
+                    e.message()
+                ))),
+            },
+            MessageKind::Request => {
+                warn!(%peer, "peer sent a request on a client connection; closing it");
+                break "protocol violation: the peer sent a request to a client".to_owned();
+            }
+        };
+        let waiter = state.lock().waiting.remove(&id);
+        match waiter {
+            Some(w) => {
+                let _ = w.send(reply);
+            }
+            None => debug!(%peer, "answer to request {id} arrived after its caller gave up"),
+        }
+    };
+    state.fail(reason);
+}
+
+/// Connections to one peer.
+#[derive(Default)]
+struct PeerSlot {
+    connections: Vec<Arc<Connection>>,
+    /// Connects in progress beyond the first (so concurrent callers do not overshoot the limit).
+    connecting: usize,
+    /// Serializes the connect when a peer has no connection at all, so a burst of first calls
+    /// makes one connection instead of one each.
+    first_connect: Arc<tokio::sync::Mutex<()>>,
+    /// Number of such first connects attempted, and how the last one failed (if it did).
+    /// Callers that queued behind a failed attempt share its failure instead of each trying in
+    /// turn: against an unreachable peer they all fail after one connect timeout, not N.
+    first_attempts: u64,
+    first_failure: Option<SharedFailure>,
+}
+
+/// A connect failure remembered for the callers that waited on it.
+#[derive(Clone)]
+struct SharedFailure {
+    refused: bool,
+    kind: ErrorKind,
+    message: String,
+}
+
+impl SharedFailure {
+    fn of(failure: &Failure) -> Option<SharedFailure> {
+        let (refused, e) = match failure {
+            Failure::Connect(e) => (false, e),
+            Failure::Final(e) => (true, e),
+            _ => return None,
+        };
+        Some(SharedFailure {
+            refused,
+            kind: e.kind().clone(),
+            message: e.message().to_owned(),
+        })
+    }
+
+    fn failure(self) -> Failure {
+        let e = Error::new(self.kind, self.message);
+        if self.refused {
+            Failure::Final(e)
+        } else {
+            Failure::Connect(e)
+        }
+    }
+}
+
+struct PoolInner {
+    config: ClientConfig,
+    peers: Mutex<HashMap<Endpoint, PeerSlot>>,
+    next_connection: AtomicU64,
+}
+
+/// Connections to every peer of a process, created on demand and reused. Cheap to clone: clones
+/// share the connections.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<PoolInner>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Undoes a `connecting += 1` however the connect ends (including cancellation).
+struct ConnectingGuard<'a> {
+    pool: &'a Pool,
+    peer: &'a Endpoint,
+}
+
+impl Drop for ConnectingGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.pool.peers().get_mut(self.peer) {
+            slot.connecting = slot.connecting.saturating_sub(1);
+        }
+    }
+}
+
+enum Plan {
+    Use(Arc<Connection>),
+    Extra,
+    First(Arc<tokio::sync::Mutex<()>>, u64),
+}
+
+impl Pool {
+    /// A pool with no connections yet. Needs no runtime; connections are made by [`Pool::call`].
+    pub fn new(config: ClientConfig) -> Pool {
+        Pool {
+            inner: Arc::new(PoolInner {
+                config,
+                peers: Mutex::new(HashMap::new()),
+                next_connection: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// The configuration this pool was made with.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// Live pooled connections to `peer` (for monitoring and tests).
+    pub fn connection_count(&self, peer: &Endpoint) -> usize {
+        self.peers().get(peer).map_or(0, |slot| {
+            slot.connections
+                .iter()
+                .filter(|c| !c.state.is_closed())
+                .count()
+        })
+    }
+
+    fn peers(&self) -> MutexGuard<'_, HashMap<Endpoint, PeerSlot>> {
+        self.inner.peers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends `request` to `peer` on a pooled connection (created on demand, reused, many
+    /// requests in flight per connection, matched by request id) and waits for its answer.
+    ///
+    /// - An error response becomes the `tq_core::Error` it carries (same kind and message).
+    /// - Connect failure, lost connection, passed deadline: an idempotent request is retried once
+    ///   on a fresh connection (each attempt has the full timeout); any other is not, and its
+    ///   error says whether it was sent, i.e. whether its outcome is unknown.
+    /// - Failures are `Unavailable` (cannot connect, connection lost) or `Timeout`, and name the
+    ///   peer.
+    pub async fn call(
+        &self,
+        peer: &Endpoint,
+        request: Message,
+        options: CallOptions,
+    ) -> Result<Message> {
+        let timeout = options.timeout.unwrap_or(self.inner.config.request_timeout);
+        let first = match self.attempt(peer, &request, timeout, false).await {
+            Ok(answer) => return Ok(answer),
+            Err(Failure::Final(e) | Failure::Remote(e)) => return Err(e),
+            Err(f) => f,
+        };
+        if !options.idempotent {
+            let (kind, text, sent) = summary(peer, &first, timeout);
+            let note = if sent {
+                "; the outcome of this request is unknown: it may or may not have been applied"
+            } else {
+                "; the request was not sent"
+            };
+            return Err(Error::new(kind, format!("{text}{note}")));
+        }
+        let (_, first_text, _) = summary(peer, &first, timeout);
+        debug!(%peer, "retrying an idempotent request on a fresh connection after: {first_text}");
+        match self.attempt(peer, &request, timeout, true).await {
+            Ok(answer) => Ok(answer),
+            Err(Failure::Final(e) | Failure::Remote(e)) => Err(e),
+            Err(second) => {
+                let (kind, text, _) = summary(peer, &second, timeout);
+                Err(Error::new(
+                    kind,
+                    format!("{text}; retried once on a fresh connection after: {first_text}"),
+                ))
+            }
+        }
+    }
+
+    /// One attempt: get a connection (a new one when `fresh`), send, wait until the deadline.
+    async fn attempt(
+        &self,
+        peer: &Endpoint,
+        request: &Message,
+        timeout: Duration,
+        fresh: bool,
+    ) -> std::result::Result<Message, Failure> {
+        let deadline = Instant::now() + timeout;
+        let limits = &self.inner.config.limits;
+        // A pooled connection may turn out dead when we try to use it: nothing was sent then,
+        // so another connection may be used even for a non-idempotent request.
+        let mut force_fresh = fresh;
+        let mut last_dead = String::new();
+        for _ in 0..3 {
+            let acquire = self.acquire(peer, force_fresh);
+            let connection = match tokio::time::timeout_at(deadline, acquire).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(f)) => return Err(f),
+                Err(_) => return Err(Failure::ConnectTimeout),
+            };
+            let (guard, answer) = match connection.send(request.clone(), limits) {
+                Ok(sent) => sent,
+                Err(SendError::Invalid(e)) => return Err(Failure::Final(e)),
+                Err(SendError::Dead(reason)) => {
+                    self.forget(peer, &connection);
+                    last_dead = reason;
+                    force_fresh = true;
+                    continue;
+                }
+            };
+            let outcome = tokio::time::timeout_at(deadline, answer).await;
+            drop(guard);
+            return match outcome {
+                Ok(Ok(Reply::Answer(m))) => Ok(m),
+                Ok(Ok(Reply::Remote(e))) => Err(Failure::Remote(e)),
+                Ok(Ok(Reply::Lost(reason))) => {
+                    self.forget(peer, &connection);
+                    Err(Failure::Lost(reason))
+                }
+                Ok(Err(_)) => {
+                    self.forget(peer, &connection);
+                    Err(Failure::Lost("the connection was dropped".to_owned()))
+                }
+                Err(_) => {
+                    // The connection may be healthy and the server merely slow, or it may be
+                    // silently dead (peer machine gone). Stop giving it new requests; requests
+                    // already on it keep their chance, and it closes when they are done.
+                    self.forget(peer, &connection);
+                    Err(Failure::NoAnswer)
+                }
+            };
+        }
+        Err(Failure::Lost(last_dead))
+    }
+
+    /// Removes `connection` from the pool (it stays alive while callers still wait on it).
+    fn forget(&self, peer: &Endpoint, connection: &Arc<Connection>) {
+        if let Some(slot) = self.peers().get_mut(peer) {
+            slot.connections.retain(|c| !Arc::ptr_eq(c, connection));
+        }
+    }
+
+    /// A connection to `peer`: the least busy pooled one, or a new one while all are busy and
+    /// the pool has room (or when `fresh`).
+    async fn acquire(
+        &self,
+        peer: &Endpoint,
+        fresh: bool,
+    ) -> std::result::Result<Arc<Connection>, Failure> {
+        if fresh {
+            let connection = self.connect(peer).await?;
+            self.add(peer, &connection);
+            return Ok(connection);
+        }
+        let limit = self.inner.config.connections_per_peer.max(1);
+        loop {
+            let plan = {
+                let mut peers = self.peers();
+                let slot = peers.entry(peer.clone()).or_default();
+                slot.connections.retain(|c| !c.state.is_closed());
+                match slot.connections.iter().min_by_key(|c| c.in_flight()) {
+                    Some(best)
+                        if best.in_flight() == 0
+                            || slot.connections.len() + slot.connecting >= limit =>
+                    {
+                        Plan::Use(best.clone())
+                    }
+                    Some(_) => {
+                        slot.connecting += 1;
+                        Plan::Extra
+                    }
+                    None => Plan::First(slot.first_connect.clone(), slot.first_attempts),
+                }
+            };
+            match plan {
+                Plan::Use(connection) => return Ok(connection),
+                Plan::Extra => {
+                    let _connecting = ConnectingGuard { pool: self, peer };
+                    match self.connect(peer).await {
+                        Ok(connection) => {
+                            self.add(peer, &connection);
+                            return Ok(connection);
+                        }
+                        // Extra connections are an optimization: fall back on an existing one.
+                        Err(failure) => return self.any_live(peer).ok_or(failure),
+                    }
+                }
+                Plan::First(lock, attempts_seen) => {
+                    let _only_one = lock.lock().await;
+                    if self.connection_count(peer) > 0 {
+                        continue; // someone else connected while we waited
+                    }
+                    if let Some(shared) = self.failed_since(peer, attempts_seen) {
+                        return Err(shared.failure());
+                    }
+                    let result = self.connect(peer).await;
+                    {
+                        let mut peers = self.peers();
+                        let slot = peers.entry(peer.clone()).or_default();
+                        slot.first_attempts += 1;
+                        slot.first_failure = result.as_ref().err().and_then(SharedFailure::of);
+                    }
+                    let connection = result?;
+                    self.add(peer, &connection);
+                    return Ok(connection);
+                }
+            }
+        }
+    }
+
+    /// The failure of a first connect that completed after `attempts_seen`, if it failed.
+    fn failed_since(&self, peer: &Endpoint, attempts_seen: u64) -> Option<SharedFailure> {
+        let peers = self.peers();
+        let slot = peers.get(peer)?;
+        if slot.first_attempts > attempts_seen {
+            slot.first_failure.clone()
+        } else {
+            None
+        }
+    }
+
+    fn any_live(&self, peer: &Endpoint) -> Option<Arc<Connection>> {
+        let peers = self.peers();
+        let slot = peers.get(peer)?;
+        slot.connections
+            .iter()
+            .filter(|c| !c.state.is_closed())
+            .min_by_key(|c| c.in_flight())
+            .cloned()
+    }
+
+    fn add(&self, peer: &Endpoint, connection: &Arc<Connection>) {
+        self.peers()
+            .entry(peer.clone())
+            .or_default()
+            .connections
+            .push(connection.clone());
+    }
+
+    /// Connects, sets TCP_NODELAY, runs the handshake, starts the reader and writer tasks.
+    async fn connect(&self, peer: &Endpoint) -> std::result::Result<Arc<Connection>, Failure> {
+        let config = &self.inner.config;
+        let refused = |e: std::io::Error| {
+            Failure::Connect(
+                Error::unavailable(format!("peer {peer}: cannot connect: {e}")).with_source(e),
+            )
+        };
+        let connect = async {
+            let mut stream = match peer {
+                Endpoint::Tcp(addr) => {
+                    let s = TcpStream::connect(addr.as_str()).await.map_err(refused)?;
+                    Stream::tcp(s).map_err(refused)?
+                }
+                Endpoint::Unix(path) => {
+                    Stream::Unix(UnixStream::connect(path).await.map_err(refused)?)
+                }
+            };
+            let greeting = handshake::client(&mut stream, config.token.as_deref(), peer)
+                .await
+                .map_err(|f| match f {
+                    ClientFailure::Lost(e) => Failure::Connect(e),
+                    ClientFailure::Refused(e) => Failure::Final(e),
+                })?;
+            Ok::<_, Failure>((stream, greeting))
+        };
+        let (stream, greeting) = match tokio::time::timeout(config.connect_timeout, connect).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Failure::Connect(Error::unavailable(format!(
+                    "peer {peer}: cannot connect: no connection and handshake within {:?}",
+                    config.connect_timeout
+                ))))
+            }
+        };
+        let number = self.inner.next_connection.fetch_add(1, Ordering::Relaxed);
+        debug!(%peer, server = %greeting, connection = number, "connected");
+
+        let (reader, writer) = stream.into_split();
+        let state = Arc::new(ConnState::default());
+        let (queue, queue_rx) = mpsc::unbounded_channel();
+        let writer_state = state.clone();
+        let writer_peer = peer.clone();
+        tokio::spawn(async move {
+            if let Err(e) = writer_loop(writer, queue_rx).await {
+                debug!(peer = %writer_peer, "write failed: {e}");
+                writer_state.fail(format!("write failed: {e}"));
+            }
+        });
+        let reader = tokio::spawn(reader_loop(
+            reader,
+            state.clone(),
+            config.limits.clone(),
+            peer.clone(),
+        ));
+        Ok(Arc::new(Connection {
+            number,
+            peer: peer.clone(),
+            state,
+            queue,
+            next_request: AtomicU64::new(1),
+            reader,
+        }))
+    }
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("number", &self.number)
+            .field("peer", &self.peer)
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}

@@ -1,0 +1,689 @@
+//! Messages on the wire: encoding, decoding, and the limits that are enforced before allocating.
+//!
+//! Layout of one message (all integers little-endian; see `docs/protocol.md`):
+//!
+//! ```text
+//! offset  size  field
+//! 0       8     request id (u64)
+//! 8       1     kind: 0 request, 1 response, 2 error response
+//! 9       3     zero
+//! 12      4     header length (u32)
+//! 16      4     frame count (u32)
+//! 20      4     reserved, zero (u32)
+//! 24      8*n   frame lengths (u64 each, n = frame count)
+//! ...           header bytes
+//! ...           frames, back to back
+//! ```
+//!
+//! Reading never trusts a length before checking it against [`Limits`], and never allocates what
+//! the peer merely claims: the length table and the body are read into a buffer whose capacity
+//! grows (doubling) only as bytes actually arrive. The header and every frame of a received
+//! message are `Bytes` slices of that one buffer, so payloads are not copied after the kernel
+//! hands them over. Writing uses vectored writes straight from the message's `Bytes`, so payloads
+//! are not copied on the way out either.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::io::{self, IoSlice};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tq_core::{Error, Result};
+
+/// Size of the fixed message prefix.
+pub const PREFIX_LEN: usize = 24;
+
+/// Most slices handed to one `write_vectored` call (Linux's `IOV_MAX`).
+pub const MAX_IO_SLICES: usize = 1024;
+
+/// First capacity of a receive buffer; it doubles from here as bytes arrive. Messages up to this
+/// size are read with a single allocation, and a peer that claims a huge body and then sends
+/// nothing costs at most this much.
+const INITIAL_RECEIVE_CAPACITY: usize = 1 << 20;
+
+/// Upper bounds on what a peer may send in one message, checked as soon as the prefix and the
+/// frame-length table are read and before anything is allocated for the header or the body.
+/// A message over a limit closes its connection (other connections are unaffected).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Limits {
+    /// Largest header, in bytes. Default 64 MiB.
+    pub max_header_bytes: usize,
+    /// Most frames in one message. Default 2^20 (the length table is then at most 8 MiB).
+    pub max_frames: usize,
+    /// Largest sum of frame lengths (the header is limited separately). Default 16 GiB.
+    pub max_body_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_header_bytes: 64 << 20,
+            max_frames: 1 << 20,
+            max_body_bytes: 16 << 30,
+        }
+    }
+}
+
+/// What a message is, from the prefix's kind byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum MessageKind {
+    /// A request (client → server).
+    Request = 0,
+    /// A successful answer (server → client).
+    Response = 1,
+    /// A failed answer: the header is a postcard-encoded [`WireError`](crate::WireError).
+    Error = 2,
+}
+
+impl MessageKind {
+    /// The kind for a wire byte, `None` for an unknown one.
+    pub fn from_u8(byte: u8) -> Option<MessageKind> {
+        match byte {
+            0 => Some(MessageKind::Request),
+            1 => Some(MessageKind::Response),
+            2 => Some(MessageKind::Error),
+            _ => None,
+        }
+    }
+}
+
+/// One message: an opaque header (callers put a postcard-encoded struct there) and any number of
+/// raw payload frames that never pass through an encoder.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Message {
+    /// Opaque to the transport; by convention a postcard-encoded struct (see [`Message::encode`]).
+    pub header: Bytes,
+    /// Raw payloads (tensor bytes, serialized objects). On receipt, slices of one buffer.
+    pub frames: Vec<Bytes>,
+}
+
+impl Message {
+    /// A message from a ready header and frames.
+    pub fn new(header: Bytes, frames: Vec<Bytes>) -> Self {
+        Message { header, frames }
+    }
+
+    /// A message whose header is `header` encoded with postcard.
+    pub fn encode<T: Serialize>(header: &T, frames: Vec<Bytes>) -> Result<Message> {
+        let bytes = postcard::to_allocvec(header).map_err(|e| {
+            Error::invalid(format!(
+                "cannot encode message header {}: {e}",
+                std::any::type_name::<T>()
+            ))
+        })?;
+        Ok(Message {
+            header: Bytes::from(bytes),
+            frames,
+        })
+    }
+
+    /// The header decoded with postcard; `Corrupted` when the bytes are not a `T`.
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        postcard::from_bytes(&self.header).map_err(|e| {
+            Error::corrupted(format!(
+                "cannot decode a {}-byte message header as {}: {e}",
+                self.header.len(),
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+
+    /// Total length of the frames (what [`Limits::max_body_bytes`] bounds).
+    pub fn body_len(&self) -> u64 {
+        self.frames.iter().map(|f| f.len() as u64).sum()
+    }
+}
+
+impl fmt::Debug for Message {
+    // Payloads can be gigabytes: show sizes, not contents.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Message");
+        d.field("header_len", &self.header.len());
+        if self.frames.len() <= 16 {
+            let lens: Vec<usize> = self.frames.iter().map(Bytes::len).collect();
+            d.field("frame_lens", &lens);
+        } else {
+            d.field("frames", &self.frames.len());
+            d.field("body_len", &self.body_len());
+        }
+        d.finish()
+    }
+}
+
+/// Why a message could not be read. Every variant ends the connection it happened on.
+#[derive(Debug)]
+pub enum FrameError {
+    /// The socket failed.
+    Io(io::Error),
+    /// The peer closed the connection in the middle of a message.
+    Truncated {
+        /// What was being read (`"prefix"`, `"frame-length table"`, `"body"`).
+        part: &'static str,
+        /// Bytes of that part expected.
+        expected: u64,
+        /// Bytes of that part received before the end of the stream.
+        received: u64,
+    },
+    /// A length in the prefix or table is over the configured [`Limits`].
+    LimitExceeded(String),
+    /// The bytes do not follow the protocol (non-zero padding, unknown kind).
+    Malformed(String),
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::Io(e) => write!(f, "i/o error: {e}"),
+            FrameError::Truncated {
+                part,
+                expected,
+                received,
+            } => write!(
+                f,
+                "connection closed mid-message: got {received} of {expected} bytes of the {part}"
+            ),
+            FrameError::LimitExceeded(m) => write!(f, "limit exceeded: {m}"),
+            FrameError::Malformed(m) => write!(f, "malformed message: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+impl From<io::Error> for FrameError {
+    fn from(e: io::Error) -> Self {
+        FrameError::Io(e)
+    }
+}
+
+/// The parsed fixed prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefix {
+    /// Matches a response to its request.
+    pub request_id: u64,
+    /// Raw kind byte (see [`MessageKind`]).
+    pub kind: u8,
+    /// Header length in bytes.
+    pub header_len: u32,
+    /// Number of frames (entries in the length table).
+    pub frame_count: u32,
+}
+
+impl Prefix {
+    /// The 24 prefix bytes.
+    pub fn to_bytes(&self) -> [u8; PREFIX_LEN] {
+        let mut b = [0u8; PREFIX_LEN];
+        b[0..8].copy_from_slice(&self.request_id.to_le_bytes());
+        b[8] = self.kind;
+        b[12..16].copy_from_slice(&self.header_len.to_le_bytes());
+        b[16..20].copy_from_slice(&self.frame_count.to_le_bytes());
+        b
+    }
+
+    /// Parses and checks the padding and reserved fields (must be zero: a non-zero value means
+    /// garbage or a protocol extension this build does not know, and either way reading on would
+    /// misinterpret the stream).
+    pub fn parse(b: &[u8; PREFIX_LEN]) -> std::result::Result<Prefix, FrameError> {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&b[0..8]);
+        if b[9..12] != [0, 0, 0] || u32_at(20) != 0 {
+            return Err(FrameError::Malformed(format!(
+                "non-zero padding or reserved bytes in the message prefix {b:02x?}"
+            )));
+        }
+        Ok(Prefix {
+            request_id: u64::from_le_bytes(id),
+            kind: b[8],
+            header_len: u32_at(12),
+            frame_count: u32_at(16),
+        })
+    }
+}
+
+/// Reads exactly `buf.len()` bytes, or returns `Ok(false)` on a clean end of stream before the
+/// first byte (a peer closing between messages is normal).
+async fn read_prefix<R: AsyncRead + Unpin + ?Sized>(
+    reader: &mut R,
+    buf: &mut [u8; PREFIX_LEN],
+) -> std::result::Result<bool, FrameError> {
+    let mut got = 0;
+    while got < PREFIX_LEN {
+        let n = reader.read(&mut buf[got..]).await?;
+        if n == 0 {
+            if got == 0 {
+                return Ok(false);
+            }
+            return Err(FrameError::Truncated {
+                part: "prefix",
+                expected: PREFIX_LEN as u64,
+                received: got as u64,
+            });
+        }
+        got += n;
+    }
+    Ok(true)
+}
+
+/// Reads exactly `total` bytes into a new `Vec` whose capacity starts at `min(total, 1 MiB)` and
+/// doubles only when the bytes received so far fill it, so memory follows what actually
+/// arrived, never what the peer claimed. (Large reallocations are `mremap` under glibc, so the
+/// doubling costs little.) The bytes land in uninitialized capacity: no zeroing pass.
+async fn read_growing<R: AsyncRead + Unpin + ?Sized>(
+    reader: &mut R,
+    total: usize,
+    part: &'static str,
+) -> std::result::Result<Vec<u8>, FrameError> {
+    let mut buf: Vec<u8> = Vec::with_capacity(total.min(INITIAL_RECEIVE_CAPACITY));
+    while buf.len() < total {
+        if buf.len() == buf.capacity() {
+            let target = buf.capacity().saturating_mul(2).clamp(1, total);
+            buf.reserve_exact(target - buf.len());
+        }
+        let room = (buf.capacity() - buf.len()).min(total - buf.len());
+        let n = (&mut *reader).take(room as u64).read_buf(&mut buf).await?;
+        if n == 0 {
+            return Err(FrameError::Truncated {
+                part,
+                expected: total as u64,
+                received: buf.len() as u64,
+            });
+        }
+    }
+    Ok(buf)
+}
+
+/// Reads one message. `Ok(None)` on a clean end of stream between messages.
+///
+/// Returns the request id, the kind and the message. The prefix is validated and the limits
+/// checked before the length table is read, and again (body size) before the body is read.
+/// Callers should pass a buffered reader: the prefix is read in small pieces.
+pub async fn read_message<R: AsyncRead + Unpin + ?Sized>(
+    reader: &mut R,
+    limits: &Limits,
+) -> std::result::Result<Option<(u64, MessageKind, Message)>, FrameError> {
+    let mut raw = [0u8; PREFIX_LEN];
+    if !read_prefix(reader, &mut raw).await? {
+        return Ok(None);
+    }
+    let prefix = Prefix::parse(&raw)?;
+    let kind = MessageKind::from_u8(prefix.kind).ok_or_else(|| {
+        FrameError::Malformed(format!(
+            "unknown message kind {} (request id {})",
+            prefix.kind, prefix.request_id
+        ))
+    })?;
+    let header_len = prefix.header_len as usize;
+    if header_len > limits.max_header_bytes {
+        return Err(FrameError::LimitExceeded(format!(
+            "header of {header_len} bytes exceeds max_header_bytes {}",
+            limits.max_header_bytes
+        )));
+    }
+    let frame_count = prefix.frame_count as usize;
+    if frame_count > limits.max_frames {
+        return Err(FrameError::LimitExceeded(format!(
+            "{frame_count} frames exceed max_frames {}",
+            limits.max_frames
+        )));
+    }
+
+    let mut frame_lens = Vec::new();
+    let mut body_len: u64 = 0;
+    if frame_count > 0 {
+        let table = read_growing(reader, frame_count * 8, "frame-length table").await?;
+        frame_lens.reserve_exact(frame_count);
+        for chunk in table.chunks_exact(8) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(chunk);
+            let len = u64::from_le_bytes(b);
+            body_len = body_len.checked_add(len).ok_or_else(|| {
+                FrameError::LimitExceeded("frame lengths overflow u64".to_owned())
+            })?;
+            frame_lens.push(len);
+        }
+    }
+    if body_len > limits.max_body_bytes {
+        return Err(FrameError::LimitExceeded(format!(
+            "body of {body_len} bytes exceeds max_body_bytes {}",
+            limits.max_body_bytes
+        )));
+    }
+    let total = usize::try_from(body_len)
+        .ok()
+        .and_then(|b| b.checked_add(header_len))
+        .ok_or_else(|| {
+            FrameError::LimitExceeded(format!(
+                "body of {body_len} bytes does not fit in this platform's address space"
+            ))
+        })?;
+
+    let buf = if total == 0 {
+        Bytes::new()
+    } else {
+        Bytes::from(read_growing(reader, total, "body").await?)
+    };
+    let header = buf.slice(0..header_len);
+    let mut frames = Vec::with_capacity(frame_count);
+    let mut at = header_len;
+    for len in frame_lens {
+        // Every length fits: their sum plus the header is `total`, which fit in usize.
+        let end = at + len as usize;
+        frames.push(buf.slice(at..end));
+        at = end;
+    }
+    Ok(Some((prefix.request_id, kind, Message { header, frames })))
+}
+
+/// A message ready to be written: prefix and length table encoded, payloads still the caller's
+/// `Bytes` (not copied).
+#[derive(Debug)]
+pub(crate) struct Encoded {
+    meta: Vec<u8>,
+    header: Bytes,
+    frames: Vec<Bytes>,
+}
+
+impl Encoded {
+    /// Encodes the prefix and length table of `message`. With `limits`, refuses a message the
+    /// peer would refuse (so the caller gets a clear `Invalid` error instead of a dropped
+    /// connection); without, only checks what the format itself cannot represent.
+    pub(crate) fn new(
+        request_id: u64,
+        kind: MessageKind,
+        message: Message,
+        limits: Option<&Limits>,
+    ) -> Result<Encoded> {
+        let header_len = u32::try_from(message.header.len()).map_err(|_| {
+            Error::invalid(format!(
+                "message header of {} bytes exceeds the protocol maximum of 4 GiB",
+                message.header.len()
+            ))
+        })?;
+        let frame_count = u32::try_from(message.frames.len()).map_err(|_| {
+            Error::invalid(format!(
+                "{} frames exceed the protocol maximum of 2^32 - 1",
+                message.frames.len()
+            ))
+        })?;
+        if let Some(limits) = limits {
+            if message.header.len() > limits.max_header_bytes {
+                return Err(Error::invalid(format!(
+                    "message header of {} bytes exceeds max_header_bytes {}",
+                    message.header.len(),
+                    limits.max_header_bytes
+                )));
+            }
+            if message.frames.len() > limits.max_frames {
+                return Err(Error::invalid(format!(
+                    "message of {} frames exceeds max_frames {}",
+                    message.frames.len(),
+                    limits.max_frames
+                )));
+            }
+            let body = message.body_len();
+            if body > limits.max_body_bytes {
+                return Err(Error::invalid(format!(
+                    "message body of {body} bytes exceeds max_body_bytes {}",
+                    limits.max_body_bytes
+                )));
+            }
+        }
+        let prefix = Prefix {
+            request_id,
+            kind: kind as u8,
+            header_len,
+            frame_count,
+        };
+        let mut meta = Vec::with_capacity(PREFIX_LEN + 8 * message.frames.len());
+        meta.extend_from_slice(&prefix.to_bytes());
+        for frame in &message.frames {
+            meta.extend_from_slice(&(frame.len() as u64).to_le_bytes());
+        }
+        Ok(Encoded {
+            meta,
+            header: message.header,
+            frames: message.frames,
+        })
+    }
+
+    /// A frameless message whose header is known to be small (an error response).
+    pub(crate) fn small(request_id: u64, kind: MessageKind, header: Bytes) -> Encoded {
+        let prefix = Prefix {
+            request_id,
+            kind: kind as u8,
+            header_len: u32::try_from(header.len()).unwrap_or(u32::MAX),
+            frame_count: 0,
+        };
+        Encoded {
+            meta: prefix.to_bytes().to_vec(),
+            header,
+            frames: Vec::new(),
+        }
+    }
+
+    /// Appends this message's non-empty pieces, in wire order.
+    fn pieces<'a>(&'a self, out: &mut Vec<&'a [u8]>) {
+        out.push(&self.meta);
+        if !self.header.is_empty() {
+            out.push(&self.header);
+        }
+        out.extend(self.frames.iter().filter(|f| !f.is_empty()).map(|f| &f[..]));
+    }
+}
+
+/// Writes `messages` back to back with vectored writes, at most [`MAX_IO_SLICES`] slices per
+/// call, resuming after partial writes. Payload bytes go from their `Bytes` to the kernel.
+pub(crate) async fn write_encoded<W: AsyncWrite + Unpin + ?Sized>(
+    writer: &mut W,
+    messages: &[Encoded],
+) -> io::Result<()> {
+    let mut pieces: Vec<&[u8]> = Vec::new();
+    for m in messages {
+        m.pieces(&mut pieces);
+    }
+    write_all_vectored(writer, &pieces).await?;
+    writer.flush().await
+}
+
+/// Writes every byte of `pieces` in order using `write_vectored`.
+async fn write_all_vectored<W: AsyncWrite + Unpin + ?Sized>(
+    writer: &mut W,
+    pieces: &[&[u8]],
+) -> io::Result<()> {
+    let mut index = 0; // first piece not fully written
+    let mut offset = 0; // bytes of pieces[index] already written
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(pieces.len().min(MAX_IO_SLICES));
+    loop {
+        while index < pieces.len() && offset == pieces[index].len() {
+            index += 1;
+            offset = 0;
+        }
+        if index == pieces.len() {
+            return Ok(());
+        }
+        slices.clear();
+        slices.push(IoSlice::new(&pieces[index][offset..]));
+        slices.extend(
+            pieces[index + 1..]
+                .iter()
+                .take(MAX_IO_SLICES - 1)
+                .map(|p| IoSlice::new(p)),
+        );
+        let mut written = writer.write_vectored(&slices).await?;
+        if written == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "socket accepted no bytes",
+            ));
+        }
+        while written > 0 {
+            let left = pieces[index].len() - offset;
+            if written >= left {
+                written -= left;
+                index += 1;
+                offset = 0;
+            } else {
+                offset += written;
+                written = 0;
+            }
+        }
+    }
+}
+
+/// Writes one message (prefix, length table, header, frames) with vectored writes.
+///
+/// For tools and tests that drive a raw stream; servers and the pool write through their own
+/// per-connection writer task.
+pub async fn write_message<W: AsyncWrite + Unpin + ?Sized>(
+    writer: &mut W,
+    request_id: u64,
+    kind: MessageKind,
+    message: Message,
+) -> Result<()> {
+    let encoded = Encoded::new(request_id, kind, message, None)?;
+    write_encoded(writer, std::slice::from_ref(&encoded))
+        .await
+        .map_err(|e| Error::unavailable(format!("writing a message failed: {e}")).with_source(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Message {
+        Message::new(
+            Bytes::from_static(b"hdr"),
+            vec![
+                Bytes::from_static(b"one"),
+                Bytes::new(),
+                Bytes::from(vec![7u8; 100_000]),
+            ],
+        )
+    }
+
+    #[tokio::test]
+    async fn round_trip_through_a_pipe_keeps_everything() {
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let writer = tokio::spawn(async move {
+            write_message(&mut a, 42, MessageKind::Response, sample())
+                .await
+                .expect("write");
+            write_message(&mut a, 43, MessageKind::Request, Message::default())
+                .await
+                .expect("write");
+        });
+        let limits = Limits::default();
+        let (id, kind, msg) = read_message(&mut b, &limits)
+            .await
+            .expect("read")
+            .expect("message");
+        assert_eq!((id, kind), (42, MessageKind::Response));
+        assert_eq!(msg, sample());
+        let (id, kind, msg) = read_message(&mut b, &limits)
+            .await
+            .expect("read")
+            .expect("message");
+        assert_eq!((id, kind), (43, MessageKind::Request));
+        assert_eq!(msg, Message::default());
+        writer.await.expect("writer");
+        assert!(read_message(&mut b, &limits).await.expect("eof").is_none());
+    }
+
+    #[test]
+    fn prefix_layout_is_as_documented() {
+        let p = Prefix {
+            request_id: 0x0102030405060708,
+            kind: 2,
+            header_len: 0x11223344,
+            frame_count: 5,
+        };
+        let b = p.to_bytes();
+        assert_eq!(&b[0..8], &[8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(b[8], 2);
+        assert_eq!(&b[9..12], &[0, 0, 0]);
+        assert_eq!(&b[12..16], &[0x44, 0x33, 0x22, 0x11]);
+        assert_eq!(&b[16..20], &[5, 0, 0, 0]);
+        assert_eq!(&b[20..24], &[0, 0, 0, 0]);
+        assert_eq!(Prefix::parse(&b).expect("parse"), p);
+        let mut bad = b;
+        bad[10] = 1;
+        assert!(matches!(Prefix::parse(&bad), Err(FrameError::Malformed(_))));
+    }
+
+    #[tokio::test]
+    async fn limits_are_checked_before_reading_the_body() {
+        let limits = Limits {
+            max_header_bytes: 10,
+            max_frames: 4,
+            max_body_bytes: 1000,
+        };
+        let cases = [(11u32, 0u32, 0u64), (0, 5, 0), (0, 1, 1001)];
+        for (header_len, frame_count, frame_len) in cases {
+            let mut wire = Prefix {
+                request_id: 1,
+                kind: 0,
+                header_len,
+                frame_count,
+            }
+            .to_bytes()
+            .to_vec();
+            if frame_count == 1 {
+                wire.extend_from_slice(&frame_len.to_le_bytes());
+            }
+            // No body follows: a reader that tried to read it would report truncation instead.
+            let err = read_message(&mut &wire[..], &limits)
+                .await
+                .expect_err("over limit");
+            assert!(
+                matches!(err, FrameError::LimitExceeded(_)),
+                "{header_len}/{frame_count}/{frame_len}: {err}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn truncation_is_reported_per_part() {
+        let limits = Limits::default();
+        let full = {
+            let (mut a, mut b) = tokio::io::duplex(1 << 20);
+            write_message(&mut a, 9, MessageKind::Request, sample())
+                .await
+                .expect("write");
+            drop(a);
+            let mut v = Vec::new();
+            b.read_to_end(&mut v).await.expect("read");
+            v
+        };
+        for cut in [1, PREFIX_LEN + 3, full.len() - 1] {
+            let err = read_message(&mut &full[..cut], &limits)
+                .await
+                .expect_err("truncated");
+            assert!(matches!(err, FrameError::Truncated { .. }), "{cut}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn vectored_writer_survives_many_slices_and_partial_writes() {
+        // 3000 small frames (more than MAX_IO_SLICES) through a tiny pipe that forces partial
+        // writes.
+        let frames: Vec<Bytes> = (0..3000u32)
+            .map(|i| Bytes::from(i.to_le_bytes().to_vec()))
+            .collect();
+        let msg = Message::new(Bytes::from_static(b"h"), frames);
+        let expected = msg.clone();
+        let (mut a, mut b) = tokio::io::duplex(37);
+        let writer = tokio::spawn(async move {
+            write_message(&mut a, 1, MessageKind::Request, msg)
+                .await
+                .expect("write");
+        });
+        let (_, _, got) = read_message(&mut b, &Limits::default())
+            .await
+            .expect("read")
+            .expect("message");
+        assert_eq!(got, expected);
+        writer.await.expect("writer");
+    }
+}
