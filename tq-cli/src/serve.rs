@@ -64,6 +64,9 @@ pub struct ServeArgs {
     /// Host the storage units listen on (each on a free port).
     #[arg(long, default_value = "127.0.0.1")]
     unit_host: String,
+    /// Host name clients use to reach the units, if not `--unit-host` (e.g. when it is 0.0.0.0).
+    #[arg(long)]
+    advertise_host: Option<String>,
     /// Maximum samples per storage unit (unlimited if absent).
     #[arg(long)]
     capacity_per_unit: Option<usize>,
@@ -154,6 +157,17 @@ async fn start_unit(
     Server::bind(listen, security.server_config(id), handler).await
 }
 
+/// The endpoint clients should use: `local` with its host replaced by `host`, if given.
+fn advertised(local: &Endpoint, host: Option<&str>) -> Result<String> {
+    match (local, host) {
+        (Endpoint::Tcp(addr), Some(host)) => {
+            let port = addr.rsplit(':').next().unwrap_or_default();
+            Ok(format!("tcp://{host}:{port}").parse::<Endpoint>()?.to_string())
+        }
+        _ => Ok(local.to_string()),
+    }
+}
+
 /// `tq serve`: a controller and N storage units in one process.
 pub async fn serve(args: ServeArgs) -> Result<()> {
     if args.units == 0 {
@@ -171,11 +185,12 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     for i in 0..args.units {
         let id = format!("unit-{i}");
         let server = start_unit(&id, &unit_listen, args.capacity_per_unit, &args.security).await?;
+        let endpoint = advertised(server.local_endpoint(), args.advertise_host.as_deref())?;
         service.register_unit(UnitInfo {
             id: id.clone(),
-            endpoint: server.local_endpoint().to_string(),
+            endpoint: endpoint.clone(),
         })?;
-        println!("listening unit {id} {}", server.local_endpoint());
+        println!("listening unit {id} {endpoint}");
         units.push(server);
     }
     let server = Server::bind(&listen, args.security.server_config("controller"), service).await?;

@@ -414,3 +414,59 @@ fn sigterm_shuts_servers_down_cleanly() {
         .expect("exited after SIGTERM");
     assert!(status.success(), "{status:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_that_never_notified_stays_invisible() {
+    let (_tq, url) = serve(2, &[]);
+    {
+        // A client that writes storage and then disappears before announcing the cells.
+        let writer = Client::connect_with(&url, config(5_000)).await.unwrap();
+        let meta = writer
+            .get_meta(GetMetaRequest {
+                partition: "p".into(),
+                fields: vec![],
+                mode: tq_client::GetMetaMode::Insert { count: 4 },
+                sampler: None,
+                dp_rank: None,
+                batch_index: None,
+            })
+            .await
+            .unwrap();
+        writer.storage().put(&meta, &rows(4, 0)).await.unwrap();
+    }
+    let reader = Client::connect_with(&url, config(5_000)).await.unwrap();
+    let status = reader.production_status("p", &["x"]).await.unwrap();
+    assert_eq!(status.samples.len(), 4);
+    assert!(
+        status.produced.iter().all(|&p| !p),
+        "nothing announced, nothing visible"
+    );
+    let m = reader
+        .get_meta(GetMetaRequest::fetch("p", &["x"], "t", 1, Wait::NoWait))
+        .await
+        .unwrap();
+    assert!(m.is_empty());
+    // The orphaned samples can be cleared like any other.
+    reader.clear_partition("p").await.unwrap();
+    assert!(reader.list_partitions().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_host_clients_can_use_a_unix_socket() {
+    let dir = std::env::temp_dir().join(format!("tq-unix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("controller.sock");
+    let url = format!("unix://{}", path.display());
+    let mut tq_proc = Tq::spawn(&["serve", "--listen", &url, "--units", "1"]);
+    let lines = tq_proc.listening(2);
+    assert_eq!(Tq::controller_endpoint(&lines), url);
+    let tq = Client::connect_with(&url, config(5_000)).await.unwrap();
+    tq.kv_put("p", "a", Some(&rows(1, 5)), None).await.unwrap();
+    assert_eq!(
+        tq.kv_batch_get("p", &["a"], None).await.unwrap(),
+        rows(1, 5)
+    );
+    let _ = tq_proc.terminate(Duration::from_secs(5));
+    assert!(!path.exists(), "the socket file is removed on shutdown");
+    let _ = std::fs::remove_dir_all(&dir);
+}
