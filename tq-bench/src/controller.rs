@@ -68,6 +68,7 @@ async fn one_round(
                 task: "t".into(),
                 batch_size: samples,
                 wait: Wait::NoWait,
+                lease: None,
             },
             sampler: None,
             dp_rank: None,

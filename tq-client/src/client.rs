@@ -261,18 +261,16 @@ impl Client {
         self.clear(meta.partition(), Some(meta.samples())).await
     }
 
-    /// Clears every sample of `partition`; the partition disappears once it is empty.
+    /// Clears every sample of `partition` and removes the partition (with its completion mark
+    /// and sampler state).
     pub async fn clear_partition(&self, partition: &str) -> Result<()> {
-        self.clear(partition, None).await
+        self.clear(partition, None).await?;
+        self.control.drop_partition(partition).await
     }
 
     async fn clear(&self, partition: &str, samples: Option<&[SampleId]>) -> Result<()> {
         let marked = self.control.mark_clearing(partition, samples).await?;
         if marked.is_empty() {
-            if samples.is_none() {
-                // An empty partition still gets removed.
-                self.control.release(partition, &[]).await?;
-            }
             return Ok(());
         }
         self.storage

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tq_core::{BackendMeta, BatchMeta, FieldName, FieldSchema, Result, SampleId, Tags};
+use tq_core::{BackendMeta, BatchMeta, FieldName, FieldSchema, LeaseId, Result, SampleId, Tags};
 
 /// How long a fetch waits for enough ready samples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,6 +25,10 @@ pub enum GetMetaMode {
         task: String,
         batch_size: usize,
         wait: Wait,
+        /// `None`: at-most-once, the samples are consumed when handed out. `Some(d)`:
+        /// acknowledged mode, they are leased for `d` and consumed by [`ControlPlane::ack`];
+        /// an unacknowledged lease expires and the samples become ready again.
+        lease: Option<Duration>,
     },
     /// Allocates `count` new samples in the partition (created on first use).
     Insert { count: usize },
@@ -61,6 +65,7 @@ impl GetMetaRequest {
                 task: task.into(),
                 batch_size,
                 wait,
+                lease: None,
             },
             sampler: None,
             dp_rank: None,
@@ -71,6 +76,21 @@ impl GetMetaRequest {
     /// Uses the sampler registered under `name`.
     pub fn with_sampler(mut self, name: impl Into<String>) -> Self {
         self.sampler = Some(name.into());
+        self
+    }
+
+    /// Acknowledged mode for a fetch: lease the samples for `lease` instead of consuming them.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        if let GetMetaMode::Fetch { lease: l, .. } = &mut self.mode {
+            *l = Some(lease);
+        }
+        self
+    }
+
+    /// Data-parallel rank and batch index, for samplers that keep per-rank state.
+    pub fn with_rank(mut self, dp_rank: u32, batch_index: u64) -> Self {
+        self.dp_rank = Some(dp_rank);
+        self.batch_index = Some(batch_index);
         self
     }
 }
@@ -123,6 +143,8 @@ impl ProductionStatus {
 pub struct ConsumptionStatus {
     pub samples: Vec<SampleId>,
     pub consumed: Vec<bool>,
+    /// Handed out under a lease not yet acknowledged (acknowledged mode).
+    pub leased: Vec<bool>,
 }
 
 impl ConsumptionStatus {
@@ -209,4 +231,22 @@ pub trait ControlPlane: Send + Sync + 'static {
 
     /// Partition names in creation order.
     async fn list_partitions(&self) -> Result<Vec<String>>;
+
+    /// Consumes samples handed out under `lease` (acknowledged mode); returns how many. Samples
+    /// whose lease expired meanwhile are not consumed (they may be with another consumer).
+    async fn ack(
+        &self,
+        partition: &str,
+        task: &str,
+        lease: LeaseId,
+        samples: &[SampleId],
+    ) -> Result<usize>;
+
+    /// Declares that no more samples will be added to `partition` (created if missing): a
+    /// fetch of a task that consumed every sample then ends with `Closed` instead of waiting.
+    async fn mark_complete(&self, partition: &str) -> Result<()>;
+
+    /// Removes an empty partition (with its completion mark and sampler state). A partition that
+    /// still holds samples is `Conflict`; a missing one is fine.
+    async fn drop_partition(&self, partition: &str) -> Result<()>;
 }

@@ -32,8 +32,7 @@ impl Bitmap {
         self.words.clear();
     }
 
-    #[cfg(test)]
-    pub fn count(&self) -> usize {
+    pub fn count_ones(&self) -> usize {
         self.words.iter().map(|w| w.count_ones() as usize).sum()
     }
 
@@ -88,6 +87,6 @@ mod tests {
         assert!(b.get(3) && b.get(130) && !b.get(4));
         assert_eq!(b.ones().collect::<Vec<_>>(), vec![3, 130]);
         b.set(3, false);
-        assert_eq!(b.count(), 1);
+        assert_eq!(b.count_ones(), 1);
     }
 }

@@ -10,8 +10,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
-use tq_core::{BatchMeta, Error, FieldName, Result, SampleId, Tags};
+use tq_core::{BatchMeta, Error, FieldName, LeaseId, Result, SampleId, Tags};
 
 /// Controller settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -53,6 +54,8 @@ struct State {
     /// Partition names in creation order.
     order: Vec<String>,
     alloc: IndexAllocator,
+    /// Last lease id handed out (ids are unique across partitions).
+    next_lease: LeaseId,
 }
 
 impl State {
@@ -87,8 +90,14 @@ impl State {
         ))
     }
 
+    /// Removes a partition that holds no samples and was not declared complete (a complete
+    /// one keeps its mark until `drop_partition`, so late consumers still see the end).
     fn drop_if_empty(&mut self, name: &str) -> bool {
-        if self.partitions.get(name).is_some_and(|p| p.len() == 0) {
+        if self
+            .partitions
+            .get(name)
+            .is_some_and(|p| p.len() == 0 && !p.complete)
+        {
             self.partitions.remove(name);
             self.order.retain(|n| n != name);
             return true;
@@ -115,6 +124,7 @@ impl Controller {
                 partitions: HashMap::new(),
                 order: Vec::new(),
                 alloc: IndexAllocator::new(config.storage_units),
+                next_lease: 0,
             }),
             waiters: Mutex::new(HashMap::new()),
             samplers: RwLock::new(HashMap::new()),
@@ -162,25 +172,46 @@ impl Controller {
         }
     }
 
+    /// Drops sampler state and the waiter of a partition that was removed.
+    fn forget_partition(&self, partition: &str) {
+        for s in self
+            .samplers
+            .read()
+            .expect("sampler registry poisoned")
+            .values()
+        {
+            s.clear_partition(partition);
+        }
+        self.default_sampler.clear_partition(partition);
+        let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        if w.get(partition).is_some_and(|n| Arc::strong_count(n) == 1) {
+            w.remove(partition);
+        }
+    }
+
     /// Indexes handed out and not yet released, over all partitions.
     pub fn samples_in_use(&self) -> usize {
         self.lock().alloc.in_use()
     }
 
-    /// One attempt at a fetch; `None` when not enough samples are ready.
+    /// One attempt at a fetch.
     fn try_fetch(
         &self,
         req: &GetMetaRequest,
         task: &str,
         batch_size: usize,
+        lease: Option<Duration>,
         sampler: &dyn Sampler,
-    ) -> Result<Option<BatchMeta>> {
+    ) -> Result<Attempt> {
         let mut st = self.lock();
+        let st = &mut *st;
         let Some(p) = st.partitions.get_mut(&req.partition) else {
-            return Ok(None);
+            return Ok(Attempt::NotReady { next_expiry: None });
         };
+        let now = Instant::now();
+        let next_expiry = p.expire_leases(now);
         let Some(fids) = p.known_fields(&req.fields) else {
-            return Ok(None);
+            return Ok(Attempt::not_ready(p, task, next_expiry));
         };
         let ctx = SamplerContext {
             partition: &req.partition,
@@ -191,15 +222,15 @@ impl Controller {
         let ready = p.ready(&fids, task);
         let cached = sampler.has_cached(&ctx);
         if ready.len() < batch_size && !cached {
-            return Ok(None);
+            return Ok(Attempt::not_ready(p, task, next_expiry));
         }
         let picked = sampler.sample(&ready, batch_size, &ctx)?;
         if picked.sampled.is_empty() {
-            return Ok(None);
+            return Ok(Attempt::not_ready(p, task, next_expiry));
         }
         let ready_ids: HashSet<SampleId> = ready.iter().map(|c| c.id).collect();
         // A fresh answer may only hand out ready samples; a cached one (rank-aware sampling)
-        // names samples another rank already consumed.
+        // names samples another rank of the group already took.
         if !cached {
             if let Some(bad) = picked.sampled.iter().find(|id| !ready_ids.contains(id)) {
                 return Err(Error::internal(format!(
@@ -211,7 +242,7 @@ impl Controller {
         let slots = match p.slots_of(&picked.sampled) {
             Ok(s) => s,
             // A cached answer may name samples cleared since; treat as not ready.
-            Err(_) => return Ok(None),
+            Err(_) => return Ok(Attempt::NotReady { next_expiry }),
         };
         if let Some(bad) = picked
             .consumed
@@ -223,8 +254,29 @@ impl Controller {
                 req.partition
             )));
         }
-        p.mark_consumed(task, &picked.consumed);
-        Ok(Some(p.build_meta(&slots, &fids, Production::AllReady)))
+        let lease_id = match lease {
+            None => {
+                p.mark_consumed(task, &picked.consumed);
+                None
+            }
+            Some(d) => {
+                // Ranks of one group share the lease of the first hand-out of a cached batch.
+                let id = picked
+                    .sampled
+                    .first()
+                    .and_then(|&s| p.lease_of(task, s))
+                    .unwrap_or_else(|| {
+                        st.next_lease += 1;
+                        st.next_lease
+                    });
+                p.lease(task, &picked.consumed, id, now + d);
+                Some(id)
+            }
+        };
+        Ok(Attempt::Got(
+            p.build_meta(&slots, &fids, Production::AllReady)
+                .with_lease(lease_id),
+        ))
     }
 
     async fn fetch(
@@ -233,6 +285,7 @@ impl Controller {
         task: &str,
         batch_size: usize,
         wait: Wait,
+        lease: Option<Duration>,
     ) -> Result<BatchMeta> {
         if batch_size == 0 {
             return Err(Error::invalid("fetch batch size must be at least 1"));
@@ -246,6 +299,9 @@ impl Controller {
         if task.is_empty() {
             return Err(Error::invalid("a fetch needs a task name"));
         }
+        if lease.is_some_and(|d| d.is_zero()) {
+            return Err(Error::invalid("a lease must last longer than zero"));
+        }
         let sampler = self.sampler(req.sampler.as_deref())?;
         let deadline = match wait {
             Wait::NoWait => None,
@@ -257,13 +313,27 @@ impl Controller {
             let notified = notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(meta) = self.try_fetch(req, task, batch_size, sampler.as_ref())? {
-                return Ok(meta);
-            }
+            let next_expiry =
+                match self.try_fetch(req, task, batch_size, lease, sampler.as_ref())? {
+                    Attempt::Got(meta) => return Ok(meta),
+                    Attempt::Finished => {
+                        return Err(Error::closed(format!(
+                            "partition `{}` is complete and task `{task}` has consumed all of it",
+                            req.partition
+                        )))
+                    }
+                    Attempt::NotReady { next_expiry } => next_expiry,
+                };
             let Some(deadline) = deadline else {
                 return Ok(BatchMeta::empty(req.partition.clone()));
             };
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            // Wake at the deadline, or earlier when a lease expires and samples return.
+            let wake = next_expiry
+                .map(|e| tokio::time::Instant::from_std(e).min(deadline))
+                .unwrap_or(deadline);
+            if tokio::time::timeout_at(wake, notified).await.is_err()
+                && tokio::time::Instant::now() >= deadline
+            {
                 let ready = {
                     let st = self.lock();
                     st.partitions
@@ -277,6 +347,27 @@ impl Controller {
                     req.partition, req.fields
                 )));
             }
+        }
+    }
+}
+
+/// The outcome of one fetch attempt.
+enum Attempt {
+    Got(BatchMeta),
+    /// Not enough ready; leases may expire at `next_expiry` and bring samples back.
+    NotReady {
+        next_expiry: Option<Instant>,
+    },
+    /// The partition is complete and the task consumed all of it.
+    Finished,
+}
+
+impl Attempt {
+    fn not_ready(p: &Partition, task: &str, next_expiry: Option<Instant>) -> Attempt {
+        if p.finished_for(task) {
+            Attempt::Finished
+        } else {
+            Attempt::NotReady { next_expiry }
         }
     }
 }
@@ -326,7 +417,8 @@ impl ControlPlane for Controller {
                 task,
                 batch_size,
                 wait,
-            } => self.fetch(&req, task, *batch_size, *wait).await,
+                lease,
+            } => self.fetch(&req, task, *batch_size, *wait, *lease).await,
             GetMetaMode::Insert { count } => {
                 if *count == 0 {
                     return Err(Error::invalid(format!(
@@ -393,19 +485,7 @@ impl ControlPlane for Controller {
             st.drop_if_empty(partition)
         };
         if dropped {
-            for s in self
-                .samplers
-                .read()
-                .expect("sampler registry poisoned")
-                .values()
-            {
-                s.clear_partition(partition);
-            }
-            self.default_sampler.clear_partition(partition);
-            let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-            if w.get(partition).is_some_and(|n| Arc::strong_count(n) == 1) {
-                w.remove(partition);
-            }
+            self.forget_partition(partition);
         }
         self.wake(partition);
         Ok(())
@@ -522,5 +602,56 @@ impl ControlPlane for Controller {
 
     async fn list_partitions(&self) -> Result<Vec<String>> {
         Ok(self.lock().order.clone())
+    }
+
+    async fn ack(
+        &self,
+        partition: &str,
+        task: &str,
+        lease: LeaseId,
+        samples: &[SampleId],
+    ) -> Result<usize> {
+        let acked = {
+            let mut st = self.lock();
+            match st.partitions.get_mut(partition) {
+                Some(p) => p.ack(task, lease, samples),
+                None => 0,
+            }
+        };
+        // The last acknowledgement may finish a complete partition for waiting fetches.
+        self.wake(partition);
+        Ok(acked)
+    }
+
+    async fn mark_complete(&self, partition: &str) -> Result<()> {
+        {
+            let mut st = self.lock();
+            let (p, _) = st.partition_or_create(partition)?;
+            p.complete = true;
+        }
+        self.wake(partition);
+        Ok(())
+    }
+
+    async fn drop_partition(&self, partition: &str) -> Result<()> {
+        {
+            let mut st = self.lock();
+            match st.partitions.get(partition) {
+                None => return Ok(()),
+                Some(p) if p.len() > 0 => {
+                    return Err(Error::conflict(format!(
+                        "partition `{partition}` still holds {} samples; clear them first",
+                        p.len()
+                    )))
+                }
+                Some(_) => {
+                    st.partitions.remove(partition);
+                    st.order.retain(|n| n != partition);
+                }
+            }
+        }
+        self.forget_partition(partition);
+        self.wake(partition);
+        Ok(())
     }
 }

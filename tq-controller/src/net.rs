@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tq_core::{BatchMeta, Error, FieldName, Result, SampleId, Tags};
+use tq_core::{BatchMeta, Error, FieldName, LeaseId, Result, SampleId, Tags};
 use tq_net::{CallOptions, Endpoint, Handler, Message, Pool};
 
 /// A storage unit known to the controller.
@@ -82,6 +82,18 @@ enum ControlRequest {
         task: Option<String>,
     },
     ListPartitions,
+    Ack {
+        partition: String,
+        task: String,
+        lease: LeaseId,
+        samples: Vec<SampleId>,
+    },
+    MarkComplete {
+        partition: String,
+    },
+    DropPartition {
+        partition: String,
+    },
     RegisterUnit(UnitInfo),
     Topology,
 }
@@ -95,6 +107,7 @@ enum ControlResponse {
     Production(ProductionStatus),
     Consumption(ConsumptionStatus),
     Partitions(Vec<String>),
+    Acked(usize),
     Topology(Topology),
 }
 
@@ -200,6 +213,20 @@ impl ControllerServer {
             }
             ControlRequest::ListPartitions => {
                 ControlResponse::Partitions(c.list_partitions().await?)
+            }
+            ControlRequest::Ack {
+                partition,
+                task,
+                lease,
+                samples,
+            } => ControlResponse::Acked(c.ack(&partition, &task, lease, &samples).await?),
+            ControlRequest::MarkComplete { partition } => {
+                c.mark_complete(&partition).await?;
+                ControlResponse::Done
+            }
+            ControlRequest::DropPartition { partition } => {
+                c.drop_partition(&partition).await?;
+                ControlResponse::Done
             }
             ControlRequest::RegisterUnit(info) => {
                 self.register_unit(info)?;
@@ -461,5 +488,39 @@ impl ControlPlane for RemoteControlPlane {
             ControlResponse::Partitions(p) => Ok(p),
             other => Err(self.unexpected("list_partitions", other)),
         }
+    }
+
+    /// Idempotent: acknowledging the same lease again consumes nothing more.
+    async fn ack(
+        &self,
+        partition: &str,
+        task: &str,
+        lease: LeaseId,
+        samples: &[SampleId],
+    ) -> Result<usize> {
+        let req = ControlRequest::Ack {
+            partition: partition.into(),
+            task: task.into(),
+            lease,
+            samples: samples.to_vec(),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::Acked(n) => Ok(n),
+            other => Err(self.unexpected("ack", other)),
+        }
+    }
+
+    async fn mark_complete(&self, partition: &str) -> Result<()> {
+        let req = ControlRequest::MarkComplete {
+            partition: partition.into(),
+        };
+        self.done("mark_complete", req, true).await
+    }
+
+    async fn drop_partition(&self, partition: &str) -> Result<()> {
+        let req = ControlRequest::DropPartition {
+            partition: partition.into(),
+        };
+        self.done("drop_partition", req, true).await
     }
 }

@@ -9,8 +9,9 @@ use crate::api::{ConsumptionStatus, ProductionNotice, ProductionStatus};
 use crate::bitmap::{BitIter, Bitmap};
 use crate::sampler::Candidate;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Instant;
 use tq_core::{
-    BackendMeta, BatchMeta, DType, Error, FieldName, FieldSchema, Result, SampleId, Tags,
+    BackendMeta, BatchMeta, DType, Error, FieldName, FieldSchema, LeaseId, Result, SampleId, Tags,
 };
 
 /// Per-sample shapes of a tensor field.
@@ -178,6 +179,24 @@ impl FieldState {
     }
 }
 
+/// What one task has taken from a partition.
+#[derive(Debug, Default)]
+struct TaskState {
+    /// Consumed for good (at-most-once fetches, or acknowledged leases).
+    consumed: Bitmap,
+    /// Handed out under a lease that has not been acknowledged or expired yet.
+    leased: Bitmap,
+    leases: HashMap<u32, (LeaseId, Instant)>,
+}
+
+impl TaskState {
+    fn forget(&mut self, slot: u32) {
+        self.consumed.set(slot_u(slot), false);
+        self.leased.set(slot_u(slot), false);
+        self.leases.remove(&slot);
+    }
+}
+
 /// How per-row production is reported in a built [`BatchMeta`].
 pub(crate) enum Production {
     /// Every row is ready (fetch results).
@@ -205,7 +224,10 @@ pub(crate) struct Partition {
     pub unit_counts: Vec<u32>,
     fields: Vec<FieldState>,
     field_ids: HashMap<FieldName, usize>,
-    consumption: HashMap<String, Bitmap>,
+    tasks: HashMap<String, TaskState>,
+    /// The producers declared that no more samples will be added: a task that has consumed
+    /// every live sample is finished (its fetches end instead of waiting).
+    pub complete: bool,
     tags: Vec<Tags>,
     backend_meta: Vec<BackendMeta>,
     keys: HashMap<String, u32>,
@@ -232,7 +254,8 @@ impl Partition {
             unit_counts: vec![0; units as usize],
             fields: Vec::new(),
             field_ids: HashMap::new(),
-            consumption: HashMap::new(),
+            tasks: HashMap::new(),
+            complete: false,
             tags: Vec::new(),
             backend_meta: Vec::new(),
             keys: HashMap::new(),
@@ -368,14 +391,15 @@ impl Partition {
             .collect()
     }
 
-    /// Samples produced for all of `fids` and not consumed by `task`, in allocation order.
+    /// Samples produced for all of `fids` and neither consumed nor leased by `task`, in
+    /// allocation order.
     pub fn ready(&self, fids: &[usize], task: &str) -> Vec<Candidate<'_>> {
-        let consumed = self.consumption.get(task);
+        let state = self.tasks.get(task);
         let mut slots: Vec<usize> = Vec::new();
         for w in 0..self.live.num_words() {
             let mut word = self.live.word(w) & !self.clearing.word(w);
-            if let Some(c) = consumed {
-                word &= !c.word(w);
+            if let Some(t) = state {
+                word &= !(t.consumed.word(w) | t.leased.word(w));
             }
             for &f in fids {
                 word &= self.fields[f].produced.word(w);
@@ -415,12 +439,86 @@ impl Partition {
     }
 
     pub fn mark_consumed(&mut self, task: &str, ids: &[SampleId]) {
-        let bits = self.consumption.entry(task.to_string()).or_default();
+        let t = self.tasks.entry(task.to_string()).or_default();
         for id in ids {
             if let Some(&s) = self.slot_of.get(&id.index) {
-                bits.set(slot_u(s), true);
+                t.consumed.set(slot_u(s), true);
+                t.leased.set(slot_u(s), false);
+                t.leases.remove(&s);
             }
         }
+    }
+
+    /// Leases samples to `task` until `expiry`, skipping those already consumed or leased.
+    pub fn lease(&mut self, task: &str, ids: &[SampleId], lease: LeaseId, expiry: Instant) {
+        let t = self.tasks.entry(task.to_string()).or_default();
+        for id in ids {
+            if let Some(&s) = self.slot_of.get(&id.index) {
+                if !t.consumed.get(slot_u(s)) && !t.leased.get(slot_u(s)) {
+                    t.leased.set(slot_u(s), true);
+                    t.leases.insert(s, (lease, expiry));
+                }
+            }
+        }
+    }
+
+    /// The lease `task` holds on `id`, if any.
+    pub fn lease_of(&self, task: &str, id: SampleId) -> Option<LeaseId> {
+        let s = self.slot_for(id)?;
+        self.tasks.get(task)?.leases.get(&s).map(|(l, _)| *l)
+    }
+
+    /// Consumes the samples `task` holds under `lease`; returns how many. Samples whose lease
+    /// expired (and may have been handed to someone else) are left alone.
+    pub fn ack(&mut self, task: &str, lease: LeaseId, ids: &[SampleId]) -> usize {
+        let slots: Vec<u32> = ids.iter().filter_map(|&id| self.slot_for(id)).collect();
+        let Some(t) = self.tasks.get_mut(task) else {
+            return 0;
+        };
+        let mut acked = 0;
+        for s in slots {
+            if t.leases.get(&s).is_some_and(|(l, _)| *l == lease) {
+                t.leases.remove(&s);
+                t.leased.set(slot_u(s), false);
+                t.consumed.set(slot_u(s), true);
+                acked += 1;
+            }
+        }
+        acked
+    }
+
+    /// Returns expired leases to the ready set; gives the earliest expiry still pending.
+    pub fn expire_leases(&mut self, now: Instant) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        for t in self.tasks.values_mut() {
+            if t.leases.is_empty() {
+                continue;
+            }
+            let leased = &mut t.leased;
+            t.leases.retain(|&s, &mut (_, expiry)| {
+                if expiry <= now {
+                    leased.set(slot_u(s), false);
+                    false
+                } else {
+                    next = Some(next.map_or(expiry, |n| n.min(expiry)));
+                    true
+                }
+            });
+        }
+        next
+    }
+
+    /// True when the partition is complete and `task` has consumed every live sample (leased
+    /// samples are not consumed yet).
+    pub fn finished_for(&self, task: &str) -> bool {
+        if !self.complete {
+            return false;
+        }
+        let Some(t) = self.tasks.get(task) else {
+            return self.live.count_ones() == 0;
+        };
+        (0..self.live.num_words())
+            .all(|w| self.live.word(w) & !self.clearing.word(w) & !t.consumed.word(w) == 0)
     }
 
     /// Applies a production notice: validates everything, then changes everything.
@@ -535,8 +633,8 @@ impl Partition {
             for f in &mut self.fields {
                 f.remove(slot);
             }
-            for bits in self.consumption.values_mut() {
-                bits.set(su, false);
+            for t in self.tasks.values_mut() {
+                t.forget(slot);
             }
             self.clearing_cells.retain(|&(s, _)| s != slot);
             self.tags[su].clear();
@@ -604,14 +702,13 @@ impl Partition {
         }
     }
 
+    /// Forgets what `task` (or every task) consumed or holds leased.
     pub fn reset_consumption(&mut self, task: Option<&str>) {
         match task {
             Some(t) => {
-                if let Some(b) = self.consumption.get_mut(t) {
-                    b.clear_all();
-                }
+                self.tasks.remove(t);
             }
-            None => self.consumption.values_mut().for_each(Bitmap::clear_all),
+            None => self.tasks.clear(),
         }
     }
 
@@ -636,13 +733,12 @@ impl Partition {
 
     pub fn consumption_status(&self, task: &str) -> ConsumptionStatus {
         let slots = self.visible_slots();
-        let bits = self.consumption.get(task);
+        let t = self.tasks.get(task);
+        let bit = |s: u32, f: fn(&TaskState) -> &Bitmap| t.is_some_and(|t| f(t).get(slot_u(s)));
         ConsumptionStatus {
             samples: slots.iter().map(|&s| self.ids[slot_u(s)]).collect(),
-            consumed: slots
-                .iter()
-                .map(|&s| bits.is_some_and(|b| b.get(slot_u(s))))
-                .collect(),
+            consumed: slots.iter().map(|&s| bit(s, |t| &t.consumed)).collect(),
+            leased: slots.iter().map(|&s| bit(s, |t| &t.leased)).collect(),
         }
     }
 

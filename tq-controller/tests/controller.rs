@@ -661,3 +661,125 @@ async fn overwriting_the_odd_shape_demotes_to_dense() {
         f32s(vec![2])
     );
 }
+
+fn leased(p: &str, fields: &[&str], task: &str, n: usize, lease_ms: u64) -> GetMetaRequest {
+    GetMetaRequest::fetch(p, fields, task, n, Wait::NoWait)
+        .with_lease(Duration::from_millis(lease_ms))
+}
+
+#[tokio::test]
+async fn leases_expire_back_to_ready_and_acks_consume() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 4).await;
+    produce(&c, "p", &ids, &["a"]).await;
+    let m = c.get_meta(leased("p", &["a"], "t", 2, 100)).await.unwrap();
+    let lease = m.lease().expect("acknowledged mode sets a lease");
+    // Leased samples are not ready for the task, and not consumed either.
+    let cs = c.consumption_status("p", "t").await.unwrap();
+    assert_eq!(cs.leased.iter().filter(|&&l| l).count(), 2);
+    assert!(cs.consumed.iter().all(|&x| !x));
+    assert_eq!(
+        fetch(&c, "p", &["a"], "t", 4).await.len(),
+        0,
+        "only 2 ready"
+    );
+    // Another task is unaffected.
+    assert_eq!(fetch(&c, "p", &["a"], "other", 4).await.len(), 4);
+    // Ack one of them; let the lease on the other expire.
+    assert_eq!(c.ack("p", "t", lease, &m.samples()[..1]).await.unwrap(), 1);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let again = c
+        .get_meta(leased("p", &["a"], "t", 3, 10_000))
+        .await
+        .unwrap();
+    let got: Vec<SampleId> = again.samples().to_vec();
+    assert!(
+        got.contains(&m.samples()[1]),
+        "expired lease returned to ready"
+    );
+    assert!(
+        !got.contains(&m.samples()[0]),
+        "acknowledged sample stays consumed"
+    );
+    // A late ack of the expired lease consumes nothing (the sample is with someone else now).
+    assert_eq!(c.ack("p", "t", lease, &m.samples()[1..]).await.unwrap(), 0);
+    assert_ne!(again.lease(), Some(lease));
+    // A waiting fetch wakes up when a lease expires.
+    let c = Arc::new(c);
+    let short = c.get_meta(leased("p", &["a"], "u", 4, 100)).await.unwrap();
+    assert_eq!(short.len(), 4);
+    let started = std::time::Instant::now();
+    let m = c
+        .get_meta(
+            GetMetaRequest::fetch("p", &["a"], "u", 4, Wait::For(Duration::from_secs(5)))
+                .with_lease(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(m.len(), 4);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "woke at lease expiry, not the deadline"
+    );
+    // reset_consumption forgets leases too.
+    c.reset_consumption("p", Some("u")).await.unwrap();
+    assert_eq!(fetch(&c, "p", &["a"], "u", 4).await.len(), 4);
+    assert!(
+        c.get_meta(leased("p", &["a"], "t", 1, 0)).await.is_err(),
+        "zero lease is invalid"
+    );
+}
+
+#[tokio::test]
+async fn a_complete_partition_ends_fetches_of_tasks_that_consumed_it() {
+    let c = Arc::new(controller(1));
+    let ids = insert(&c, "p", 2).await;
+    produce(&c, "p", &ids, &["a"]).await;
+    c.mark_complete("p").await.unwrap();
+    assert_eq!(fetch(&c, "p", &["a"], "t", 2).await.len(), 2);
+    let wait = |task: &str| {
+        GetMetaRequest::fetch("p", &["a"], task, 1, Wait::For(Duration::from_secs(10)))
+    };
+    let started = std::time::Instant::now();
+    let e = c.get_meta(wait("t")).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Closed, "{e}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // A task that has not consumed everything still gets data.
+    assert_eq!(c.get_meta(wait("fresh")).await.unwrap().len(), 1);
+    // Leased but unacknowledged samples keep the stream open; the ack finishes it.
+    let m = c
+        .get_meta(leased("p", &["a"], "acker", 2, 10_000))
+        .await
+        .unwrap();
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move { c.get_meta(wait("acker")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiter.is_finished());
+    c.ack("p", "acker", m.lease().unwrap(), m.samples())
+        .await
+        .unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Closed);
+    // The completion mark survives clearing every sample, until the partition is dropped.
+    clear(&c, "p", None).await;
+    assert_eq!(c.list_partitions().await.unwrap(), vec!["p"]);
+    assert_eq!(
+        c.get_meta(wait("t")).await.unwrap_err().kind(),
+        &ErrorKind::Closed
+    );
+    c.drop_partition("p").await.unwrap();
+    assert!(c.list_partitions().await.unwrap().is_empty());
+    // Dropping a partition that still holds samples is refused.
+    insert(&c, "q", 1).await;
+    assert_eq!(
+        c.drop_partition("q").await.unwrap_err().kind(),
+        &ErrorKind::Conflict
+    );
+    c.drop_partition("missing").await.unwrap();
+}

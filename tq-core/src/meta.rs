@@ -94,7 +94,13 @@ pub struct BatchMeta {
     production: Vec<bool>,
     tags: Vec<Tags>,
     backend_meta: Vec<BackendMeta>,
+    /// The lease under which a fetch in acknowledged mode handed these samples out.
+    lease: Option<LeaseId>,
 }
+
+/// Identifies one acknowledged-mode hand-out: acknowledging with it consumes the samples; an
+/// acknowledgement with an expired (re-leased) lease changes nothing.
+pub type LeaseId = u64;
 
 /// The shape of a [`BatchMeta`] as received from a peer, checked before it becomes one.
 #[derive(Deserialize)]
@@ -105,6 +111,7 @@ struct RawBatchMeta {
     production: Vec<bool>,
     tags: Vec<Tags>,
     backend_meta: Vec<BackendMeta>,
+    lease: Option<LeaseId>,
 }
 
 impl TryFrom<RawBatchMeta> for BatchMeta {
@@ -116,6 +123,7 @@ impl TryFrom<RawBatchMeta> for BatchMeta {
             .with_production(r.production)?
             .with_tags(r.tags)?
             .with_backend_meta(r.backend_meta)
+            .map(|m| m.with_lease(r.lease))
     }
 }
 
@@ -139,6 +147,7 @@ impl BatchMeta {
             production: vec![false; n],
             tags: vec![Tags::new(); n],
             backend_meta: vec![BackendMeta::new(); n],
+            lease: None,
         }
     }
 
@@ -207,6 +216,17 @@ impl BatchMeta {
     pub fn tags_mut(&mut self) -> &mut [Tags] {
         &mut self.tags
     }
+    /// Sets the lease these samples were handed out under (acknowledged mode).
+    pub fn with_lease(mut self, lease: Option<LeaseId>) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The lease of an acknowledged-mode fetch; `None` for everything else.
+    pub fn lease(&self) -> Option<LeaseId> {
+        self.lease
+    }
+
     pub fn backend_meta(&self) -> &[BackendMeta] {
         &self.backend_meta
     }
@@ -276,6 +296,7 @@ impl BatchMeta {
             production: self.production.clone(),
             tags: self.tags.clone(),
             backend_meta,
+            lease: self.lease,
         })
     }
 
@@ -301,6 +322,7 @@ impl BatchMeta {
                 .iter()
                 .map(|&p| self.backend_meta[p].clone())
                 .collect(),
+            lease: self.lease,
         })
     }
 
@@ -366,6 +388,8 @@ impl BatchMeta {
                 .iter()
                 .flat_map(|p| p.backend_meta.iter().cloned())
                 .collect(),
+            // Pieces of one hand-out keep its lease; mixed hand-outs have none in common.
+            lease: first.lease.filter(|l| parts.iter().all(|p| p.lease == Some(*l))),
         })
     }
 

@@ -1,0 +1,265 @@
+//! Streaming consumption: `Client::stream` hands a consumer its batches as they become ready,
+//! fetching the next ones while the caller works on the current one.
+//!
+//! Delivery guarantees:
+//! - [`Delivery::AtMostOnce`] (upstream's behaviour): samples are consumed when their metadata is
+//!   handed out. A consumer that crashes loses what it was given, including prefetched batches.
+//! - [`Delivery::Acknowledged`]: samples are leased; [`BatchStream::ack`] consumes them. A lease
+//!   that is not acknowledged in time expires and the samples are handed out again (to this or
+//!   another consumer): at-least-once. An acknowledgement after expiry consumes nothing.
+//!
+//! The stream waits on the controller (one long-poll per batch, no busy polling) and ends when
+//! the partition is declared complete (`Client::complete_partition`) and the task has consumed
+//! all of it, or when nothing arrives for `idle_timeout`.
+
+use crate::Client;
+use futures::Stream;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tq_controller::{GetMetaRequest, Wait};
+use tq_core::{Batch, BatchMeta, Error, ErrorKind, FieldName, Result};
+
+/// When handed-out samples count as consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Consumed when handed out (lost if the consumer crashes).
+    AtMostOnce,
+    /// Leased for `lease`; consumed on [`BatchStream::ack`]; redelivered after the lease expires.
+    Acknowledged { lease: Duration },
+}
+
+/// What to stream.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    pub partition: String,
+    pub task: String,
+    pub fields: Vec<FieldName>,
+    /// Samples per batch (per rank for rank-aware samplers).
+    pub batch_size: usize,
+    /// A sampler registered on the controller; `None` uses its default.
+    pub sampler: Option<String>,
+    /// Data-parallel rank, for samplers that keep per-rank state (rank-aware, seqlen-balanced).
+    /// Batch indexes count up from 0 per stream.
+    pub dp_rank: Option<u32>,
+    pub delivery: Delivery,
+    /// Batches fetched ahead while the caller works (at least 1).
+    pub prefetch: usize,
+    /// The stream ends when no batch arrives for this long.
+    pub idle_timeout: Duration,
+}
+
+impl StreamConfig {
+    /// Streams `batch_size` samples of `fields` at a time for `task`: at-most-once, default
+    /// sampler, 2 batches of prefetch, 60 s idle timeout.
+    pub fn new(partition: impl Into<String>, task: impl Into<String>, fields: &[&str], batch_size: usize) -> Self {
+        StreamConfig {
+            partition: partition.into(),
+            task: task.into(),
+            fields: fields.iter().map(|f| f.to_string()).collect(),
+            batch_size,
+            sampler: None,
+            dp_rank: None,
+            delivery: Delivery::AtMostOnce,
+            prefetch: 2,
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+
+    pub fn sampler(mut self, name: impl Into<String>) -> Self {
+        self.sampler = Some(name.into());
+        self
+    }
+    pub fn dp_rank(mut self, rank: u32) -> Self {
+        self.dp_rank = Some(rank);
+        self
+    }
+    pub fn acknowledged(mut self, lease: Duration) -> Self {
+        self.delivery = Delivery::Acknowledged { lease };
+        self
+    }
+    pub fn prefetch(mut self, batches: usize) -> Self {
+        self.prefetch = batches;
+        self
+    }
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+}
+
+/// One streamed batch.
+#[derive(Debug, Clone)]
+pub struct StreamItem {
+    pub meta: BatchMeta,
+    pub batch: Batch,
+    /// Position of this batch in the stream (the sampler's batch index).
+    pub batch_index: u64,
+}
+
+/// How far a stream got.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamProgress {
+    pub batches: u64,
+    pub samples: u64,
+    pub bytes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    batches: AtomicU64,
+    samples: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// A `futures::Stream` of ready batches. Dropping it stops the prefetching.
+pub struct BatchStream {
+    rx: mpsc::Receiver<Result<StreamItem>>,
+    counters: Arc<Counters>,
+    fetcher: tokio::task::JoinHandle<()>,
+    client: Client,
+    partition: String,
+    task: String,
+}
+
+impl BatchStream {
+    /// Batches, samples and payload bytes handed to the caller so far.
+    pub fn progress(&self) -> StreamProgress {
+        StreamProgress {
+            batches: self.counters.batches.load(Ordering::Relaxed),
+            samples: self.counters.samples.load(Ordering::Relaxed),
+            bytes: self.counters.bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Acknowledges an item of an acknowledged-mode stream: its samples are consumed. Returns
+    /// how many were (fewer when the lease expired meanwhile).
+    pub async fn ack(&self, item: &StreamItem) -> Result<usize> {
+        self.client.ack(&self.task, &item.meta).await
+    }
+
+    /// The partition this stream reads.
+    pub fn partition(&self) -> &str {
+        &self.partition
+    }
+}
+
+impl Drop for BatchStream {
+    fn drop(&mut self) {
+        self.fetcher.abort();
+    }
+}
+
+impl Stream for BatchStream {
+    type Item = Result<StreamItem>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(Ok(item))) => {
+                let c = &self.counters;
+                c.batches.fetch_add(1, Ordering::Relaxed);
+                c.samples.fetch_add(item.meta.len() as u64, Ordering::Relaxed);
+                c.bytes.fetch_add(item.batch.nbytes() as u64, Ordering::Relaxed);
+                Poll::Ready(Some(Ok(item)))
+            }
+            other => other,
+        }
+    }
+}
+
+/// Fetches batches into `tx` until the stream ends or the receiver goes away.
+async fn fetch_loop(client: Client, cfg: StreamConfig, tx: mpsc::Sender<Result<StreamItem>>) {
+    let mut batch_index = 0u64;
+    let field_refs: Vec<&str> = cfg.fields.iter().map(String::as_str).collect();
+    loop {
+        let mut req = GetMetaRequest::fetch(
+            cfg.partition.clone(),
+            &field_refs,
+            cfg.task.clone(),
+            cfg.batch_size,
+            Wait::For(cfg.idle_timeout),
+        );
+        req.sampler = cfg.sampler.clone();
+        if let Some(rank) = cfg.dp_rank {
+            req = req.with_rank(rank, batch_index);
+        }
+        if let Delivery::Acknowledged { lease } = cfg.delivery {
+            req = req.with_lease(lease);
+        }
+        let result = match client.get_meta(req).await {
+            Ok(meta) => client.get_data(&meta).await.map(|batch| StreamItem {
+                meta,
+                batch,
+                batch_index,
+            }),
+            Err(e) if e.kind() == &ErrorKind::Closed => {
+                tracing::debug!(partition = %cfg.partition, task = %cfg.task, "stream finished: partition complete");
+                return;
+            }
+            Err(e) if e.kind() == &ErrorKind::Timeout => {
+                tracing::info!(partition = %cfg.partition, task = %cfg.task, "stream ended: idle for {:?}", cfg.idle_timeout);
+                return;
+            }
+            Err(e) => Err(e),
+        };
+        let failed = result.is_err();
+        if tx.send(result).await.is_err() || failed {
+            return;
+        }
+        batch_index += 1;
+    }
+}
+
+impl Client {
+    /// Streams ready batches for a consumer task; see the module docs for delivery guarantees.
+    /// Must be called inside a tokio runtime.
+    pub fn stream(&self, config: StreamConfig) -> Result<BatchStream> {
+        if config.batch_size == 0 {
+            return Err(Error::invalid("stream batch size must be at least 1"));
+        }
+        if config.fields.is_empty() {
+            return Err(Error::invalid(format!(
+                "partition `{}`: a stream needs at least one field",
+                config.partition
+            )));
+        }
+        if let Delivery::Acknowledged { lease } = config.delivery {
+            if lease.is_zero() {
+                return Err(Error::invalid("a lease must last longer than zero"));
+            }
+        }
+        let (tx, rx) = mpsc::channel(config.prefetch.max(1));
+        let (partition, task) = (config.partition.clone(), config.task.clone());
+        let fetcher = tokio::spawn(fetch_loop(self.clone(), config, tx));
+        Ok(BatchStream {
+            rx,
+            counters: Arc::default(),
+            fetcher,
+            client: self.clone(),
+            partition,
+            task,
+        })
+    }
+
+    /// Consumes the samples of `meta`, which an acknowledged-mode fetch handed to `task`.
+    pub async fn ack(&self, task: &str, meta: &BatchMeta) -> Result<usize> {
+        let lease = meta.lease().ok_or_else(|| {
+            Error::invalid(format!(
+                "partition `{}`: these samples were not handed out in acknowledged mode",
+                meta.partition()
+            ))
+        })?;
+        self.control()
+            .ack(meta.partition(), task, lease, meta.samples())
+            .await
+    }
+
+    /// Declares that producers will add no more samples to `partition`: streams end once they
+    /// consumed everything. The mark stays until `clear_partition`.
+    pub async fn complete_partition(&self, partition: &str) -> Result<()> {
+        self.control().mark_complete(partition).await
+    }
+}
