@@ -1,21 +1,26 @@
 //! `tq demo`: an embedded GRPO-style pipeline with concurrent stages.
 //!
-//! - a prompt writer puts prompts into partition `prompts`;
-//! - rollout fetches prompts in batches, writes `n` responses per prompt into `train` (one put
-//!   per batch, so each prompt's group is contiguous) and clears the prompts;
-//! - reward fetches responses and writes a reward for each;
-//! - the trainer fetches complete groups (GRPO sampler) with prompt, response and reward,
-//!   checks them, and clears them.
+//! - a prompt writer puts prompts into partition `prompts`, then declares it complete;
+//! - rollout streams prompts in batches, writes `n` responses per prompt into `train` (one put
+//!   per batch, so each prompt's group is contiguous), clears the prompts, and declares `train`
+//!   complete when the prompt stream ends;
+//! - reward streams responses and writes a reward for each;
+//! - the trainer streams complete groups (GRPO sampler) with prompt, response and reward in
+//!   acknowledged mode, checks them, acknowledges and clears them.
+//!
+//! Every consumer is a `Client::stream`: it waits for data without polling and ends when its
+//! partition is complete and consumed.
 //!
 //! At the end it checks that every response was trained exactly once, in a complete group.
 
 use clap::Args;
+use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tq_client::{Client, Config, GetMetaMode, GetMetaRequest, Wait};
+use tq_client::{Client, Config, GetMetaMode, GetMetaRequest, StreamConfig, StreamItem};
 use tq_core::{Batch, BatchMeta, Column, Error, Result, TagValue, Tensor};
 
 #[derive(Args, Debug, Clone)]
@@ -65,11 +70,8 @@ impl Traffic {
     }
 }
 
-const WAIT: Duration = Duration::from_secs(30);
-
-fn fetch_req(partition: &str, fields: &[&str], task: &str, n: usize) -> GetMetaRequest {
-    GetMetaRequest::fetch(partition, fields, task, n, Wait::For(WAIT))
-}
+/// How long a stage may see no data before its stream gives up.
+const IDLE: Duration = Duration::from_secs(30);
 
 fn tag_int(meta: &BatchMeta, row: usize, key: &str) -> Result<i64> {
     match meta.tags()[row].get(key) {
@@ -129,20 +131,21 @@ async fn write_prompts(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Res
         traffic.wrote(&batch);
         uid += rows;
     }
-    Ok(())
+    tq.complete_partition("prompts").await
 }
 
 async fn rollout(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()> {
     let n = args.responses;
-    let mut done = 0;
-    while done < args.prompts {
-        let want = args.rollout_batch.min(args.prompts - done);
-        let meta = tq
-            .get_meta(fetch_req("prompts", &["prompt_ids"], "rollout", want))
-            .await?;
-        let prompts = tq.get_data(&meta).await?;
-        traffic.read(&prompts);
-        let Some(Column::Dense(p)) = prompts.column("prompt_ids") else {
+    let mut prompts = tq.stream(
+        StreamConfig::new("prompts", "rollout", &["prompt_ids"], args.rollout_batch)
+            .idle_timeout(IDLE),
+    )?;
+    while let Some(item) = prompts.next().await {
+        let StreamItem {
+            meta, batch: data, ..
+        } = item?;
+        traffic.read(&data);
+        let Some(Column::Dense(p)) = data.column("prompt_ids") else {
             return Err(Error::internal("prompt_ids came back non-dense"));
         };
         // n responses per prompt, in one put so each group is contiguous.
@@ -185,20 +188,19 @@ async fn rollout(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()
         tq.put(&out, &batch).await?;
         traffic.wrote(&batch);
         tq.clear_samples(&meta).await?;
-        done += meta.len();
     }
-    Ok(())
+    tq.complete_partition("train").await
 }
 
 async fn reward(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()> {
-    let total = args.prompts * args.responses;
-    let mut done = 0;
-    while done < total {
-        let want = args.reward_batch.min(total - done);
-        let meta = tq
-            .get_meta(fetch_req("train", &["response_ids"], "reward", want))
-            .await?;
-        let data = tq.get_data(&meta).await?;
+    let mut responses = tq.stream(
+        StreamConfig::new("train", "reward", &["response_ids"], args.reward_batch)
+            .idle_timeout(IDLE),
+    )?;
+    while let Some(item) = responses.next().await {
+        let StreamItem {
+            meta, batch: data, ..
+        } = item?;
         traffic.read(&data);
         let rows = data.column("response_ids").expect("fetched field").values();
         let scores: Vec<f32> = rows
@@ -214,7 +216,6 @@ async fn reward(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()>
         )])?;
         tq.put(&meta, &batch).await?;
         traffic.wrote(&batch);
-        done += meta.len();
     }
     Ok(())
 }
@@ -227,36 +228,30 @@ async fn train(
     progress: ProgressBar,
 ) -> Result<()> {
     let n = args.responses;
-    let total = args.prompts * n;
-    let mut done = 0;
-    while done < total {
-        let want = (args.train_groups * n).min(total - done);
-        let meta = tq
-            .get_meta(
-                fetch_req(
-                    "train",
-                    &["prompt_ids", "response_ids", "reward"],
-                    "trainer",
-                    want,
-                )
-                .with_sampler("grpo"),
-            )
-            .await?;
-        let data = tq.get_data(&meta).await?;
-        traffic.read(&data);
+    let fields = ["prompt_ids", "response_ids", "reward"];
+    let mut groups = tq.stream(
+        StreamConfig::new("train", "trainer", &fields, args.train_groups * n)
+            .sampler("grpo")
+            .acknowledged(Duration::from_secs(60))
+            .idle_timeout(IDLE),
+    )?;
+    while let Some(item) = groups.next().await {
+        let item = item?;
+        let (meta, data) = (&item.meta, &item.batch);
+        traffic.read(data);
         // Groups must be complete: n consecutive rows of one uid, responses 0..n.
         for g in 0..meta.len() / n {
-            let uid = tag_int(&meta, g * n, "uid")?;
+            let uid = tag_int(meta, g * n, "uid")?;
             for j in 0..n {
                 let row = g * n + j;
-                if tag_int(&meta, row, "uid")? != uid {
+                if tag_int(meta, row, "uid")? != uid {
                     return Err(Error::internal(format!(
                         "trainer got an incomplete group at sample {}",
                         meta.samples()[row]
                     )));
                 }
                 let resp = data.column("response_ids").expect("fetched").value(row);
-                let want_len = response_len(&args, uid, tag_int(&meta, row, "j")? as usize);
+                let want_len = response_len(&args, uid, tag_int(meta, row, "j")? as usize);
                 if resp.as_tensor().map(|t| t.numel()) != Some(want_len) {
                     return Err(Error::internal(format!(
                         "sample {}: response has the wrong length",
@@ -266,12 +261,12 @@ async fn train(
                 *trained
                     .lock()
                     .expect("trained map")
-                    .entry((uid, tag_int(&meta, row, "j")?))
+                    .entry((uid, tag_int(meta, row, "j")?))
                     .or_default() += 1;
             }
         }
-        tq.clear_samples(&meta).await?;
-        done += meta.len();
+        groups.ack(&item).await?;
+        tq.clear_samples(meta).await?;
         progress.inc(meta.len() as u64);
     }
     Ok(())
@@ -357,7 +352,16 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         }
         (missing, duplicated)
     };
-    let leftover = tq.list_partitions().await?;
+    // Both partitions are empty now; dropping them removes their completion marks.
+    let mut leftover = Vec::new();
+    for p in tq.list_partitions().await? {
+        let status = tq.consumption_status(&p, "none").await?;
+        if status.samples.is_empty() {
+            tq.clear_partition(&p).await?;
+        } else {
+            leftover.push(format!("{p} ({} samples)", status.samples.len()));
+        }
+    }
     let (w, r) = (
         traffic.written.load(Ordering::Relaxed),
         traffic.read.load(Ordering::Relaxed),

@@ -20,7 +20,10 @@ use tq_core::{BatchMeta, Error, FieldName, LeaseId, Result, SampleId, Tags};
 pub struct ControllerConfig {
     /// Number of storage units samples are balanced across (index `i` lives on unit `i % n`).
     pub storage_units: u32,
-    /// The sampler used when a fetch names none: `"sequential"` or `"grpo:<n>"`.
+    /// The sampler used when a fetch names none, by [`sampler_from_name`]: `"sequential"`,
+    /// `"grpo:<n>"`, `"rank-aware"`, `"seqlen-balanced:<dp_size>"` or
+    /// `"seqlen-balanced:<dp_size>:<n>"` (the last two need `dp_rank` and `batch_index` in
+    /// every fetch).
     pub default_sampler: String,
 }
 
@@ -33,20 +36,46 @@ impl Default for ControllerConfig {
     }
 }
 
-/// Builds a sampler from its configuration name: `sequential` or `grpo:<n>`.
+/// Builds a sampler from its configuration name:
+///
+/// - `sequential` — [`SequentialSampler`];
+/// - `grpo:<n>` — [`GrpoGroupNSampler`] with groups of `n`;
+/// - `rank-aware` — [`crate::RankAwareSampler`];
+/// - `seqlen-balanced:<dp_size>` or `seqlen-balanced:<dp_size>:<n>` —
+///   [`crate::SeqlenBalancedSampler`] over `dp_size` ranks with groups of `n` (default 1).
+///
+/// Anything else, or a malformed or zero number, is `Invalid`.
 pub fn sampler_from_name(name: &str) -> Result<Arc<dyn Sampler>> {
-    match name.split_once(':') {
-        None if name == "sequential" => Ok(Arc::new(SequentialSampler)),
-        Some(("grpo", n)) => {
-            let n: usize = n.parse().map_err(|_| {
-                Error::invalid(format!("sampler `{name}`: `{n}` is not a group size"))
-            })?;
-            Ok(Arc::new(GrpoGroupNSampler::new(n)?))
+    const ACCEPTED: &str = "expected `sequential`, `grpo:<n>`, `rank-aware`, \
+                            `seqlen-balanced:<dp_size>` or `seqlen-balanced:<dp_size>:<n>`";
+    let number = |what: &str, v: &str| -> Result<usize> {
+        v.parse().map_err(|_| {
+            Error::invalid(format!(
+                "sampler `{name}`: `{v}` is not a {what} ({ACCEPTED})"
+            ))
+        })
+    };
+    let built: Arc<dyn Sampler> = match name.split_once(':') {
+        None if name == "sequential" => Arc::new(SequentialSampler),
+        None if name == "rank-aware" => Arc::new(crate::sampler::RankAwareSampler::new()),
+        Some(("grpo", n)) => Arc::new(GrpoGroupNSampler::new(number("group size", n)?)?),
+        Some(("seqlen-balanced", rest)) => {
+            let (dp_size, n) = match rest.split_once(':') {
+                None => (rest, "1"),
+                Some((dp_size, n)) => (dp_size, n),
+            };
+            Arc::new(crate::sampler::SeqlenBalancedSampler::new(
+                number("group size", n)?,
+                number("dp size", dp_size)?,
+            )?)
         }
-        _ => Err(Error::invalid(format!(
-            "unknown sampler `{name}` (expected `sequential` or `grpo:<n>`)"
-        ))),
-    }
+        _ => {
+            return Err(Error::invalid(format!(
+                "unknown sampler `{name}` ({ACCEPTED})"
+            )))
+        }
+    };
+    Ok(built)
 }
 
 struct State {
@@ -221,10 +250,21 @@ impl Controller {
         };
         let ready = p.ready(&fids, task);
         let cached = sampler.has_cached(&ctx);
+        let mut want = batch_size;
         if ready.len() < batch_size && !cached {
-            return Ok(Attempt::not_ready(p, task, next_expiry));
+            // The last, smaller batch of a complete partition: nothing else can become ready.
+            let draining = p.complete && !ready.is_empty() && p.unconsumed(task) == ready.len();
+            if !draining {
+                return Ok(Attempt::not_ready(p, task, next_expiry));
+            }
+            want = ready.len();
         }
-        let picked = sampler.sample(&ready, batch_size, &ctx)?;
+        let picked = match sampler.sample(&ready, want, &ctx) {
+            Ok(picked) => picked,
+            // A sampler that cannot use the remainder (an incomplete group) leaves it.
+            Err(_) if want < batch_size => return Ok(Attempt::not_ready(p, task, next_expiry)),
+            Err(e) => return Err(e),
+        };
         if picked.sampled.is_empty() {
             return Ok(Attempt::not_ready(p, task, next_expiry));
         }

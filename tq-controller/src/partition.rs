@@ -508,6 +508,20 @@ impl Partition {
         next
     }
 
+    /// Live samples `task` has not consumed (leased ones included).
+    pub fn unconsumed(&self, task: &str) -> usize {
+        let t = self.tasks.get(task);
+        (0..self.live.num_words())
+            .map(|w| {
+                let mut word = self.live.word(w) & !self.clearing.word(w);
+                if let Some(t) = t {
+                    word &= !t.consumed.word(w);
+                }
+                word.count_ones() as usize
+            })
+            .sum()
+    }
+
     /// True when the partition is complete and `task` has consumed every live sample (leased
     /// samples are not consumed yet).
     pub fn finished_for(&self, task: &str) -> bool {

@@ -783,3 +783,20 @@ async fn a_complete_partition_ends_fetches_of_tasks_that_consumed_it() {
     );
     c.drop_partition("missing").await.unwrap();
 }
+
+#[tokio::test]
+async fn a_complete_partition_hands_out_its_last_smaller_batch() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 5).await;
+    produce(&c, "p", &ids, &["a"]).await;
+    assert_eq!(fetch(&c, "p", &["a"], "t", 2).await.len(), 2);
+    // Not complete: 3 ready are not enough for a batch of 4.
+    assert!(fetch(&c, "p", &["a"], "t", 4).await.is_empty());
+    c.mark_complete("p").await.unwrap();
+    assert_eq!(fetch(&c, "p", &["a"], "t", 4).await.len(), 3);
+    // But not while some remaining sample can still become ready.
+    let more = insert(&c, "q", 3).await;
+    produce(&c, "q", &more[..2], &["a"]).await;
+    c.mark_complete("q").await.unwrap();
+    assert!(fetch(&c, "q", &["a"], "t", 4).await.is_empty());
+}
