@@ -70,7 +70,8 @@ pub struct ServeArgs {
     /// Maximum samples per storage unit (unlimited if absent).
     #[arg(long)]
     capacity_per_unit: Option<usize>,
-    /// Default sampler of the controller (`sequential` or `grpo:<n>`).
+    /// Default sampler of the controller (`sequential`, `grpo:<n>`, `rank-aware`,
+    /// `seqlen-balanced:<dp_size>[:<n>]`).
     #[arg(long, default_value = "sequential")]
     default_sampler: String,
     #[command(flatten)]
@@ -85,7 +86,7 @@ pub struct ControllerArgs {
     /// Number of storage units that will register (sample index i lives on unit i % units).
     #[arg(long)]
     units: u32,
-    /// Default sampler (`sequential` or `grpo:<n>`).
+    /// Default sampler (`sequential`, `grpo:<n>`, `rank-aware`, `seqlen-balanced:<dp_size>[:<n>]`).
     #[arg(long, default_value = "sequential")]
     default_sampler: String,
     #[command(flatten)]
@@ -162,7 +163,9 @@ fn advertised(local: &Endpoint, host: Option<&str>) -> Result<String> {
     match (local, host) {
         (Endpoint::Tcp(addr), Some(host)) => {
             let port = addr.rsplit(':').next().unwrap_or_default();
-            Ok(format!("tcp://{host}:{port}").parse::<Endpoint>()?.to_string())
+            Ok(format!("tcp://{host}:{port}")
+                .parse::<Endpoint>()?
+                .to_string())
         }
         _ => Ok(local.to_string()),
     }

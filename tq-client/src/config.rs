@@ -2,7 +2,8 @@
 //!
 //! ```toml
 //! [controller]
-//! default_sampler = "sequential"   # or "grpo:<n>"
+//! default_sampler = "sequential"   # or "grpo:<n>", "rank-aware",
+//!                                  # "seqlen-balanced:<dp_size>[:<n>]"
 //! fetch_timeout_ms = 30000         # how long `Client::fetch` waits for ready samples
 //!
 //! [controller.samplers]            # extra samplers a fetch can name
@@ -65,12 +66,14 @@ impl Default for NetSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ControllerSection {
-    /// Sampler for fetches that name none: `sequential` or `grpo:<n>`.
+    /// Sampler for fetches that name none: `sequential`, `grpo:<n>`, `rank-aware`,
+    /// `seqlen-balanced:<dp_size>` or `seqlen-balanced:<dp_size>:<n>`
+    /// (see `tq_controller::sampler_from_name`).
     pub default_sampler: String,
     /// How long [`crate::Client::fetch`] waits for enough ready samples, in milliseconds.
     pub fetch_timeout_ms: u64,
-    /// Extra samplers fetches can name (`GetMetaRequest::with_sampler`): name → `sequential`
-    /// or `grpo:<n>`.
+    /// Extra samplers fetches can name (`GetMetaRequest::with_sampler`): name → any of the
+    /// forms `default_sampler` accepts.
     pub samplers: BTreeMap<String, String>,
 }
 

@@ -26,5 +26,6 @@ pub use controller::{sampler_from_name, Controller, ControllerConfig};
 #[cfg(feature = "net")]
 pub use net::{ControllerServer, RemoteControlPlane, Topology, UnitInfo};
 pub use sampler::{
-    Candidate, GrpoGroupNSampler, Sampled, Sampler, SamplerContext, SequentialSampler,
+    Candidate, GrpoGroupNSampler, RankAwareSampler, Sampled, Sampler, SamplerContext,
+    SeqlenBalancedSampler, SequentialSampler,
 };

@@ -3,6 +3,18 @@
 //! The controller calls a sampler with the samples that are produced for every requested field
 //! and not yet consumed by the task, in allocation order. The sampler returns what to hand out
 //! and what to mark consumed (usually the same). Returning nothing means "not enough yet".
+//!
+//! Built in: [`SequentialSampler`] and [`GrpoGroupNSampler`] here, [`RankAwareSampler`]
+//! (identical batches for the ranks of one data-parallel group) and [`SeqlenBalancedSampler`]
+//! (one global batch split across data-parallel ranks with balanced token counts) in
+//! submodules, which share the Karmarkar–Karp partitioner of `kk`.
+
+mod kk;
+mod rank_aware;
+mod seqlen_balanced;
+
+pub use rank_aware::RankAwareSampler;
+pub use seqlen_balanced::SeqlenBalancedSampler;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -135,22 +147,24 @@ impl GrpoGroupNSampler {
         })
     }
 
-    fn complete_groups(&self, ready: &[Candidate<'_>], groups_wanted: usize) -> Vec<SampleId> {
+    /// Positions in `ready` of the first `groups_wanted` complete groups, each group's `n`
+    /// members consecutive in the answer; empty when fewer groups are complete.
+    fn complete_groups(&self, ready: &[Candidate<'_>], groups_wanted: usize) -> Vec<usize> {
         let n = self.n;
         let mut out = Vec::with_capacity(groups_wanted * n);
         match &self.group_tag {
             Some(tag) => {
                 // Groups in order of their first ready member.
                 let mut order: Vec<String> = Vec::new();
-                let mut members: HashMap<String, Vec<SampleId>> = HashMap::new();
-                for c in ready {
+                let mut members: HashMap<String, Vec<usize>> = HashMap::new();
+                for (pos, c) in ready.iter().enumerate() {
                     let Some(v) = c.tags.get(tag) else { continue };
                     let k = tag_key(v);
                     let m = members.entry(k.clone()).or_default();
                     if m.is_empty() {
                         order.push(k);
                     }
-                    m.push(c.id);
+                    m.push(pos);
                 }
                 for k in order {
                     let m = &members[&k];
@@ -174,7 +188,7 @@ impl GrpoGroupNSampler {
                             .enumerate()
                             .all(|(k, c)| c.seq == start + k as u64);
                     if aligned && complete {
-                        out.extend(window.iter().map(|c| c.id));
+                        out.extend(i..i + n);
                         i += n;
                     } else {
                         i += 1;
@@ -215,7 +229,12 @@ impl Sampler for GrpoGroupNSampler {
                 self.n
             )));
         }
-        let picked = Sampled::same(self.complete_groups(ready, batch_size / self.n));
+        let picked = Sampled::same(
+            self.complete_groups(ready, batch_size / self.n)
+                .into_iter()
+                .map(|i| ready[i].id)
+                .collect(),
+        );
         if let (Some(k), false) = (key, picked.sampled.is_empty()) {
             self.cache
                 .lock()

@@ -1,0 +1,199 @@
+//! The rank-aware and seqlen-balanced samplers behind a real controller (reference §4.4, §4.5).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use tq_controller::*;
+use tq_core::{DType, ErrorKind, FieldSchema, SampleId, TagValue, Tags};
+
+fn controller() -> Controller {
+    Controller::new(ControllerConfig {
+        storage_units: 1,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+async fn insert(c: &Controller, p: &str, n: usize) -> Vec<SampleId> {
+    let req = GetMetaRequest {
+        partition: p.into(),
+        fields: vec![],
+        mode: GetMetaMode::Insert { count: n },
+        sampler: None,
+        dp_rank: None,
+        batch_index: None,
+    };
+    c.get_meta(req).await.unwrap().samples().to_vec()
+}
+
+/// Produces field `x` for `ids`, with tag `total_lengths` = `lengths[i]` when given.
+async fn produce(c: &Controller, p: &str, ids: &[SampleId], lengths: Option<&[i64]>) {
+    let tags = lengths.map(|l| {
+        l.iter()
+            .map(|&v| -> Tags { [("total_lengths".to_string(), TagValue::from(v))].into() })
+            .collect()
+    });
+    c.notify_production(ProductionNotice {
+        partition: p.into(),
+        samples: ids.to_vec(),
+        schemas: [("x".to_string(), FieldSchema::dense(DType::F32, vec![2]))].into(),
+        tags,
+        backend_meta: None,
+    })
+    .await
+    .unwrap();
+}
+
+/// A polling fetch of `n` samples for task `train` as rank `dp_rank` of batch `batch_index`.
+async fn fetch(
+    c: &Controller,
+    sampler: &str,
+    dp_rank: u32,
+    batch_index: u64,
+    n: usize,
+) -> tq_core::Result<Vec<u32>> {
+    let req = GetMetaRequest {
+        dp_rank: Some(dp_rank),
+        batch_index: Some(batch_index),
+        sampler: Some(sampler.into()),
+        ..GetMetaRequest::fetch("p", &["x"], "train", n, Wait::NoWait)
+    };
+    Ok(c.get_meta(req)
+        .await?
+        .samples()
+        .iter()
+        .map(|s| s.index)
+        .collect())
+}
+
+fn disjoint(a: &[u32], b: &[u32]) -> bool {
+    let a: HashSet<_> = a.iter().collect();
+    b.iter().all(|x| !a.contains(x))
+}
+
+async fn consumed(c: &Controller) -> usize {
+    let cs = c.consumption_status("p", "train").await.unwrap();
+    cs.consumed.iter().filter(|&&x| x).count()
+}
+
+#[tokio::test]
+async fn rank_aware_groups_share_batches_and_never_overlap() {
+    let c = controller();
+    c.register_sampler("ra", Arc::new(RankAwareSampler::new()));
+    let ids = insert(&c, "p", 8).await;
+    produce(&c, "p", &ids, None).await;
+
+    // Two ranks (say tensor-parallel peers) of group 0, then two of group 1.
+    let g0a = fetch(&c, "ra", 0, 0, 3).await.unwrap();
+    let g0b = fetch(&c, "ra", 0, 0, 3).await.unwrap();
+    assert_eq!(g0a, vec![0, 1, 2]);
+    assert_eq!(g0b, g0a, "same group, same batch although it is consumed");
+    let g1a = fetch(&c, "ra", 1, 0, 3).await.unwrap();
+    let g1b = fetch(&c, "ra", 1, 0, 3).await.unwrap();
+    assert_eq!(g1a.len(), 3);
+    assert_eq!(g1b, g1a);
+    assert!(disjoint(&g0a, &g1a), "{g0a:?} {g1a:?}");
+    assert_eq!(consumed(&c).await, 6);
+
+    // Group 0's next batch: only 2 left, so nothing yet (and nothing remembered).
+    assert!(fetch(&c, "ra", 0, 1, 3).await.unwrap().is_empty());
+    let more = insert(&c, "p", 1).await;
+    produce(&c, "p", &more, None).await;
+    let g0_next = fetch(&c, "ra", 0, 1, 3).await.unwrap();
+    assert_eq!(g0_next.len(), 3);
+    assert!(disjoint(&g0_next, &g0a) && disjoint(&g0_next, &g1a));
+
+    // A fetch without a rank is refused.
+    let more = insert(&c, "p", 2).await;
+    produce(&c, "p", &more, None).await;
+    let e = c
+        .get_meta(GetMetaRequest::fetch("p", &["x"], "train", 1, Wait::NoWait).with_sampler("ra"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+}
+
+#[tokio::test]
+async fn seqlen_balanced_reserves_every_rank_share() {
+    let c = controller();
+    c.register_sampler("sb", Arc::new(SeqlenBalancedSampler::new(1, 2).unwrap()));
+    let ids = insert(&c, "p", 8).await;
+    let lengths = [100, 100, 10, 10, 40, 30, 20, 10];
+    produce(&c, "p", &ids, Some(&lengths)).await;
+    let weight = |share: &[u32]| -> i64 { share.iter().map(|&i| lengths[i as usize]).sum() };
+
+    // Rank 0 asks first for batch 0: 2 per rank, 4 selected, balanced 110/110.
+    let r0 = fetch(&c, "sb", 0, 0, 2).await.unwrap();
+    assert_eq!(r0.len(), 2);
+    assert_eq!(weight(&r0), 110);
+    // Rank 1's share is consumed too.
+    assert_eq!(consumed(&c).await, 4);
+
+    // Before rank 1 asks, rank 0 moves on to batch 1: it cannot take rank 1's share.
+    let r0_next = fetch(&c, "sb", 0, 1, 2).await.unwrap();
+    assert_eq!(r0_next.len(), 2);
+    assert!(r0_next.iter().all(|&i| i >= 4), "{r0_next:?}");
+
+    let r1 = fetch(&c, "sb", 1, 0, 2).await.unwrap();
+    assert_eq!(r1.len(), 2);
+    assert_eq!(weight(&r1), 110);
+    assert!(disjoint(&r0, &r1), "{r0:?} {r1:?}");
+    let mut batch0: Vec<u32> = r0.iter().chain(&r1).copied().collect();
+    batch0.sort_unstable();
+    assert_eq!(batch0, vec![0, 1, 2, 3]);
+
+    // Batch 1 for rank 1: the rest, balanced too (40+10 / 30+20).
+    let r1_next = fetch(&c, "sb", 1, 1, 2).await.unwrap();
+    assert!(disjoint(&r0_next, &r1_next));
+    assert_eq!((weight(&r0_next), weight(&r1_next)), (50, 50));
+    assert_eq!(consumed(&c).await, 8);
+
+    // A rank outside dp_size is refused.
+    let more = insert(&c, "p", 4).await;
+    produce(&c, "p", &more, None).await;
+    let e = fetch(&c, "sb", 2, 2, 2).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid);
+}
+
+#[test]
+fn samplers_by_name() {
+    for ok in [
+        "sequential",
+        "grpo:4",
+        "rank-aware",
+        "seqlen-balanced:2",
+        "seqlen-balanced:8:4",
+    ] {
+        assert!(sampler_from_name(ok).is_ok(), "{ok}");
+    }
+    for bad in [
+        "rank-aware:1",
+        "seqlen-balanced",
+        "seqlen-balanced:",
+        "seqlen-balanced:x",
+        "seqlen-balanced:2:",
+        "seqlen-balanced:2:y",
+        "seqlen-balanced:2:4:1",
+        "seqlen-balanced:0",
+        "seqlen-balanced:2:0",
+        "grpo:z",
+        "random",
+    ] {
+        let e = match sampler_from_name(bad) {
+            Ok(_) => panic!("`{bad}` accepted"),
+            Err(e) => e,
+        };
+        assert_eq!(e.kind(), &ErrorKind::Invalid, "{bad}");
+        if !bad.ends_with(":0") {
+            assert!(
+                e.to_string().contains("seqlen-balanced:<dp_size>:<n>"),
+                "{bad}: {e}"
+            );
+        }
+    }
+    // As the default sampler of a controller.
+    assert!(Controller::new(ControllerConfig {
+        default_sampler: "seqlen-balanced:4:2".into(),
+        ..Default::default()
+    })
+    .is_ok());
+}
