@@ -30,16 +30,16 @@ mod backends;
 mod blocking;
 mod client;
 mod config;
-mod stream;
 #[cfg(feature = "remote")]
 mod remote;
+mod stream;
 
 pub use blocking::BlockingClient;
 pub use client::{Client, KvBatchMeta};
-pub use stream::{BatchStream, Delivery, StreamConfig, StreamItem, StreamProgress};
 pub use config::{Backend, Config, ControllerSection, NetSection, StorageSection};
 #[cfg(feature = "remote")]
 pub use remote::pool_config;
+pub use stream::{BatchStream, Delivery, StreamConfig, StreamItem, StreamProgress};
 pub use tq_controller::{
     ConsumptionStatus, GetMetaMode, GetMetaRequest, KeyListing, ProductionStatus, Wait,
 };

@@ -55,7 +55,12 @@ pub struct StreamConfig {
 impl StreamConfig {
     /// Streams `batch_size` samples of `fields` at a time for `task`: at-most-once, default
     /// sampler, 2 batches of prefetch, 60 s idle timeout.
-    pub fn new(partition: impl Into<String>, task: impl Into<String>, fields: &[&str], batch_size: usize) -> Self {
+    pub fn new(
+        partition: impl Into<String>,
+        task: impl Into<String>,
+        fields: &[&str],
+        batch_size: usize,
+    ) -> Self {
         StreamConfig {
             partition: partition.into(),
             task: task.into(),
@@ -161,8 +166,10 @@ impl Stream for BatchStream {
             Poll::Ready(Some(Ok(item))) => {
                 let c = &self.counters;
                 c.batches.fetch_add(1, Ordering::Relaxed);
-                c.samples.fetch_add(item.meta.len() as u64, Ordering::Relaxed);
-                c.bytes.fetch_add(item.batch.nbytes() as u64, Ordering::Relaxed);
+                c.samples
+                    .fetch_add(item.meta.len() as u64, Ordering::Relaxed);
+                c.bytes
+                    .fetch_add(item.batch.nbytes() as u64, Ordering::Relaxed);
                 Poll::Ready(Some(Ok(item)))
             }
             other => other,

@@ -389,7 +389,9 @@ impl BatchMeta {
                 .flat_map(|p| p.backend_meta.iter().cloned())
                 .collect(),
             // Pieces of one hand-out keep its lease; mixed hand-outs have none in common.
-            lease: first.lease.filter(|l| parts.iter().all(|p| p.lease == Some(*l))),
+            lease: first
+                .lease
+                .filter(|l| parts.iter().all(|p| p.lease == Some(*l))),
         })
     }
 
