@@ -6,7 +6,7 @@ use crate::unit::{
 };
 use async_trait::async_trait;
 use futures::future::join_all;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use tq_core::{
     Batch, BatchMeta, Capabilities, Column, Error, FieldFilter, FieldName, FieldSchema, MergeOp,
@@ -122,6 +122,118 @@ impl SimpleStorage {
             .zip(&self.units)
             .map(|(r, u)| r.map_err(|e| name_unit(e, u.id())))
             .collect()
+    }
+
+    /// Reads `fields` of `samples` from their units (one concurrent call per unit) and returns,
+    /// per field, the stored handles in `samples` order. No payload is copied.
+    async fn read(
+        &self,
+        meta: &BatchMeta,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<Vec<Vec<Value>>> {
+        let routes = self.route(samples);
+        let calls = routes
+            .iter()
+            .enumerate()
+            .filter(|(_, positions)| !positions.is_empty())
+            .map(|(u, positions)| {
+                let unit_samples: Vec<SampleId> = positions.iter().map(|&p| samples[p]).collect();
+                let unit = &self.units[u];
+                async move { (u, unit.get(fields, &unit_samples).await) }
+            });
+        let replies = self.collect("get", meta, join_all(calls).await)?;
+
+        // Each reply column holds its unit's rows in request order (routes are ascending), so a
+        // field's values come out in order by walking the positions and taking the next value
+        // of the unit that owns each one: no intermediate slot table, one move per handle.
+        let mut owner = vec![0usize; samples.len()];
+        for (u, positions) in routes.iter().enumerate() {
+            for &pos in positions {
+                owner[pos] = u;
+            }
+        }
+        let mut columns: Vec<Vec<std::vec::IntoIter<Value>>> = (0..fields.len())
+            .map(|_| {
+                (0..self.units.len())
+                    .map(|_| Vec::new().into_iter())
+                    .collect()
+            })
+            .collect();
+        for (u, reply) in replies {
+            let positions = &routes[u];
+            let bad_shape =
+                reply.len() != fields.len() || reply.iter().any(|col| col.len() != positions.len());
+            if bad_shape {
+                return Err(Error::internal(format!(
+                    "partition `{}`: storage unit `{}` answered a get of {} fields x {} samples \
+                     with a reply of another shape",
+                    meta.partition(),
+                    self.units[u].id(),
+                    fields.len(),
+                    positions.len()
+                )));
+            }
+            for (per_unit, col) in columns.iter_mut().zip(reply) {
+                per_unit[u] = col.into_iter();
+            }
+        }
+        Ok(columns
+            .into_iter()
+            .map(|mut per_unit| {
+                owner
+                    .iter()
+                    .map(|&u| {
+                        per_unit[u]
+                            .next()
+                            .expect("every position is routed to exactly one unit")
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// Reads a batch some of whose fields are links to shared payloads. Fields that read the
+    /// same physical samples are fetched together, and each physical sample is read once
+    /// however many rows link to it; the handles are then scattered to every row.
+    async fn read_linked(&self, meta: &BatchMeta, fields: &[FieldName]) -> Result<Vec<Vec<Value>>> {
+        let mut groups: HashMap<Vec<SampleId>, Vec<usize>> = HashMap::new();
+        let mut order: Vec<Vec<SampleId>> = Vec::new();
+        for (f, field) in fields.iter().enumerate() {
+            let physical: Vec<SampleId> = meta
+                .samples()
+                .iter()
+                .zip(meta.links())
+                .map(|(&own, links)| links.get(field).copied().unwrap_or(own))
+                .collect();
+            let members = groups.entry(physical.clone()).or_default();
+            if members.is_empty() {
+                order.push(physical);
+            }
+            members.push(f);
+        }
+        let mut out: Vec<Vec<Value>> = vec![Vec::new(); fields.len()];
+        for physical in order {
+            let members = &groups[&physical];
+            // Distinct samples in first-seen order, and where each row finds its sample.
+            let mut position: HashMap<SampleId, usize> = HashMap::new();
+            let mut distinct = Vec::new();
+            let rows: Vec<usize> = physical
+                .iter()
+                .map(|s| {
+                    *position.entry(*s).or_insert_with(|| {
+                        distinct.push(*s);
+                        distinct.len() - 1
+                    })
+                })
+                .collect();
+            let names: Vec<FieldName> = members.iter().map(|&f| fields[f].clone()).collect();
+            let read = self.read(meta, &distinct, &names).await?;
+            for (&f, values) in members.iter().zip(read) {
+                out[f] = rows.iter().map(|&r| values[r].clone()).collect();
+            }
+        }
+        Ok(out)
     }
 
     fn route(&self, samples: &[SampleId]) -> Routes {
@@ -270,7 +382,7 @@ impl StorageManager for SimpleStorage {
         Capabilities {
             update: true,
             native_expire: false,
-            links: false,
+            links: true,
         }
     }
 
@@ -309,64 +421,15 @@ impl StorageManager for SimpleStorage {
         if fields.is_empty() {
             return Ok(Batch::empty(len));
         }
-        let routes = self.route(meta.samples());
-        let calls = routes
-            .iter()
-            .enumerate()
-            .filter(|(_, positions)| !positions.is_empty())
-            .map(|(u, positions)| {
-                let samples = samples_at(meta, positions);
-                let (unit, fields) = (&self.units[u], &fields);
-                async move { (u, unit.get(fields, &samples).await) }
-            });
-        let replies = self.collect("get", meta, join_all(calls).await)?;
-
-        // Each reply column holds its unit's rows in batch order (routes are ascending), so a
-        // field's values come out in batch order by walking the positions and taking the next
-        // value of the unit that owns each one: no intermediate slot table, one move per handle.
-        let mut owner = vec![0usize; len];
-        for (u, positions) in routes.iter().enumerate() {
-            for &pos in positions {
-                owner[pos] = u;
-            }
-        }
-        let mut columns: Vec<Vec<std::vec::IntoIter<Value>>> = (0..fields.len())
-            .map(|_| {
-                (0..self.units.len())
-                    .map(|_| Vec::new().into_iter())
-                    .collect()
-            })
-            .collect();
-        for (u, reply) in replies {
-            let positions = &routes[u];
-            let bad_shape =
-                reply.len() != fields.len() || reply.iter().any(|col| col.len() != positions.len());
-            if bad_shape {
-                return Err(Error::internal(format!(
-                    "partition `{}`: storage unit `{}` answered a get of {} fields x {} samples \
-                     with a reply of another shape",
-                    meta.partition(),
-                    self.units[u].id(),
-                    fields.len(),
-                    positions.len()
-                )));
-            }
-            for (per_unit, col) in columns.iter_mut().zip(reply) {
-                per_unit[u] = col.into_iter();
-            }
-        }
-        // Then pack each field once: equal-shaped tensors are copied exactly once into one
-        // pre-sized contiguous buffer (a dense column); anything else keeps the shared handles.
+        let values = if meta.has_links() {
+            self.read_linked(meta, &fields).await?
+        } else {
+            self.read(meta, meta.samples(), &fields).await?
+        };
+        // Pack each field once: equal-shaped tensors are copied exactly once into one pre-sized
+        // contiguous buffer (a dense column); anything else keeps the shared handles.
         let mut batch = Batch::empty(len);
-        for (field, mut per_unit) in fields.into_iter().zip(columns) {
-            let values = owner
-                .iter()
-                .map(|&u| {
-                    per_unit[u]
-                        .next()
-                        .expect("every position is routed to exactly one unit")
-                })
-                .collect();
+        for (field, values) in fields.into_iter().zip(values) {
             let column = Column::from_values(&field, values)
                 .map_err(|e| e.context(format!("partition `{}`: get", meta.partition())))?;
             batch.insert(field, column)?;

@@ -4,7 +4,10 @@ use crate::config::{Backend, Config};
 use std::sync::Arc;
 use tq_core::{Result, StorageManager};
 
-pub(crate) fn build(config: &Config) -> Result<Arc<dyn StorageManager>> {
+pub(crate) fn build(
+    config: &Config,
+    merges: tq_core::MergeRegistry,
+) -> Result<Arc<dyn StorageManager>> {
     match config.storage.backend {
         #[cfg(feature = "simple")]
         Backend::Simple => {
@@ -14,15 +17,18 @@ pub(crate) fn build(config: &Config) -> Result<Arc<dyn StorageManager>> {
                 tq_backend_simple::SimpleConfig {
                     capacity_per_unit: s.capacity_per_unit,
                     compaction_threshold: s.compaction_threshold,
-                    ..Default::default()
+                    merge_registry: merges,
                 },
             )?;
             Ok(Arc::new(storage))
         }
         #[cfg(not(feature = "simple"))]
-        Backend::Simple => Err(tq_core::Error::unsupported(
-            "embedded storage",
-            "simple (build tq-client with the `simple` feature)",
-        )),
+        Backend::Simple => {
+            let _ = merges;
+            Err(tq_core::Error::unsupported(
+                "embedded storage",
+                "simple (build tq-client with the `simple` feature)",
+            ))
+        }
     }
 }

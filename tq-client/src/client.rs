@@ -40,7 +40,7 @@ impl std::fmt::Debug for Client {
     }
 }
 
-fn owned_keys<K: AsRef<str>>(partition: &str, keys: &[K]) -> Result<Vec<String>> {
+pub(crate) fn owned_keys<K: AsRef<str>>(partition: &str, keys: &[K]) -> Result<Vec<String>> {
     if partition.is_empty() {
         return Err(Error::invalid("partition names must not be empty"));
     }
@@ -68,7 +68,7 @@ fn owned_keys<K: AsRef<str>>(partition: &str, keys: &[K]) -> Result<Vec<String>>
     Ok(out)
 }
 
-fn owned_fields<F: AsRef<str>>(partition: &str, fields: &[F]) -> Result<Vec<FieldName>> {
+pub(crate) fn owned_fields<F: AsRef<str>>(partition: &str, fields: &[F]) -> Result<Vec<FieldName>> {
     if fields.is_empty() {
         return Err(Error::invalid(format!(
             "partition `{partition}`: empty field list"
@@ -92,15 +92,23 @@ impl Client {
     /// Runs the controller and the storage units inside this process: calls are direct, nothing
     /// is serialized and nothing listens on a port.
     pub fn embedded(config: Config) -> Result<Client> {
+        Client::embedded_with_merges(config, tq_core::MergeRegistry::default())
+    }
+
+    /// [`Client::embedded`] with named merge functions for `kv_update` (`MergeOp::Named`),
+    /// registered on the storage units.
+    pub fn embedded_with_merges(config: Config, merges: tq_core::MergeRegistry) -> Result<Client> {
         config.validate()?;
+        let storage = crate::backends::build(&config, merges)?;
         let controller = Controller::new(ControllerConfig {
             storage_units: config.storage.num_units,
             default_sampler: config.controller.default_sampler.clone(),
+            storage_backend: storage.name().to_string(),
+            links_supported: storage.capabilities().links,
         })?;
         for (name, spec) in &config.controller.samplers {
             controller.register_sampler(name.clone(), tq_controller::sampler_from_name(spec)?);
         }
-        let storage = crate::backends::build(&config)?;
         Ok(Client::from_parts(Arc::new(controller), storage, config))
     }
 
@@ -218,6 +226,14 @@ impl Client {
             return Err(Error::invalid(format!(
                 "partition `{partition}`: sample {d} appears twice"
             )));
+        }
+        if tq_controller::is_public(partition) {
+            // A shared payload must not change under the samples linking to it: refuse before
+            // the bytes are overwritten, not only when the write is announced.
+            let fields: Vec<FieldName> = batch.field_names().map(str::to_string).collect();
+            self.control
+                .check_writable(partition, meta.samples(), &fields)
+                .await?;
         }
         let receipt = self.storage.put(meta, batch).await?;
         let (schemas, backend_meta, kept, consistent) = if keep_receipt {

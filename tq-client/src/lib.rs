@@ -32,6 +32,7 @@ mod client;
 mod config;
 #[cfg(feature = "remote")]
 mod remote;
+mod shared;
 mod stream;
 
 pub use blocking::BlockingClient;
@@ -39,6 +40,7 @@ pub use client::{Client, KvBatchMeta};
 pub use config::{Backend, Config, ControllerSection, NetSection, StorageSection};
 #[cfg(feature = "remote")]
 pub use remote::pool_config;
+pub use shared::LinkOptions;
 pub use stream::{BatchStream, Delivery, StreamConfig, StreamItem, StreamProgress};
 pub use tq_controller::{
     ConsumptionStatus, GetMetaMode, GetMetaRequest, KeyListing, ProductionStatus, Wait,

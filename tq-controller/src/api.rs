@@ -249,4 +249,42 @@ pub trait ControlPlane: Send + Sync + 'static {
     /// Removes an empty partition (with its completion mark and sampler state). A partition that
     /// still holds samples is `Conflict`; a missing one is fine.
     async fn drop_partition(&self, partition: &str) -> Result<()>;
+
+    /// Makes `fields` of `keys` (created if missing) read the payloads of `public_keys` in the
+    /// public partition, without copying. All-or-nothing: everything is validated first.
+    /// `Unsupported` when the storage backend cannot resolve links.
+    async fn kv_link(&self, req: LinkRequest) -> Result<KvMeta>;
+
+    /// Drops the links of `fields` of `keys` (the cells read as never written); returns how many.
+    async fn kv_unlink(
+        &self,
+        partition: &str,
+        keys: &[String],
+        fields: &[FieldName],
+    ) -> Result<usize>;
+
+    /// Step 1 of `kv_clear_unlinked_public`: marks clearing, in one step, every key of the public
+    /// partition starting with `prefix` that was linked at least once and is linked no more.
+    /// Public keys never linked yet are protected (a producer may be between put and link).
+    async fn mark_unlinked_public(&self, public_partition: &str, prefix: &str) -> Result<KvMeta>;
+
+    /// Checks, before a storage write, that no sample is a public sample still linked and that
+    /// no written field is a link. A write after this check is still re-checked at notify time.
+    async fn check_writable(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<()>;
+}
+
+/// A `kv_link` request: `fields` of `keys[i]` in `partition` read `public_keys[i]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkRequest {
+    pub partition: String,
+    pub keys: Vec<String>,
+    /// `__public__` or `__public__/<namespace>`.
+    pub public_partition: String,
+    pub public_keys: Vec<String>,
+    pub fields: Vec<FieldName>,
 }

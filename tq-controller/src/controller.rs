@@ -4,7 +4,7 @@
 
 use crate::allocator::IndexAllocator;
 use crate::api::*;
-use crate::partition::{check_unique_ids, Partition, Production};
+use crate::partition::{check_unique_ids, is_public, Partition, Production, PUBLIC_PARTITION};
 use crate::sampler::{GrpoGroupNSampler, Sampler, SamplerContext, SequentialSampler};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -25,6 +25,11 @@ pub struct ControllerConfig {
     /// `"seqlen-balanced:<dp_size>:<n>"` (the last two need `dp_rank` and `batch_index` in
     /// every fetch).
     pub default_sampler: String,
+    /// The storage backend's name, for error messages (`"simple"`, `"redis"`, ...).
+    pub storage_backend: String,
+    /// Whether the storage backend resolves shared-payload links (`kv_link`). The controller
+    /// refuses links otherwise, so no client path can create links a backend cannot read.
+    pub links_supported: bool,
 }
 
 impl Default for ControllerConfig {
@@ -32,6 +37,8 @@ impl Default for ControllerConfig {
         ControllerConfig {
             storage_units: 2,
             default_sampler: "sequential".into(),
+            storage_backend: "simple".into(),
+            links_supported: true,
         }
     }
 }
@@ -85,6 +92,62 @@ struct State {
     alloc: IndexAllocator,
     /// Last lease id handed out (ids are unique across partitions).
     next_lease: LeaseId,
+    /// Public sample → the (partition, sample, field) cells linking to it. Never holds an
+    /// empty set: "linked" means a non-empty entry.
+    linked_by: HashMap<SampleId, HashSet<(String, SampleId, FieldName)>>,
+}
+
+impl State {
+    fn is_linked(&self, source: SampleId) -> bool {
+        self.linked_by.contains_key(&source)
+    }
+
+    fn add_link(&mut self, source: SampleId, dest: (String, SampleId, FieldName)) {
+        self.linked_by.entry(source).or_default().insert(dest);
+    }
+
+    fn remove_link(&mut self, source: SampleId, dest: &(String, SampleId, FieldName)) {
+        if let Some(set) = self.linked_by.get_mut(&source) {
+            set.remove(dest);
+            if set.is_empty() {
+                self.linked_by.remove(&source);
+            }
+        }
+    }
+
+    /// Refuses to clear or write public samples that other samples still link to.
+    fn refuse_linked(&self, partition: &str, samples: &[SampleId], what: &str) -> Result<()> {
+        if let Some((id, users)) = samples
+            .iter()
+            .find_map(|id| self.linked_by.get(id).map(|u| (id, u)))
+        {
+            return Err(Error::conflict(format!(
+                "partition `{partition}`: cannot {what} sample {id}: {} linked cells still read it \
+                 (clear or unlink them first)",
+                users.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bookkeeping after samples of `partition` were released: forget the links they held,
+    /// and (defence in depth) drop links that still pointed at a released public sample.
+    fn after_release(&mut self, partition: &str, released: crate::partition::Released) {
+        for (dest, field, src) in released.links {
+            self.remove_link(src, &(partition.to_string(), dest, field));
+        }
+        for id in released.samples {
+            let Some(users) = self.linked_by.remove(&id) else {
+                continue;
+            };
+            tracing::error!(partition, sample = %id, links = users.len(), "released a public sample that was still linked; dropping the links");
+            for (dp, dest, field) in users {
+                if let Some(p) = self.partitions.get_mut(&dp) {
+                    p.unlink_by_id(dest, &field);
+                }
+            }
+        }
+    }
 }
 
 impl State {
@@ -141,6 +204,8 @@ pub struct Controller {
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     samplers: RwLock<HashMap<String, Arc<dyn Sampler>>>,
     default_sampler: Arc<dyn Sampler>,
+    storage_backend: String,
+    links_supported: bool,
 }
 
 impl Controller {
@@ -154,10 +219,13 @@ impl Controller {
                 order: Vec::new(),
                 alloc: IndexAllocator::new(config.storage_units),
                 next_lease: 0,
+                linked_by: HashMap::new(),
             }),
             waiters: Mutex::new(HashMap::new()),
             samplers: RwLock::new(HashMap::new()),
             default_sampler: sampler_from_name(&config.default_sampler)?,
+            storage_backend: config.storage_backend,
+            links_supported: config.links_supported,
         })
     }
 
@@ -484,6 +552,7 @@ impl ControlPlane for Controller {
         }
         {
             let mut st = self.lock();
+            st.refuse_linked(&notice.partition, &notice.samples, "write")?;
             st.partition_mut(&notice.partition)?.notify(&notice)?;
         }
         self.wake(&notice.partition);
@@ -508,10 +577,14 @@ impl ControlPlane for Controller {
             check_unique_ids(partition, s)?;
         }
         let mut st = self.lock();
-        match st.partitions.get_mut(partition) {
-            Some(p) => Ok(p.mark_clearing(samples)),
-            None => Ok(BatchMeta::empty(partition)),
-        }
+        let Some(p) = st.partitions.get(partition) else {
+            return Ok(BatchMeta::empty(partition));
+        };
+        // Checked before anything is marked: a refused clear changes nothing.
+        let selected = p.selected_samples(samples);
+        st.refuse_linked(partition, &selected, "clear")?;
+        let p = st.partitions.get_mut(partition).expect("checked above");
+        Ok(p.mark_clearing(samples))
     }
 
     async fn release(&self, partition: &str, samples: &[SampleId]) -> Result<()> {
@@ -521,7 +594,8 @@ impl ControlPlane for Controller {
             let Some(p) = st.partitions.get_mut(partition) else {
                 return Ok(());
             };
-            p.release(&mut st.alloc, samples);
+            let released = p.release(&mut st.alloc, samples);
+            st.after_release(partition, released);
             st.drop_if_empty(partition)
         };
         if dropped {
@@ -541,7 +615,16 @@ impl ControlPlane for Controller {
         check_unique_ids(partition, samples)?;
         let mut st = self.lock();
         match st.partitions.get_mut(partition) {
-            Some(p) => Ok(p.begin_clear_fields(samples, fields)),
+            Some(p) => {
+                let selected = p.selected_samples(Some(samples));
+                st.refuse_linked(partition, &selected, "clear fields of")?;
+                let p = st.partitions.get_mut(partition).expect("checked above");
+                let (meta, dropped) = p.begin_clear_fields(samples, fields);
+                for (dest, field, src) in dropped {
+                    st.remove_link(src, &(partition.to_string(), dest, field));
+                }
+                Ok(meta)
+            }
             None => Ok(BatchMeta::empty(partition)),
         }
     }
@@ -575,18 +658,12 @@ impl ControlPlane for Controller {
             });
         }
         let (p, alloc) = st.partition_or_create(partition)?;
-        let (mut slots, missing) = p.resolve_keys(keys, create)?;
-        if create && !missing.is_empty() {
-            let fresh = p.allocate(alloc, missing.len());
-            let mut fresh = fresh.into_iter();
-            for (k, s) in keys.iter().zip(slots.iter_mut()) {
-                if s.is_none() {
-                    let slot = fresh.next().expect("one fresh slot per missing key");
-                    p.bind_key(k, slot);
-                    *s = Some(slot);
-                }
-            }
-        }
+        let (slots, missing) = if create {
+            let (slots, created) = p.resolve_or_create(alloc, keys)?;
+            (slots.into_iter().map(Some).collect::<Vec<_>>(), created)
+        } else {
+            p.resolve_keys(keys, false)?
+        };
         let (found_keys, found): (Vec<String>, Vec<u32>) = keys
             .iter()
             .zip(&slots)
@@ -670,6 +747,203 @@ impl ControlPlane for Controller {
             p.complete = true;
         }
         self.wake(partition);
+        Ok(())
+    }
+
+    async fn kv_link(&self, req: LinkRequest) -> Result<KvMeta> {
+        if !self.links_supported {
+            return Err(Error::unsupported("kv_link", self.storage_backend.clone()));
+        }
+        let partition = req.partition.as_str();
+        check_keys(partition, &req.keys)?;
+        check_field_list(partition, &req.fields)?;
+        if req.public_keys.len() != req.keys.len() {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: {} public keys for {} keys",
+                req.public_keys.len(),
+                req.keys.len()
+            )));
+        }
+        if let Some(k) = req.public_keys.iter().find(|k| k.is_empty()) {
+            return Err(Error::invalid(format!("empty public key `{k}`")));
+        }
+        if is_public(partition) {
+            return Err(Error::invalid(format!(
+                "cannot link from public partition `{partition}`: links do not chain"
+            )));
+        }
+        if !is_public(&req.public_partition) {
+            return Err(Error::invalid(format!(
+                "`{}` is not a public partition (use `{PUBLIC_PARTITION}` or `{PUBLIC_PARTITION}/<namespace>`)",
+                req.public_partition
+            )));
+        }
+        let mut st = self.lock();
+        let st = &mut *st;
+        // 1–3: every source exists, is not being cleared, and has every field produced.
+        let public = st.partitions.get(&req.public_partition).ok_or_else(|| {
+            Error::not_found(format!(
+                "public partition `{}` does not exist",
+                req.public_partition
+            ))
+        })?;
+        let mut sources = Vec::with_capacity(req.keys.len());
+        for pk in &req.public_keys {
+            let src = public.key_sample(pk)?.ok_or_else(|| {
+                Error::not_found(format!(
+                    "public key `{pk}` not found in `{}`",
+                    req.public_partition
+                ))
+            })?;
+            let mut schemas = Vec::with_capacity(req.fields.len());
+            for f in &req.fields {
+                let schema = public.produced_schema(src, f).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "public key `{pk}` must have produced field `{f}` before it can be linked"
+                    ))
+                })?;
+                schemas.push(schema);
+            }
+            sources.push((src, schemas));
+        }
+        // 4–6: destination types compatible, destinations not being cleared, no private payload.
+        if let Some(dest) = st.partitions.get(partition) {
+            for (_, schemas) in &sources {
+                for (f, schema) in req.fields.iter().zip(schemas) {
+                    dest.check_field(f, schema)?;
+                }
+            }
+            for k in &req.keys {
+                if let Some(id) = dest.key_sample(k)? {
+                    if let Some(f) = req.fields.iter().find(|f| dest.has_private(id, f)) {
+                        return Err(Error::conflict(format!(
+                            "partition `{partition}`: field `{f}` of key `{k}` holds its own payload; \
+                             clear it (or link with replace) before linking"
+                        )));
+                    }
+                }
+            }
+        }
+        // 7: everything checked; create missing keys and link.
+        let (dest, alloc) = st.partition_or_create(partition)?;
+        let (slots, created) = dest.resolve_or_create(alloc, &req.keys)?;
+        let mut changes = Vec::new();
+        for (&slot, (src, schemas)) in slots.iter().zip(&sources) {
+            for (f, schema) in req.fields.iter().zip(schemas) {
+                let previous = dest.link(slot, f, *src, schema);
+                changes.push((dest.sample_of(slot), f.clone(), *src, previous));
+            }
+        }
+        let fids = dest.field_ids_of(&req.fields);
+        let meta = dest.build_meta(&slots, &fids, Production::Computed);
+        for (dest_id, f, src, previous) in changes {
+            let cell = (partition.to_string(), dest_id, f);
+            if let Some(prev) = previous {
+                st.remove_link(prev, &cell);
+            }
+            st.add_link(src, cell);
+        }
+        let public = st
+            .partitions
+            .get_mut(&req.public_partition)
+            .expect("checked above");
+        for (src, _) in &sources {
+            public.mark_ever_linked(*src);
+        }
+        self.wake(partition);
+        Ok(KvMeta {
+            meta,
+            keys: req.keys.clone(),
+            missing: created,
+        })
+    }
+
+    async fn kv_unlink(
+        &self,
+        partition: &str,
+        keys: &[String],
+        fields: &[FieldName],
+    ) -> Result<usize> {
+        check_keys(partition, keys)?;
+        check_field_list(partition, fields)?;
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(p) = st.partitions.get_mut(partition) else {
+            return Ok(0);
+        };
+        let mut dropped = Vec::new();
+        for k in keys {
+            if let Ok(Some(id)) = p.key_sample(k) {
+                for f in fields {
+                    if let Some(src) = p.unlink_by_id(id, f) {
+                        dropped.push((src, (partition.to_string(), id, f.clone())));
+                    }
+                }
+            }
+        }
+        let n = dropped.len();
+        for (src, cell) in dropped {
+            st.remove_link(src, &cell);
+        }
+        Ok(n)
+    }
+
+    async fn mark_unlinked_public(&self, public_partition: &str, prefix: &str) -> Result<KvMeta> {
+        if !is_public(public_partition) {
+            return Err(Error::invalid(format!(
+                "`{public_partition}` is not a public partition"
+            )));
+        }
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(p) = st.partitions.get(public_partition) else {
+            return Ok(KvMeta {
+                meta: BatchMeta::empty(public_partition),
+                keys: Vec::new(),
+                missing: Vec::new(),
+            });
+        };
+        let (keys, ids): (Vec<String>, Vec<SampleId>) = p
+            .swept_candidates(prefix)
+            .into_iter()
+            .filter(|(_, id)| !st.is_linked(*id))
+            .unzip();
+        let p = st
+            .partitions
+            .get_mut(public_partition)
+            .expect("checked above");
+        let meta = if ids.is_empty() {
+            BatchMeta::empty(public_partition)
+        } else {
+            p.mark_clearing(Some(&ids))
+        };
+        Ok(KvMeta {
+            meta,
+            keys,
+            missing: Vec::new(),
+        })
+    }
+
+    async fn check_writable(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<()> {
+        let st = self.lock();
+        st.refuse_linked(partition, samples, "write")?;
+        if let Some(p) = st.partitions.get(partition) {
+            for &id in samples {
+                for f in fields {
+                    if p.is_linked_cell(id, f) {
+                        return Err(Error::conflict(format!(
+                            "partition `{partition}`: field `{f}` of sample {id} is linked to a shared \
+                             payload; unlink it before writing it"
+                        )));
+                    }
+                }
+            }
+        }
         Ok(())
     }
 

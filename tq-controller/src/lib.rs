@@ -19,12 +19,13 @@ mod partition;
 mod sampler;
 
 pub use api::{
-    ConsumptionStatus, ControlPlane, GetMetaMode, GetMetaRequest, KeyListing, KvMeta,
+    ConsumptionStatus, ControlPlane, GetMetaMode, GetMetaRequest, KeyListing, KvMeta, LinkRequest,
     ProductionNotice, ProductionStatus, Wait,
 };
 pub use controller::{sampler_from_name, Controller, ControllerConfig};
 #[cfg(feature = "net")]
 pub use net::{ControllerServer, RemoteControlPlane, Topology, UnitInfo};
+pub use partition::{is_public, PUBLIC_PARTITION};
 pub use sampler::{
     Candidate, GrpoGroupNSampler, RankAwareSampler, Sampled, Sampler, SamplerContext,
     SeqlenBalancedSampler, SequentialSampler,

@@ -94,6 +94,21 @@ enum ControlRequest {
     DropPartition {
         partition: String,
     },
+    KvLink(LinkRequest),
+    KvUnlink {
+        partition: String,
+        keys: Vec<String>,
+        fields: Vec<FieldName>,
+    },
+    MarkUnlinkedPublic {
+        partition: String,
+        prefix: String,
+    },
+    CheckWritable {
+        partition: String,
+        samples: Vec<SampleId>,
+        fields: Vec<FieldName>,
+    },
     RegisterUnit(UnitInfo),
     Topology,
 }
@@ -226,6 +241,23 @@ impl ControllerServer {
             }
             ControlRequest::DropPartition { partition } => {
                 c.drop_partition(&partition).await?;
+                ControlResponse::Done
+            }
+            ControlRequest::KvLink(req) => ControlResponse::KvMeta(c.kv_link(req).await?),
+            ControlRequest::KvUnlink {
+                partition,
+                keys,
+                fields,
+            } => ControlResponse::Acked(c.kv_unlink(&partition, &keys, &fields).await?),
+            ControlRequest::MarkUnlinkedPublic { partition, prefix } => {
+                ControlResponse::KvMeta(c.mark_unlinked_public(&partition, &prefix).await?)
+            }
+            ControlRequest::CheckWritable {
+                partition,
+                samples,
+                fields,
+            } => {
+                c.check_writable(&partition, &samples, &fields).await?;
                 ControlResponse::Done
             }
             ControlRequest::RegisterUnit(info) => {
@@ -522,5 +554,58 @@ impl ControlPlane for RemoteControlPlane {
             partition: partition.into(),
         };
         self.done("drop_partition", req, true).await
+    }
+
+    /// Idempotent: linking the same cells to the same sources again changes nothing.
+    async fn kv_link(&self, req: LinkRequest) -> Result<KvMeta> {
+        match self
+            .call(ControlRequest::KvLink(req), true, Duration::ZERO)
+            .await?
+        {
+            ControlResponse::KvMeta(m) => Ok(m),
+            other => Err(self.unexpected("kv_link", other)),
+        }
+    }
+
+    async fn kv_unlink(
+        &self,
+        partition: &str,
+        keys: &[String],
+        fields: &[FieldName],
+    ) -> Result<usize> {
+        let req = ControlRequest::KvUnlink {
+            partition: partition.into(),
+            keys: keys.to_vec(),
+            fields: fields.to_vec(),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::Acked(n) => Ok(n),
+            other => Err(self.unexpected("kv_unlink", other)),
+        }
+    }
+
+    async fn mark_unlinked_public(&self, public_partition: &str, prefix: &str) -> Result<KvMeta> {
+        let req = ControlRequest::MarkUnlinkedPublic {
+            partition: public_partition.into(),
+            prefix: prefix.into(),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::KvMeta(m) => Ok(m),
+            other => Err(self.unexpected("mark_unlinked_public", other)),
+        }
+    }
+
+    async fn check_writable(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<()> {
+        let req = ControlRequest::CheckWritable {
+            partition: partition.into(),
+            samples: samples.to_vec(),
+            fields: fields.to_vec(),
+        };
+        self.done("check_writable", req, true).await
     }
 }

@@ -234,6 +234,33 @@ pub(crate) struct Partition {
     slot_key: Vec<Option<String>>,
     /// Cells under a field-level clear: (slot, field id).
     clearing_cells: HashSet<(u32, usize)>,
+    /// Destination side of `kv_link`: per slot, field id → the public sample it reads.
+    links: HashMap<u32, BTreeMap<usize, SampleId>>,
+    /// Public samples that were linked at least once (protects fresh payloads from sweeps).
+    ever_linked: Bitmap,
+}
+
+/// The public partition (`__public__`) or a namespaced one (`__public__/<job>`): holds shared
+/// payloads that other partitions link to.
+pub const PUBLIC_PARTITION: &str = "__public__";
+
+/// True for `__public__` and `__public__/<namespace>`.
+pub fn is_public(partition: &str) -> bool {
+    partition == PUBLIC_PARTITION
+        || partition
+            .strip_prefix(PUBLIC_PARTITION)
+            .is_some_and(|rest| rest.starts_with('/') && rest.len() > 1)
+}
+
+/// A link that existed: destination sample and field, and the public sample it read.
+pub(crate) type LinkRecord = (SampleId, FieldName, SampleId);
+
+/// What `release` did, for the controller's cross-partition bookkeeping.
+#[derive(Default)]
+pub(crate) struct Released {
+    pub samples: Vec<SampleId>,
+    /// Links the released destination samples held.
+    pub links: Vec<LinkRecord>,
 }
 
 fn slot_u(s: u32) -> usize {
@@ -261,6 +288,8 @@ impl Partition {
             keys: HashMap::new(),
             slot_key: Vec::new(),
             clearing_cells: HashSet::new(),
+            links: HashMap::new(),
+            ever_linked: Bitmap::default(),
         }
     }
 
@@ -361,9 +390,24 @@ impl Partition {
                     .collect()
             })
             .collect();
+        let links = slots
+            .iter()
+            .map(|s| {
+                self.links
+                    .get(s)
+                    .map(|l| {
+                        l.iter()
+                            .filter(|(f, _)| fids.contains(f))
+                            .map(|(&f, &src)| (self.fields[f].name.clone(), src))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect();
         BatchMeta::new(self.name.clone(), samples)
             .with_fields(fields)
             .and_then(|m| m.with_production(production))
+            .and_then(|m| m.with_links(links))
             .and_then(|m| {
                 m.with_tags(
                     slots
@@ -553,6 +597,13 @@ impl Partition {
         let slots = self.slots_of(&n.samples)?;
         for (name, schema) in &n.schemas {
             if let Some(&f) = self.field_ids.get(name) {
+                if let Some(&s) = slots.iter().find(|&&s| self.link_of(s, f).is_some()) {
+                    return Err(Error::conflict(format!(
+                        "partition `{}`: field `{name}` of sample {} is linked to a shared payload; \
+                         unlink it before writing it",
+                        self.name, self.ids[slot_u(s)]
+                    )));
+                }
                 self.fields[f].check(schema)?;
                 if let Some(&s) = slots
                     .iter()
@@ -604,20 +655,7 @@ impl Partition {
     /// every field any of them holds. Samples already being cleared are included again, so a
     /// retried clear finds them; samples not owned are ignored.
     pub fn mark_clearing(&mut self, ids: Option<&[SampleId]>) -> BatchMeta {
-        let slots: Vec<u32> = match ids {
-            None => {
-                let mut s: Vec<u32> = self.live.ones().map(|s| s as u32).collect();
-                s.sort_unstable_by_key(|&s| self.seq[slot_u(s)]);
-                s
-            }
-            Some(ids) => {
-                let mut seen = HashSet::new();
-                ids.iter()
-                    .filter_map(|&id| self.slot_for(id))
-                    .filter(|s| seen.insert(*s))
-                    .collect()
-            }
-        };
+        let slots = self.select(ids);
         let fids: Vec<usize> = (0..self.fields.len())
             .filter(|&f| {
                 slots
@@ -632,9 +670,34 @@ impl Partition {
         meta
     }
 
-    /// Releases samples that were marked clearing; returns how many were released.
-    pub fn release(&mut self, alloc: &mut IndexAllocator, ids: &[SampleId]) -> usize {
-        let mut released = 0;
+    /// The samples a clear of `ids` (or of everything) would touch.
+    pub fn selected_samples(&self, ids: Option<&[SampleId]>) -> Vec<SampleId> {
+        self.select(ids)
+            .iter()
+            .map(|&s| self.ids[slot_u(s)])
+            .collect()
+    }
+
+    fn select(&self, ids: Option<&[SampleId]>) -> Vec<u32> {
+        match ids {
+            None => {
+                let mut s: Vec<u32> = self.live.ones().map(|s| s as u32).collect();
+                s.sort_unstable_by_key(|&s| self.seq[slot_u(s)]);
+                s
+            }
+            Some(ids) => {
+                let mut seen = HashSet::new();
+                ids.iter()
+                    .filter_map(|&id| self.slot_for(id))
+                    .filter(|s| seen.insert(*s))
+                    .collect()
+            }
+        }
+    }
+
+    /// Releases samples that were marked clearing; reports them and the links they held.
+    pub fn release(&mut self, alloc: &mut IndexAllocator, ids: &[SampleId]) -> Released {
+        let mut released = Released::default();
         for &id in ids {
             let Some(slot) = self.slot_for(id) else {
                 continue;
@@ -644,6 +707,12 @@ impl Partition {
                 tracing::warn!(partition = %self.name, sample = %id, "release of a sample that was not marked clearing; ignored");
                 continue;
             }
+            if let Some(links) = self.links.remove(&slot) {
+                for (f, src) in links {
+                    released.links.push((id, self.fields[f].name.clone(), src));
+                }
+            }
+            self.ever_linked.set(su, false);
             for f in &mut self.fields {
                 f.remove(slot);
             }
@@ -661,9 +730,9 @@ impl Partition {
             self.slot_of.remove(&id.index);
             self.free_slots.push(slot);
             alloc.release(id, &mut self.unit_counts);
-            released += 1;
+            released.samples.push(id);
         }
-        if released > 0 {
+        if !released.samples.is_empty() {
             self.fields.iter_mut().for_each(FieldState::normalize);
         }
         released
@@ -671,7 +740,12 @@ impl Partition {
 
     /// Removes the given fields' cells of the given samples from the metadata and blocks writes
     /// to them until `finish_clear_fields`. Returns the affected samples' metadata.
-    pub fn begin_clear_fields(&mut self, ids: &[SampleId], names: &[FieldName]) -> BatchMeta {
+    /// Linked cells only lose their link (no storage cell to delete); those links are returned.
+    pub fn begin_clear_fields(
+        &mut self,
+        ids: &[SampleId],
+        names: &[FieldName],
+    ) -> (BatchMeta, Vec<LinkRecord>) {
         let fids: Vec<usize> = names
             .iter()
             .filter_map(|n| self.field_ids.get(n).copied())
@@ -688,9 +762,12 @@ impl Partition {
             })
             .collect();
         let meta = self.build_meta(&slots, &fids, Production::Computed);
+        let mut dropped = Vec::new();
         for &s in &slots {
             for &f in &fids {
-                if self.fields[f].remove(s) || self.clearing_cells.contains(&(s, f)) {
+                if let Some(src) = self.unlink(s, f) {
+                    dropped.push((self.ids[slot_u(s)], self.fields[f].name.clone(), src));
+                } else if self.fields[f].remove(s) || self.clearing_cells.contains(&(s, f)) {
                     self.clearing_cells.insert((s, f));
                     self.backend_meta[slot_u(s)].remove(&self.fields[f].name);
                 }
@@ -699,7 +776,94 @@ impl Partition {
         for &f in &fids {
             self.fields[f].normalize();
         }
-        meta
+        (meta, dropped)
+    }
+
+    /// Drops the link of field `name` of `id`, if any (the cell reads as never written).
+    pub fn unlink_by_id(&mut self, id: SampleId, name: &str) -> Option<SampleId> {
+        let slot = self.slot_for(id)?;
+        let &f = self.field_ids.get(name)?;
+        self.unlink(slot, f)
+    }
+
+    /// The public sample `slot`'s field `f` reads, if it is a link.
+    pub fn link_of(&self, slot: u32, f: usize) -> Option<SampleId> {
+        self.links.get(&slot).and_then(|l| l.get(&f)).copied()
+    }
+
+    /// Drops a link: the cell reads as never written. Returns the source it pointed to.
+    pub fn unlink(&mut self, slot: u32, f: usize) -> Option<SampleId> {
+        let links = self.links.get_mut(&slot)?;
+        let src = links.remove(&f)?;
+        if links.is_empty() {
+            self.links.remove(&slot);
+        }
+        self.fields[f].remove(slot);
+        self.fields[f].normalize();
+        Some(src)
+    }
+
+    /// Makes field `name` of `slot` read `source`'s payload, described by `schema` (one row).
+    /// Returns the source it pointed to before, if it was already a link.
+    pub fn link(
+        &mut self,
+        slot: u32,
+        name: &str,
+        source: SampleId,
+        schema: &FieldSchema,
+    ) -> Option<SampleId> {
+        let f = self.field_id(name);
+        let previous = self.unlink(slot, f);
+        self.fields[f].add(&[slot], schema);
+        self.links.entry(slot).or_default().insert(f, source);
+        previous
+    }
+
+    /// The one-row schema of field `name` of `id`, when produced (not counting links).
+    pub fn produced_schema(&self, id: SampleId, name: &str) -> Option<FieldSchema> {
+        let slot = self.slot_for(id)?;
+        let &f = self.field_ids.get(name)?;
+        if !self.visible(slot) || !self.fields[f].produced.get(slot_u(slot)) {
+            return None;
+        }
+        Some(self.fields[f].schema(&[slot]))
+    }
+
+    /// Checks that `schema` may be stored in field `name` of this partition (dtype and kind).
+    pub fn check_field(&self, name: &str, schema: &FieldSchema) -> Result<()> {
+        match self.field_ids.get(name) {
+            Some(&f) => self.fields[f].check(schema),
+            None => Ok(()),
+        }
+    }
+
+    /// True when field `name` of `id` holds a private (written, not linked) payload.
+    pub fn has_private(&self, id: SampleId, name: &str) -> bool {
+        let (Some(slot), Some(&f)) = (self.slot_for(id), self.field_ids.get(name)) else {
+            return false;
+        };
+        self.fields[f].produced.get(slot_u(slot)) && self.link_of(slot, f).is_none()
+    }
+
+    /// Records that public sample `id` was linked (it may be swept once unlinked again).
+    pub fn mark_ever_linked(&mut self, id: SampleId) {
+        if let Some(s) = self.slot_for(id) {
+            self.ever_linked.set(slot_u(s), true);
+        }
+    }
+
+    /// Visible keys (with their samples) starting with `prefix` that were linked at least once.
+    pub fn swept_candidates(&self, prefix: &str) -> Vec<(String, SampleId)> {
+        let mut out: Vec<(u64, String, SampleId)> = self
+            .keys
+            .iter()
+            .filter(|(k, &s)| {
+                k.starts_with(prefix) && self.visible(s) && self.ever_linked.get(slot_u(s))
+            })
+            .map(|(k, &s)| (self.seq[slot_u(s)], k.clone(), self.ids[slot_u(s)]))
+            .collect();
+        out.sort_unstable_by_key(|e| e.0);
+        out.into_iter().map(|(_, k, id)| (k, id)).collect()
     }
 
     pub fn finish_clear_fields(&mut self, ids: &[SampleId], names: &[FieldName]) {
@@ -781,6 +945,62 @@ impl Partition {
             }
         }
         Ok((slots, missing))
+    }
+
+    /// Resolves `keys`, creating the missing ones (refusing keys being cleared). Returns the
+    /// slots in key order and the keys that were created.
+    pub fn resolve_or_create(
+        &mut self,
+        alloc: &mut IndexAllocator,
+        keys: &[String],
+    ) -> Result<(Vec<u32>, Vec<String>)> {
+        let (mut slots, missing) = self.resolve_keys(keys, true)?;
+        if !missing.is_empty() {
+            let mut fresh = self.allocate(alloc, missing.len()).into_iter();
+            for (k, s) in keys.iter().zip(slots.iter_mut()) {
+                if s.is_none() {
+                    let slot = fresh.next().expect("one fresh slot per missing key");
+                    self.bind_key(k, slot);
+                    *s = Some(slot);
+                }
+            }
+        }
+        Ok((slots.into_iter().flatten().collect(), missing))
+    }
+
+    /// The sample behind `key`: `Ok(Some(id))` when visible, `Ok(None)` when missing,
+    /// `Conflict` when it is being cleared.
+    pub fn key_sample(&self, key: &str) -> Result<Option<SampleId>> {
+        match self.keys.get(key) {
+            None => Ok(None),
+            Some(&s) if self.visible(s) => Ok(Some(self.ids[slot_u(s)])),
+            Some(&s) => Err(Error::conflict(format!(
+                "partition `{}`: key `{key}` (sample {}) is being cleared",
+                self.name,
+                self.ids[slot_u(s)]
+            ))),
+        }
+    }
+
+    /// Field ids of `names` that exist in this partition.
+    pub fn field_ids_of(&self, names: &[FieldName]) -> Vec<usize> {
+        names
+            .iter()
+            .filter_map(|n| self.field_ids.get(n).copied())
+            .collect()
+    }
+
+    /// The sample in `slot`.
+    pub fn sample_of(&self, slot: u32) -> SampleId {
+        self.ids[slot_u(slot)]
+    }
+
+    /// True when field `name` of `id` is a link.
+    pub fn is_linked_cell(&self, id: SampleId, name: &str) -> bool {
+        match (self.slot_for(id), self.field_ids.get(name)) {
+            (Some(s), Some(&f)) => self.link_of(s, f).is_some(),
+            _ => false,
+        }
     }
 
     pub fn bind_key(&mut self, key: &str, slot: u32) {

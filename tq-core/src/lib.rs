@@ -25,7 +25,7 @@ pub use column::{Batch, Column, FieldName};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use merge::{apply_merge, MergeRegistry};
-pub use meta::{BackendMeta, BatchMeta, LeaseId, SampleId, TagValue, Tags};
+pub use meta::{BackendMeta, BatchMeta, LeaseId, Links, SampleId, TagValue, Tags};
 pub use schema::{FieldKind, FieldSchema};
 pub use storage::{Capabilities, FieldFilter, MergeFn, MergeOp, PutReceipt, StorageManager};
 pub use tensor::{numel, Tensor, Value};

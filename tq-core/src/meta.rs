@@ -96,7 +96,12 @@ pub struct BatchMeta {
     backend_meta: Vec<BackendMeta>,
     /// The lease under which a fetch in acknowledged mode handed these samples out.
     lease: Option<LeaseId>,
+    /// Per row, the fields whose value is a shared payload: read from that (public) sample.
+    links: Vec<Links>,
 }
+
+/// Fields of one sample that read another sample's payload (`kv_link`): field → source sample.
+pub type Links = BTreeMap<FieldName, SampleId>;
 
 /// Identifies one acknowledged-mode hand-out: acknowledging with it consumes the samples; an
 /// acknowledgement with an expired (re-leased) lease changes nothing.
@@ -112,6 +117,7 @@ struct RawBatchMeta {
     tags: Vec<Tags>,
     backend_meta: Vec<BackendMeta>,
     lease: Option<LeaseId>,
+    links: Vec<Links>,
 }
 
 impl TryFrom<RawBatchMeta> for BatchMeta {
@@ -123,6 +129,7 @@ impl TryFrom<RawBatchMeta> for BatchMeta {
             .with_production(r.production)?
             .with_tags(r.tags)?
             .with_backend_meta(r.backend_meta)
+            .and_then(|m| m.with_links(r.links))
             .map(|m| m.with_lease(r.lease))
     }
 }
@@ -148,6 +155,7 @@ impl BatchMeta {
             tags: vec![Tags::new(); n],
             backend_meta: vec![BackendMeta::new(); n],
             lease: None,
+            links: vec![Links::new(); n],
         }
     }
 
@@ -231,6 +239,23 @@ impl BatchMeta {
         &self.backend_meta
     }
 
+    /// Sets the per-row links (field → source sample); one map per sample.
+    pub fn with_links(mut self, links: Vec<Links>) -> Result<Self> {
+        check_len("links", links.len(), self.samples.len())?;
+        self.links = links;
+        Ok(self)
+    }
+
+    /// Per row, the fields that read a shared payload, and from which sample.
+    pub fn links(&self) -> &[Links] {
+        &self.links
+    }
+
+    /// True when some field of some row is a link.
+    pub fn has_links(&self) -> bool {
+        self.links.iter().any(|l| !l.is_empty())
+    }
+
     /// Records that `schemas` were written for every sample: adds or replaces those fields,
     /// marks every sample produced, and merges per-row backend meta when given.
     pub fn add_fields(
@@ -239,6 +264,9 @@ impl BatchMeta {
         backend_meta: Option<Vec<BackendMeta>>,
     ) -> Result<()> {
         self.check_new_fields(&schemas, backend_meta.as_deref())?;
+        for row in &mut self.links {
+            row.retain(|f, _| !schemas.contains_key(f));
+        }
         self.fields.extend(schemas);
         self.production.iter_mut().for_each(|p| *p = true);
         if let Some(bm) = backend_meta {
@@ -289,6 +317,16 @@ impl BatchMeta {
                     .collect()
             })
             .collect();
+        let links = self
+            .links
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .filter(|(k, _)| fields.contains_key(k.as_str()))
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect()
+            })
+            .collect();
         Ok(BatchMeta {
             partition: self.partition.clone(),
             samples: self.samples.clone(),
@@ -297,6 +335,7 @@ impl BatchMeta {
             tags: self.tags.clone(),
             backend_meta,
             lease: self.lease,
+            links,
         })
     }
 
@@ -323,6 +362,7 @@ impl BatchMeta {
                 .map(|&p| self.backend_meta[p].clone())
                 .collect(),
             lease: self.lease,
+            links: positions.iter().map(|&p| self.links[p].clone()).collect(),
         })
     }
 
@@ -388,6 +428,7 @@ impl BatchMeta {
                 .iter()
                 .flat_map(|p| p.backend_meta.iter().cloned())
                 .collect(),
+            links: parts.iter().flat_map(|p| p.links.iter().cloned()).collect(),
             // Pieces of one hand-out keep its lease; mixed hand-outs have none in common.
             lease: first
                 .lease
@@ -426,6 +467,11 @@ impl BatchMeta {
         }
         for (m, n) in out.backend_meta.iter_mut().zip(&other.backend_meta) {
             m.extend(n.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        for (m, n) in out.links.iter_mut().zip(&other.links) {
+            // A field `other` describes is described by `other` alone, links included.
+            m.retain(|f, _| !other.fields.contains_key(f));
+            m.extend(n.iter().map(|(k, v)| (k.clone(), *v)));
         }
         Ok(out)
     }
