@@ -7,7 +7,9 @@ pub mod baseline;
 pub mod controller;
 pub mod kv;
 pub mod latency;
+pub mod links;
 pub mod measure;
+pub mod ssd;
 pub mod workloads;
 
 pub use measure::{measure, Stats};

@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use tq_bench::{baseline, controller, kv, latency, workloads};
+use tq_bench::{baseline, controller, kv, latency, links, workloads};
 use tq_client::{Client, Config};
 use tq_core::{Error, Result};
 
@@ -42,6 +42,9 @@ pub struct BenchArgs {
     /// Round trips for the latency figure.
     #[arg(long, default_value_t = 1000)]
     latency_rounds: usize,
+    /// Prompts of the shared-payload (kv_link) figure; 0 skips it.
+    #[arg(long, default_value_t = 64)]
+    link_prompts: usize,
 }
 
 /// Server processes started for the remote figures; killed when dropped.
@@ -243,6 +246,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
             us(lat.p50), us(lat.p99), us(lat.max), us(floor.p50), us(floor.p99));
         drop(tq);
         drop(servers);
+    }
+    if args.link_prompts > 0 && args.deployment != Deployment::Remote {
+        let (n, bytes) = (8, 1 << 20);
+        let r = links::run(&runtime, args.link_prompts, n, bytes, args.reps)?;
+        println!();
+        println!(
+            "## Shared payloads (kv_link), embedded: {} prompts of 1 MiB, n = {n} responses each, {} repetitions",
+            args.link_prompts, args.reps
+        );
+        println!();
+        println!("{}", r.lines());
     }
     Ok(())
 }

@@ -138,6 +138,8 @@ fn controller(units: u32, sampler: &str) -> Result<Arc<Controller>> {
     Ok(Arc::new(Controller::new(ControllerConfig {
         storage_units: units,
         default_sampler: sampler.to_string(),
+        // The servers run SimpleStorage units, which resolve links.
+        ..ControllerConfig::default()
     })?))
 }
 
