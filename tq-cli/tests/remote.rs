@@ -470,3 +470,73 @@ async fn same_host_clients_can_use_a_unix_socket() {
     assert!(!path.exists(), "the socket file is removed on shutdown");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_updates_and_links_work_remotely() {
+    use futures::StreamExt;
+    use tq_client::{LinkOptions, StreamConfig};
+    let (_tq, url) = serve(2, &[]);
+    let tq = Client::connect_with(&url, config(10_000)).await.unwrap();
+    // kv_update merges on the remote units; closures cannot cross the network.
+    tq.kv_batch_put("p", &["a", "b"], Some(&rows(2, 0)), None)
+        .await
+        .unwrap();
+    tq.kv_batch_update("p", &["a", "b"], &rows(2, 100), &tq_core::MergeOp::Add)
+        .await
+        .unwrap();
+    let got = tq.kv_batch_get("p", &["a"], None).await.unwrap();
+    let Column::Dense(t) = got.column("x").unwrap() else {
+        panic!("dense")
+    };
+    assert_eq!(t.to_vec::<i64>().unwrap()[0], 100);
+    let closure: tq_core::MergeFn =
+        Arc::new(|_: &tq_core::Value, n: &tq_core::Value| Ok(n.clone()));
+    let e = tq
+        .kv_update("p", "a", &rows(1, 0), &tq_core::MergeOp::Custom(closure))
+        .await
+        .unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Unsupported { .. }), "{e}");
+    // kv_link through the remote controller; reads resolve on the remote units.
+    tq.kv_put("__public__", "v", Some(&rows(1, 500)), None)
+        .await
+        .unwrap();
+    tq.kv_link(
+        "d",
+        &["r0", "r1", "r2"],
+        &["v", "v", "v"],
+        &["x"],
+        &LinkOptions::default(),
+    )
+    .await
+    .unwrap();
+    let got = tq
+        .kv_batch_get("d", &["r0", "r1", "r2"], None)
+        .await
+        .unwrap();
+    let Column::Dense(t) = got.column("x").unwrap() else {
+        panic!("dense")
+    };
+    assert_eq!(t.to_vec::<i64>().unwrap()[16], 500);
+    assert_eq!(
+        tq.kv_clear("__public__", &["v"], None)
+            .await
+            .unwrap_err()
+            .kind(),
+        &ErrorKind::Conflict
+    );
+    // A stream in acknowledged mode across processes ends when the partition is complete.
+    for i in 0..3 {
+        tq.put_new("s", &rows(4, i * 100)).await.unwrap();
+    }
+    tq.complete_partition("s").await.unwrap();
+    let mut s = tq
+        .stream(StreamConfig::new("s", "t", &["x"], 4).acknowledged(Duration::from_secs(10)))
+        .unwrap();
+    let mut n = 0;
+    while let Some(item) = s.next().await {
+        let item = item.unwrap();
+        n += item.meta.len();
+        assert_eq!(s.ack(&item).await.unwrap(), item.meta.len());
+    }
+    assert_eq!(n, 12);
+}
