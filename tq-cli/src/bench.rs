@@ -237,10 +237,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 println!("- {m}");
             }
         }
+        // Latency is measured from a single-threaded client runtime, as a thread issuing
+        // one request after another would use, so no reply needs a cross-thread wake-up.
         let rounds = args.latency_rounds.max(1);
-        let lat = latency::Percentiles::of(runtime.block_on(latency::put_get(&tq, rounds))?);
-        let floor =
-            latency::Percentiles::of(runtime.block_on(baseline::tcp_ping_pong(4096, rounds))?);
+        let single = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::internal("cannot start the runtime").with_source(e))?;
+        let (lat, floor) = single.block_on(async {
+            let client = match &servers {
+                Some(s) => Client::connect_with(&s.controller, config.clone()).await?,
+                None => tq.clone(),
+            };
+            let lat = latency::Percentiles::of(latency::put_get(&client, rounds).await?);
+            let floor = latency::Percentiles::of(baseline::tcp_ping_pong(4096, rounds).await?);
+            Ok::<_, Error>((lat, floor))
+        })?;
         println!();
         println!("Latency, {rounds} rounds of kv_put (4 KiB) + kv_batch_get: p50 {} µs, p99 {} µs, max {} µs; raw TCP 4 KiB ping-pong: p50 {} µs, p99 {} µs.",
             us(lat.p50), us(lat.p99), us(lat.max), us(floor.p50), us(floor.p99));

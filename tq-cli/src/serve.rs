@@ -114,24 +114,20 @@ pub struct UnitArgs {
     security: Security,
 }
 
-async fn wait_for_shutdown() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
+/// Installs the SIGINT/SIGTERM handlers now (before anything is announced, so a signal that
+/// arrives right after the "listening" lines is never handled by the default action) and
+/// returns a future that completes on the first of them.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let io = |e: std::io::Error| Error::internal("cannot install signal handlers").with_source(e);
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(io)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(io)?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    })
 }
 
 fn controller(units: u32, sampler: &str) -> Result<Arc<Controller>> {
@@ -175,6 +171,7 @@ fn advertised(local: &Endpoint, host: Option<&str>) -> Result<String> {
 
 /// `tq serve`: a controller and N storage units in one process.
 pub async fn serve(args: ServeArgs) -> Result<()> {
+    let shutdown = shutdown_signal()?;
     if args.units == 0 {
         return Err(Error::invalid("--units must be at least 1"));
     }
@@ -200,7 +197,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     }
     let server = Server::bind(&listen, args.security.server_config("controller"), service).await?;
     println!("listening controller {}", server.local_endpoint());
-    wait_for_shutdown().await;
+    shutdown.await;
     eprintln!("shutting down");
     server.shutdown().await;
     for u in units {
@@ -211,6 +208,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
 
 /// `tq controller`: the controller alone; storage units register with it.
 pub async fn controller_server(args: ControllerArgs) -> Result<()> {
+    let shutdown = shutdown_signal()?;
     if args.units == 0 {
         return Err(Error::invalid("--units must be at least 1"));
     }
@@ -222,7 +220,7 @@ pub async fn controller_server(args: ControllerArgs) -> Result<()> {
     ));
     let server = Server::bind(&listen, args.security.server_config("controller"), service).await?;
     println!("listening controller {}", server.local_endpoint());
-    wait_for_shutdown().await;
+    shutdown.await;
     eprintln!("shutting down");
     server.shutdown().await;
     Ok(())
@@ -230,6 +228,7 @@ pub async fn controller_server(args: ControllerArgs) -> Result<()> {
 
 /// `tq storage-unit`: one storage unit that registers with a controller.
 pub async fn storage_unit(args: UnitArgs) -> Result<()> {
+    let shutdown = shutdown_signal()?;
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
     let controller: Endpoint = args.controller.parse()?;
@@ -264,7 +263,7 @@ pub async fn storage_unit(args: UnitArgs) -> Result<()> {
         }
     }
     println!("listening unit {} {}", args.id, advertised);
-    wait_for_shutdown().await;
+    shutdown.await;
     eprintln!("shutting down");
     server.shutdown().await;
     Ok(())

@@ -1,10 +1,10 @@
 //! The client side: multiplexed connections and the per-process connection [`Pool`].
 //!
 //! A connection carries many requests at once. Each request gets an id unique on its connection;
-//! a reader task matches answers to waiting callers by id, and a writer task writes requests in
-//! the order they are queued. So callers never wait on each other: a slow request does not hold
-//! up a later one, and a caller that gives up (deadline) leaves the connection intact for the
-//! others.
+//! a reader task matches answers to waiting callers by id. A caller writes its request itself
+//! when the socket is free (see [`Writer`]), otherwise the connection's writer task writes it in
+//! order. So callers never wait on each other: a slow request does not hold up a later one, and a
+//! caller that gives up (deadline) leaves the connection intact for the others.
 //!
 //! When a connection breaks, its reader fails every pending request at once (nobody waits for a
 //! deadline on a dead socket) and the pool forgets it; the next call connects again, which is how
@@ -13,14 +13,14 @@
 use crate::error::WireError;
 use crate::frame::{read_message, Encoded, Limits, Message, MessageKind};
 use crate::handshake::{self, ClientFailure};
-use crate::stream::{writer_loop, BoxRead, Outgoing, Stream};
+use crate::stream::{BoxRead, Outgoing, Stream, Writer};
 use crate::Endpoint;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::net::{TcpStream, UnixStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tq_core::{Error, ErrorKind, Result};
@@ -159,14 +159,16 @@ struct Connection {
     number: u64,
     peer: Endpoint,
     state: Arc<ConnState>,
-    queue: mpsc::UnboundedSender<Outgoing>,
+    writer: Arc<Writer>,
     next_request: AtomicU64,
     reader: JoinHandle<()>,
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        // The writer ends by itself once `queue` is dropped (after writing what is queued).
+        // The writer task ends once what is queued is written; dropping the socket's write half
+        // then shuts the write direction down.
+        self.writer.close();
         self.reader.abort();
     }
 }
@@ -206,7 +208,7 @@ impl Connection {
         self.state.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Registers and queues a request. `SendError::Dead` when the connection is already dead:
+    /// Registers and sends (or queues) a request. `SendError::Dead` when the connection is already dead:
     /// nothing was sent, so the caller may use another connection.
     fn send(
         &self,
@@ -229,8 +231,9 @@ impl Connection {
             state: self.state.clone(),
             id,
         };
+        // Registered before writing: the answer may arrive before `send` returns.
         if self
-            .queue
+            .writer
             .send(Outgoing {
                 encoded,
                 permit: None,
@@ -652,11 +655,12 @@ impl Pool {
 
         let (reader, writer) = stream.into_split();
         let state = Arc::new(ConnState::default());
-        let (queue, queue_rx) = mpsc::unbounded_channel();
+        let writer = Writer::new(writer);
         let writer_state = state.clone();
         let writer_peer = peer.clone();
+        let writer_task = writer.clone();
         tokio::spawn(async move {
-            if let Err(e) = writer_loop(writer, queue_rx).await {
+            if let Err(e) = writer_task.run().await {
                 debug!(peer = %writer_peer, "write failed: {e}");
                 writer_state.fail(format!("write failed: {e}"));
             }
@@ -671,7 +675,7 @@ impl Pool {
             number,
             peer: peer.clone(),
             state,
-            queue,
+            writer,
             next_request: AtomicU64::new(1),
             reader,
         }))

@@ -463,8 +463,15 @@ impl Encoded {
         }
     }
 
+    /// This message's non-empty pieces, in wire order.
+    pub(crate) fn pieces_vec(&self) -> Vec<&[u8]> {
+        let mut out = Vec::with_capacity(2 + self.frames.len());
+        self.pieces(&mut out);
+        out
+    }
+
     /// Appends this message's non-empty pieces, in wire order.
-    fn pieces<'a>(&'a self, out: &mut Vec<&'a [u8]>) {
+    pub(crate) fn pieces<'a>(&'a self, out: &mut Vec<&'a [u8]>) {
         out.push(&self.meta);
         if !self.header.is_empty() {
             out.push(&self.header);

@@ -5,22 +5,32 @@
 //! peer that sends garbage, stalls mid-message, claims a huge body or never finishes its handshake
 //! affects only its own connection: it is closed (and logged with the peer address), and every
 //! other connection keeps being served. Within a connection, requests are handled concurrently
-//! (up to `max_in_flight_per_connection`) and answered in completion order; one writer task per
+//! (up to `max_in_flight_per_connection`) and answered in completion order; a [`Writer`] per
 //! connection serializes the answers.
+//!
+//! Latency of small requests is the other concern: most of the time of a small round trip goes to
+//! hand-offs between tasks, not to bytes. A small request is therefore first polled right in the
+//! connection task, and if it completes without waiting (the usual case for metadata operations
+//! and small puts and gets) its answer is written from there at once. Only a request that has to
+//! wait, or a large one, gets its own task.
 
 use crate::error::WireError;
 use crate::frame::{read_message, Encoded, FrameError, Limits, Message, MessageKind};
 use crate::handshake::{self, Refusal};
-use crate::stream::{writer_loop, Outgoing, Stream};
+use crate::stream::{Outgoing, Stream, Writer};
 use crate::Endpoint;
 use async_trait::async_trait;
+use std::future::Future;
 use std::os::unix::fs::FileTypeExt;
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{watch, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tq_core::{Error, Result};
 use tracing::{debug, info, warn};
@@ -338,8 +348,8 @@ async fn serve_connection(
     }
 
     let (mut reader, writer) = stream.into_split();
-    let (queue, queue_rx) = mpsc::unbounded_channel();
-    let mut writer_task = tokio::spawn(writer_loop(writer, queue_rx));
+    let writer = Writer::new(writer);
+    let mut writer_task = tokio::spawn(writer.clone().run());
     let mut writer_done = false;
     let max_in_flight = config
         .max_in_flight_per_connection
@@ -391,20 +401,39 @@ async fn serve_connection(
                 "server `{name}` expects requests (kind 0), got a message of kind {}",
                 kind as u8
             ));
-            let _ = queue.send(Outgoing {
+            let _ = writer.send(Outgoing {
                 encoded: error_response(id, &error),
                 permit: Some(permit),
             });
             continue;
         }
         let mut answer = Answer {
-            queue: queue.clone(),
+            writer: writer.clone(),
             id,
             permit: Some(permit),
         };
+        let small = request.header.len() as u64 + request.body_len() <= INLINE_REQUEST_BYTES;
         let handler = shared.handler.clone();
+        let mut work: Pin<Box<dyn Future<Output = Result<Message>> + Send>> =
+            Box::pin(async move { handler.handle(request).await });
+        if small {
+            match poll_once(work.as_mut()).await {
+                Ok(Poll::Ready(result)) => {
+                    answer.send(result);
+                    continue;
+                }
+                Ok(Poll::Pending) => {}
+                Err(_panic) => {
+                    answer.send(Err(Error::internal("the request handler panicked")));
+                    continue;
+                }
+            }
+        }
+        // The handler has to wait (or the request is large): give it its own task, so the
+        // connection keeps reading and other requests are not held up. The future is boxed, so
+        // moving it after the first poll is fine.
         handlers.spawn(async move {
-            let result = handler.handle(request).await;
+            let result = work.await;
             answer.send(result);
         });
     }
@@ -412,10 +441,10 @@ async fn serve_connection(
     // Stop reading; let in-flight handlers finish and their answers go out, within the grace
     // period, then close.
     drop(reader);
-    drop(queue);
     if !writer_done {
         let finish = async {
             while handlers.join_next().await.is_some() {}
+            writer.close();
             let _ = (&mut writer_task).await;
         };
         if tokio::time::timeout(config.shutdown_timeout, finish)
@@ -427,6 +456,28 @@ async fn serve_connection(
         }
     }
     handlers.shutdown().await;
+}
+
+/// Requests up to this size (header and frames) are polled once in the connection task before
+/// being given a task of their own (see the module documentation). Larger ones usually mean real
+/// work (copying megabytes), which should not delay reading the connection's next request.
+const INLINE_REQUEST_BYTES: u64 = 64 << 10;
+
+/// Polls `work` once with the connection task's context. A panic in the handler is caught (and
+/// answered as one) instead of unwinding through the connection task and dropping every other
+/// request of the connection.
+///
+/// If `work` is pending it may have registered this task's waker; the task it is then moved to
+/// polls it again at once and registers its own, so at worst this task is woken once for nothing.
+async fn poll_once<F: Future + ?Sized>(
+    mut work: Pin<&mut F>,
+) -> std::thread::Result<Poll<F::Output>> {
+    std::future::poll_fn(|cx| {
+        Poll::Ready(std::panic::catch_unwind(AssertUnwindSafe(|| {
+            work.as_mut().poll(cx)
+        })))
+    })
+    .await
 }
 
 /// Longest error message sent back; longer ones are cut (on a char boundary). Keeps error
@@ -453,7 +504,7 @@ fn error_response(id: u64, error: &Error) -> Encoded {
 /// (the handler panicked, or shutdown aborted it), dropping this sends an `Internal` error, so a
 /// caller is never left waiting for its deadline because of a server bug.
 struct Answer {
-    queue: mpsc::UnboundedSender<Outgoing>,
+    writer: Arc<Writer>,
     id: u64,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
@@ -473,7 +524,7 @@ impl Answer {
             },
             Err(e) => error_response(self.id, &e),
         };
-        let _ = self.queue.send(Outgoing {
+        let _ = self.writer.send(Outgoing {
             encoded,
             permit: self.permit.take(),
         });
