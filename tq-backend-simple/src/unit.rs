@@ -132,7 +132,7 @@ pub struct UnitStats {
     pub rows: usize,
     /// Stored cells (sample, field).
     pub cells: usize,
-    /// Payload bytes of all stored cells.
+    /// Payload bytes of all stored cells, in memory or on disk.
     pub live_bytes: u64,
     /// Shared allocations currently tracked (not yet compacted or emptied).
     pub shared_blocks: usize,
@@ -146,13 +146,25 @@ pub struct UnitStats {
     pub compacted_bytes: u64,
     /// Capacity in samples (distinct indexes), if limited.
     pub capacity: Option<usize>,
+    /// Cells kept on disk by an offloading unit (tq-backend-ssd); 0 for in-memory units.
+    #[serde(default)]
+    pub disk_cells: usize,
+    /// Payload bytes of those cells (logical bytes, not file-system usage). Included in
+    /// `live_bytes`.
+    #[serde(default)]
+    pub disk_bytes: u64,
+    /// Values that should have gone to disk but were kept in memory because the write failed
+    /// and the unit's policy allows it (`tq_storage_ssd_fallback_values_total`; monotonic).
+    #[serde(default)]
+    pub ssd_fallback_values_total: u64,
 }
 
 impl UnitStats {
     /// The payload memory the unit keeps alive: cells that own their buffers plus every shared
-    /// allocation in full. Equals `live_bytes` when nothing is retained for dead rows.
+    /// allocation in full. Equals `live_bytes - disk_bytes` when nothing is retained for dead
+    /// rows.
     pub fn retained_bytes(&self) -> u64 {
-        self.live_bytes - self.shared_live_bytes + self.shared_retained_bytes
+        self.live_bytes - self.disk_bytes - self.shared_live_bytes + self.shared_retained_bytes
     }
 }
 
@@ -871,6 +883,7 @@ impl StorageUnit for MemoryUnit {
             compactions: b.compactions,
             compacted_bytes: b.compacted_bytes,
             capacity: self.capacity,
+            ..UnitStats::default()
         })
     }
 }

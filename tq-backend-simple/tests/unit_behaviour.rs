@@ -819,7 +819,7 @@ async fn routing_table_must_be_usable() {
     let s = SimpleStorage::in_memory(2, SimpleConfig::default()).unwrap();
     assert_eq!(s.name(), "simple");
     let c = s.capabilities();
-    assert!(c.update && !c.native_expire && !c.links);
+    assert!(c.update && !c.native_expire && c.links);
 }
 
 // ---------------------------------------------------------------------------------------------

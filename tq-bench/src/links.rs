@@ -26,14 +26,14 @@ fn prompts(rows: usize, bytes: usize) -> Result<Batch> {
     for r in 0..rows {
         data.extend((0..bytes).map(|i| (i as u64 * 31 + r as u64) as u8));
     }
-    Ok(Batch::from_columns([(
+    Batch::from_columns([(
         "prompt",
         Column::Dense(Tensor::new(
             DType::U8,
             vec![rows, bytes],
             Bytes::from(data),
         )?),
-    )])?)
+    )])
 }
 
 fn growth(before: Option<u64>, after: Option<u64>) -> Option<u64> {

@@ -22,6 +22,7 @@ pub(crate) fn build(
             )?;
             Ok(Arc::new(storage))
         }
+        Backend::Kv => Ok(Arc::new(config.storage.kv.build()?)),
         #[cfg(not(feature = "simple"))]
         Backend::Simple => {
             let _ = merges;

@@ -15,6 +15,12 @@
 //! capacity_per_unit = 100000       # samples per unit; omit for unlimited
 //! compaction_threshold = 0.5       # compact a put's allocation when less than this is live
 //!
+//! [storage.kv]                     # with backend = "kv" (see tq_backend_kv::KvConfig)
+//! stores = [{ url = "redis://127.0.0.1:6379" }]   # memory://, redis+cluster://h:p,..,
+//!                                  # file:///dir, object-memory://
+//! data_ttl_ms = 3600000            # omit: no TTL, clear deletes
+//! routing = { kind = "by-size", threshold = 65536, small = "a", large = "b" }
+//!
 //! [net]                            # remote deployments
 //! token = "..."                    # shared secret (better: TQ_NET_TOKEN)
 //! request_timeout_ms = 30000
@@ -94,6 +100,9 @@ pub enum Backend {
     /// In-memory storage units in this process.
     #[default]
     Simple,
+    /// The generic key-value adapter (`[storage.kv]`): in-memory, Redis (feature `redis`) or
+    /// object_store (feature `object-store`).
+    Kv,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,6 +115,8 @@ pub struct StorageSection {
     pub capacity_per_unit: Option<usize>,
     /// A dense put's allocation is compacted when less than this fraction of its rows is live.
     pub compaction_threshold: f64,
+    /// Settings of `backend = "kv"`.
+    pub kv: tq_backend_kv::KvConfig,
 }
 
 impl Default for StorageSection {
@@ -115,6 +126,7 @@ impl Default for StorageSection {
             num_units: 2,
             capacity_per_unit: None,
             compaction_threshold: 0.5,
+            kv: tq_backend_kv::KvConfig::default(),
         }
     }
 }
@@ -160,6 +172,7 @@ impl Config {
         if let Some(v) = get("TQ_STORAGE_BACKEND") {
             self.storage.backend = match v.trim() {
                 "simple" => Backend::Simple,
+                "kv" => Backend::Kv,
                 other => {
                     return Err(Error::invalid(format!(
                         "environment variable TQ_STORAGE_BACKEND: unknown backend `{other}`"
@@ -202,6 +215,9 @@ impl Config {
             return Err(Error::invalid(
                 "storage.capacity_per_unit must be at least 1",
             ));
+        }
+        if self.storage.backend == Backend::Kv {
+            self.storage.kv.validate()?;
         }
         tq_controller::sampler_from_name(&self.controller.default_sampler)?;
         for (name, spec) in &self.controller.samplers {
@@ -251,5 +267,23 @@ mod tests {
         assert!(c
             .apply_env(|k| (k == "TQ_CONTROLLER_DEFAULT_SAMPLER").then(|| "nope".into()))
             .is_err());
+    }
+
+    #[test]
+    fn kv_section() {
+        let c = Config::from_toml(
+            "[storage]\nbackend = \"kv\"\n[storage.kv]\ndata_ttl_ms = 5000\n\
+             stores = [{ name = \"a\", url = \"memory://\" }, { name = \"b\", url = \"memory://\" }]\n\
+             routing = { kind = \"by-field\", fields = { reward = \"b\" }, default = \"a\" }\n",
+        )
+        .unwrap();
+        assert_eq!(c.storage.backend, Backend::Kv);
+        assert_eq!(c.storage.kv.data_ttl_ms, Some(5000));
+        assert_eq!(c.storage.kv.stores.len(), 2);
+        assert!(Config::from_toml(
+            "[storage]\nbackend = \"kv\"\n[storage.kv]\nstores = [{ url = \"nope://x\" }]\n"
+        )
+        .is_err());
+        assert_eq!(Config::default().storage.backend, Backend::Simple);
     }
 }

@@ -1,0 +1,215 @@
+//! The key scheme and the cell value format.
+//!
+//! # Keys
+//!
+//! ```text
+//! cell:       <ns>/{<partition>/<index>}/<generation>/<field>
+//! generation: <ns>/{<partition>/<index>}/gen
+//! ```
+//!
+//! `<partition>` and `<field>` are escaped (`%` → `%25`, `/` → `%2F`, `{` → `%7B`, `}` → `%7D`),
+//! so distinct (partition, index, generation, field) give distinct keys. Because the generation is
+//! part of a cell key, a reused index never reads, overwrites or deletes a newer sample's cells.
+//! The braces are a Redis Cluster hash tag: every key of one sample lands in one slot, so a
+//! sample's cells go to one node in one command. The generation key records the newest
+//! generation written at that index; it lets a stale writer be refused and a stale reader be told
+//! so.
+//!
+//! # Values
+//!
+//! A cell value is a header followed by the raw payload:
+//!
+//! ```text
+//! magic "TQ" | version u8 = 1 | kind u8 (0 tensor, 1 object) | dtype u8 | ndim u8 | ndim × u64 LE | payload
+//! ```
+//!
+//! Decoding slices the payload out of the value's `Bytes`: no copy.
+
+use bytes::{BufMut, Bytes};
+use tq_core::{DType, Error, Result, SampleId, Tensor, Value};
+
+const MAGIC: &[u8; 2] = b"TQ";
+const VERSION: u8 = 1;
+const KIND_TENSOR: u8 = 0;
+const KIND_OBJECT: u8 = 1;
+const FIXED_HEADER: usize = 6;
+
+const DTYPES: [DType; 13] = [
+    DType::Bool,
+    DType::U8,
+    DType::I8,
+    DType::I16,
+    DType::I32,
+    DType::I64,
+    DType::U16,
+    DType::U32,
+    DType::U64,
+    DType::F16,
+    DType::Bf16,
+    DType::F32,
+    DType::F64,
+];
+
+fn dtype_code(d: DType) -> u8 {
+    DTYPES
+        .iter()
+        .position(|x| *x == d)
+        .expect("every dtype is listed") as u8
+}
+
+/// The header of `value` (the payload is `value.bytes()`).
+pub fn encode_header(value: &Value) -> Bytes {
+    match value {
+        Value::Object(_) => Bytes::from_static(&[b'T', b'Q', VERSION, KIND_OBJECT, 0, 0]),
+        Value::Tensor(t) => {
+            let mut h = Vec::with_capacity(FIXED_HEADER + 8 * t.shape().len());
+            h.extend_from_slice(MAGIC);
+            h.put_u8(VERSION);
+            h.put_u8(KIND_TENSOR);
+            h.put_u8(dtype_code(t.dtype()));
+            h.put_u8(t.shape().len() as u8);
+            for &d in t.shape() {
+                h.put_u64_le(d as u64);
+            }
+            Bytes::from(h)
+        }
+    }
+}
+
+/// Decodes a stored cell; `key` names it in errors. The payload shares `raw`'s buffer.
+pub fn decode_value(key: &str, raw: Bytes) -> Result<Value> {
+    let bad = |why: &str| Error::corrupted(format!("kv cell `{key}`: {why}"));
+    if raw.len() < FIXED_HEADER || &raw[..2] != MAGIC {
+        return Err(bad("not a tq cell (bad magic)"));
+    }
+    if raw[2] != VERSION {
+        return Err(bad(&format!("unknown format version {}", raw[2])));
+    }
+    match raw[3] {
+        KIND_OBJECT => Ok(Value::Object(raw.slice(FIXED_HEADER..))),
+        KIND_TENSOR => {
+            let dtype = *DTYPES
+                .get(raw[4] as usize)
+                .ok_or_else(|| bad(&format!("unknown dtype code {}", raw[4])))?;
+            let ndim = raw[5] as usize;
+            let start = FIXED_HEADER + 8 * ndim;
+            if raw.len() < start {
+                return Err(bad("truncated header"));
+            }
+            let shape = (0..ndim)
+                .map(|i| {
+                    let o = FIXED_HEADER + 8 * i;
+                    u64::from_le_bytes(raw[o..o + 8].try_into().expect("8 bytes")) as usize
+                })
+                .collect();
+            Tensor::new(dtype, shape, raw.slice(start..))
+                .map(Value::Tensor)
+                .map_err(|e| bad(e.message()))
+        }
+        k => Err(bad(&format!("unknown kind {k}"))),
+    }
+}
+
+fn escape_into(out: &mut String, s: &str) {
+    for c in s.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// Builds keys for one partition under one namespace.
+#[derive(Debug, Clone)]
+pub struct KeyScheme {
+    /// `<ns>/{<escaped partition>/`
+    prefix: String,
+}
+
+impl KeyScheme {
+    pub fn new(namespace: &str, partition: &str) -> Self {
+        let mut prefix = String::with_capacity(namespace.len() + partition.len() + 4);
+        escape_into(&mut prefix, namespace);
+        prefix.push_str("/{");
+        escape_into(&mut prefix, partition);
+        prefix.push('/');
+        KeyScheme { prefix }
+    }
+
+    /// The key of one cell.
+    pub fn cell(&self, sample: SampleId, field: &str) -> String {
+        use std::fmt::Write;
+        let mut k = String::with_capacity(self.prefix.len() + field.len() + 24);
+        k.push_str(&self.prefix);
+        let _ = write!(k, "{}}}/{}/", sample.index, sample.generation);
+        escape_into(&mut k, field);
+        k
+    }
+
+    /// The key holding the newest generation written at `index`.
+    pub fn generation(&self, index: u32) -> String {
+        format!("{}{}}}/gen", self.prefix, index)
+    }
+}
+
+/// The value of a generation key.
+pub fn encode_generation(generation: u32) -> Bytes {
+    Bytes::copy_from_slice(&generation.to_le_bytes())
+}
+
+pub fn decode_generation(key: &str, raw: &[u8]) -> Result<u32> {
+    raw.try_into()
+        .map(u32::from_le_bytes)
+        .map_err(|_| Error::corrupted(format!("kv generation key `{key}` holds {raw:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unique_and_escaped() {
+        let k = KeyScheme::new("tq", "a/b");
+        assert_eq!(k.cell(SampleId::new(3, 2), "x"), "tq/{a%2Fb/3}/2/x");
+        assert_eq!(k.generation(3), "tq/{a%2Fb/3}/gen");
+        let other = KeyScheme::new("tq", "a");
+        assert_ne!(
+            k.cell(SampleId::new(3, 2), "x"),
+            other.cell(SampleId::new(3, 2), "b/3}/2/x")
+        );
+        assert_ne!(
+            k.cell(SampleId::new(3, 2), "x"),
+            k.cell(SampleId::new(3, 3), "x")
+        );
+        assert_eq!(
+            KeyScheme::new("tq", "p").cell(SampleId::new(1, 0), "%/{}"),
+            "tq/{p/1}/0/%25%2F%7B%7D"
+        );
+    }
+
+    #[test]
+    fn values_round_trip_without_copy() {
+        let t = Tensor::from_slice(vec![2, 3], &[1i32, 2, 3, 4, 5, 6]).unwrap();
+        let v = Value::Tensor(t);
+        let mut raw = encode_header(&v).to_vec();
+        raw.extend_from_slice(v.bytes());
+        let raw = Bytes::from(raw);
+        let back = decode_value("k", raw.clone()).unwrap();
+        assert_eq!(back, v);
+        assert_eq!(
+            back.bytes().as_ptr(),
+            raw[raw.len() - 24..].as_ptr(),
+            "payload shares the buffer"
+        );
+        let o = Value::Object(Bytes::from_static(b"hello"));
+        let mut raw = encode_header(&o).to_vec();
+        raw.extend_from_slice(b"hello");
+        assert_eq!(decode_value("k", Bytes::from(raw)).unwrap(), o);
+        let e = decode_value("k9", Bytes::from_static(b"xx")).unwrap_err();
+        assert!(e.message().contains("k9"));
+        assert!(decode_value("k", Bytes::from_static(b"TQ\x01\x00\x05\x01\x01")).is_err());
+    }
+}

@@ -1,0 +1,176 @@
+//! [`KvConfig`]: a serde-friendly description of a KV deployment (the `[storage.kv]` section of
+//! the client configuration) and how to build it.
+//!
+//! ```toml
+//! [storage.kv]
+//! namespace = "tq"
+//! data_ttl_ms = 3600000          # omit: no TTL, clear deletes
+//! clear_expire_after_ms = 1000
+//! op_timeout_ms = 10000          # Redis: deadline of one call
+//! stores = [
+//!   { name = "small", url = "redis://127.0.0.1:6379" },
+//!   { name = "large", url = "file:///var/lib/tq" },
+//! ]
+//! routing = { kind = "by-size", threshold = 65536, small = "small", large = "large" }
+//! ```
+//!
+//! Store URLs: `memory://`, `redis://host:port[/db]`, `rediss://…` (feature `redis-tls`),
+//! `redis+cluster://h1:p1,h2:p2,…`, `file:///absolute/dir`, `object-memory://`.
+
+use crate::manager::{KvOptions, KvStorageManager, Routing, DEFAULT_CLEAR_EXPIRE_AFTER};
+use crate::memory::MemoryKvStore;
+use crate::store::KvStore;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tq_core::{Error, Result};
+
+/// One store: a name (its routing tag; defaults to the scheme) and a URL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    pub name: Option<String>,
+    pub url: String,
+}
+
+/// The routing rule between several stores.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum RoutingConfig {
+    #[default]
+    First,
+    ByField {
+        fields: BTreeMap<String, String>,
+        default: String,
+    },
+    BySize {
+        threshold: usize,
+        small: String,
+        large: String,
+    },
+}
+
+/// The `[storage.kv]` configuration section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvConfig {
+    pub namespace: String,
+    pub stores: Vec<StoreConfig>,
+    pub data_ttl_ms: Option<u64>,
+    pub clear_expire_after_ms: u64,
+    pub op_timeout_ms: u64,
+    pub routing: RoutingConfig,
+}
+
+impl Default for KvConfig {
+    fn default() -> Self {
+        KvConfig {
+            namespace: "tq".into(),
+            stores: vec![StoreConfig {
+                name: None,
+                url: "memory://".into(),
+            }],
+            data_ttl_ms: None,
+            clear_expire_after_ms: DEFAULT_CLEAR_EXPIRE_AFTER.as_millis() as u64,
+            op_timeout_ms: 10_000,
+            routing: RoutingConfig::First,
+        }
+    }
+}
+
+fn scheme(url: &str) -> &str {
+    url.split_once("://").map_or(url, |(s, _)| s)
+}
+
+impl KvConfig {
+    /// Checks what can be checked without connecting.
+    pub fn validate(&self) -> Result<()> {
+        if self.stores.is_empty() {
+            return Err(Error::invalid(
+                "storage.kv.stores must name at least one store",
+            ));
+        }
+        if self.data_ttl_ms == Some(0) {
+            return Err(Error::invalid(
+                "storage.kv.data_ttl_ms must be positive (omit it for no TTL)",
+            ));
+        }
+        for s in &self.stores {
+            match scheme(&s.url) {
+                "memory" | "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "file"
+                | "object-memory" => {}
+                other => {
+                    return Err(Error::invalid(format!(
+                        "storage.kv.stores: unknown store scheme `{other}` in `{}`",
+                        s.url
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn store(&self, s: &StoreConfig) -> Result<Arc<dyn KvStore>> {
+        let url = s.url.as_str();
+        match scheme(url) {
+            "memory" => Ok(Arc::new(MemoryKvStore::new())),
+            #[cfg(feature = "redis")]
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+                let options = crate::RedisOptions {
+                    op_timeout: Duration::from_millis(self.op_timeout_ms),
+                    ..Default::default()
+                };
+                Ok(Arc::new(crate::RedisStore::from_url(url, options)?))
+            }
+            #[cfg(feature = "object-store")]
+            "file" => Ok(Arc::new(crate::ObjectKvStore::local(
+                url.trim_start_matches("file://"),
+            )?)),
+            #[cfg(feature = "object-store")]
+            "object-memory" => Ok(Arc::new(crate::ObjectKvStore::in_memory())),
+            other => Err(Error::unsupported(
+                format!("kv store `{url}`"),
+                format!("{other} (build tq-backend-kv with its cargo feature)"),
+            )),
+        }
+    }
+
+    /// Builds the manager. Redis stores connect on first use, so this does no I/O.
+    pub fn build(&self) -> Result<KvStorageManager> {
+        self.validate()?;
+        let stores = self
+            .stores
+            .iter()
+            .map(|s| {
+                let name = s.name.clone().unwrap_or_else(|| scheme(&s.url).to_string());
+                Ok((name, self.store(s)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let routing = match &self.routing {
+            RoutingConfig::First => Routing::First,
+            RoutingConfig::ByField { fields, default } => Routing::ByField {
+                fields: fields.clone(),
+                default: default.clone(),
+            },
+            RoutingConfig::BySize {
+                threshold,
+                small,
+                large,
+            } => Routing::BySize {
+                threshold: *threshold,
+                small: small.clone(),
+                large: large.clone(),
+            },
+        };
+        KvStorageManager::with_stores(
+            stores,
+            KvOptions {
+                namespace: self.namespace.clone(),
+                data_ttl: self.data_ttl_ms.map(Duration::from_millis),
+                clear_expire_after: Duration::from_millis(self.clear_expire_after_ms),
+                routing,
+            },
+        )
+    }
+}

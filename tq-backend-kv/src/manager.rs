@@ -1,0 +1,681 @@
+//! [`KvStorageManager`]: [`StorageManager`] over one or more [`KvStore`]s.
+
+use crate::codec::{decode_generation, decode_value, encode_generation, encode_header, KeyScheme};
+use crate::store::{KvStore, KvStoreExt, KvValue};
+use async_trait::async_trait;
+use bytes::Bytes;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tq_core::{
+    apply_merge, BackendMeta, Batch, BatchMeta, Capabilities, Column, Error, FieldFilter, MergeOp,
+    MergeRegistry, PutReceipt, Result, SampleId, StorageManager, Value,
+};
+
+/// How long a cleared key lives on when clear expires instead of deleting (upstream's
+/// `CLEAR_EXPIRE_SECOND`).
+pub const DEFAULT_CLEAR_EXPIRE_AFTER: Duration = Duration::from_secs(1);
+
+/// Which store a cell goes to when several are configured. Stores are named by
+/// [`KvStorageManager::with_stores`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Routing {
+    /// Every cell goes to the first store.
+    #[default]
+    First,
+    /// Cells of the listed fields go to the named store; every other field to `default`.
+    ByField {
+        fields: BTreeMap<String, String>,
+        default: String,
+    },
+    /// Cells whose payload is at most `threshold` bytes go to `small`; larger ones to `large`.
+    BySize {
+        threshold: usize,
+        small: String,
+        large: String,
+    },
+}
+
+/// Settings of a [`KvStorageManager`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvOptions {
+    /// First component of every key, so several deployments can share one engine.
+    pub namespace: String,
+    /// `None` (the default): no TTL; clear deletes. `Some(ttl)`: every write states `ttl`
+    /// (re-arming it), and clear/expire mark keys to disappear after `clear_expire_after`.
+    /// Must exceed the lifetime of any batch: reads do not refresh it.
+    pub data_ttl: Option<Duration>,
+    /// How long cleared keys stay when `data_ttl` is set.
+    pub clear_expire_after: Duration,
+    pub routing: Routing,
+}
+
+impl Default for KvOptions {
+    fn default() -> Self {
+        KvOptions {
+            namespace: "tq".into(),
+            data_ttl: None,
+            clear_expire_after: DEFAULT_CLEAR_EXPIRE_AFTER,
+            routing: Routing::First,
+        }
+    }
+}
+
+/// The routing rule with store names resolved to positions.
+#[derive(Debug, Clone)]
+enum Route {
+    First,
+    ByField {
+        fields: BTreeMap<String, usize>,
+        default: usize,
+    },
+    BySize {
+        threshold: usize,
+        small: usize,
+        large: usize,
+    },
+}
+
+struct NamedStore {
+    tag: Bytes,
+    store: Arc<dyn KvStore>,
+}
+
+/// The generic KV adapter. See the crate documentation for the key scheme, value format and TTL
+/// design.
+pub struct KvStorageManager {
+    name: String,
+    stores: Vec<NamedStore>,
+    route: Route,
+    options: KvOptions,
+    merges: MergeRegistry,
+}
+
+/// Where the cells of one request go: per store, the keys and the cell positions they fill.
+struct Plan {
+    keys: Vec<Vec<String>>,
+    slots: Vec<Vec<usize>>,
+}
+
+impl Plan {
+    fn new(stores: usize) -> Self {
+        Plan {
+            keys: vec![Vec::new(); stores],
+            slots: vec![Vec::new(); stores],
+        }
+    }
+    fn push(&mut self, store: usize, key: String, slot: usize) {
+        self.keys[store].push(key);
+        self.slots[store].push(slot);
+    }
+}
+
+/// Resolves routing tags to stores once per distinct tag of a request, not once per cell.
+struct TagCache<'a> {
+    manager: &'a KvStorageManager,
+    seen: Vec<(Bytes, usize)>,
+}
+
+impl TagCache<'_> {
+    fn resolve(&mut self, tag: &Bytes) -> Result<usize> {
+        if let Some((_, i)) = self.seen.iter().find(|(t, _)| t == tag) {
+            return Ok(*i);
+        }
+        let i = self
+            .manager
+            .stores
+            .iter()
+            .position(|s| s.tag == tag)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "kv backend meta names store `{}`, which is not configured (stores: {:?})",
+                    String::from_utf8_lossy(tag),
+                    self.manager.store_names()
+                ))
+            })?;
+        self.seen.push((tag.clone(), i));
+        Ok(i)
+    }
+}
+
+impl KvStorageManager {
+    /// An adapter over one store.
+    pub fn new(store: Arc<dyn KvStore>, options: KvOptions) -> Result<Self> {
+        let name = store.name().to_string();
+        Self::with_stores(vec![(name, store)], options)
+    }
+
+    /// An adapter over several named stores; `options.routing` names them. The names are the
+    /// routing tags kept in the controller, so keep them stable across restarts.
+    pub fn with_stores(
+        stores: Vec<(String, Arc<dyn KvStore>)>,
+        options: KvOptions,
+    ) -> Result<Self> {
+        if stores.is_empty() {
+            return Err(Error::invalid(
+                "a kv storage manager needs at least one store",
+            ));
+        }
+        let mut names = HashSet::new();
+        for (n, _) in &stores {
+            if !names.insert(n.as_str()) {
+                return Err(Error::invalid(format!("kv store name `{n}` is used twice")));
+            }
+        }
+        if options.data_ttl == Some(Duration::ZERO) {
+            return Err(Error::invalid(
+                "kv data_ttl must be positive (omit it for no TTL)",
+            ));
+        }
+        let find = |n: &str| {
+            stores.iter().position(|(m, _)| m == n).ok_or_else(|| {
+                Error::invalid(format!(
+                    "kv routing names store `{n}`, which is not configured"
+                ))
+            })
+        };
+        let route = match &options.routing {
+            Routing::First => Route::First,
+            Routing::ByField { fields, default } => Route::ByField {
+                fields: fields
+                    .iter()
+                    .map(|(f, s)| Ok((f.clone(), find(s)?)))
+                    .collect::<Result<_>>()?,
+                default: find(default)?,
+            },
+            Routing::BySize {
+                threshold,
+                small,
+                large,
+            } => Route::BySize {
+                threshold: *threshold,
+                small: find(small)?,
+                large: find(large)?,
+            },
+        };
+        let name = format!(
+            "kv({})",
+            stores
+                .iter()
+                .map(|(n, s)| if n == s.name() {
+                    n.clone()
+                } else {
+                    format!("{n}={}", s.name())
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        Ok(KvStorageManager {
+            name,
+            stores: stores
+                .into_iter()
+                .map(|(n, store)| NamedStore {
+                    tag: Bytes::from(n),
+                    store,
+                })
+                .collect(),
+            route,
+            options,
+            merges: MergeRegistry::default(),
+        })
+    }
+
+    /// Merge functions `update` can name ([`MergeOp::Named`]).
+    pub fn with_merge_registry(mut self, merges: MergeRegistry) -> Self {
+        self.merges = merges;
+        self
+    }
+
+    pub fn options(&self) -> &KvOptions {
+        &self.options
+    }
+
+    /// The configured stores, in order.
+    pub fn store_names(&self) -> Vec<String> {
+        self.stores
+            .iter()
+            .map(|s| String::from_utf8_lossy(&s.tag).into_owned())
+            .collect()
+    }
+
+    /// The store at position `i`.
+    pub fn store(&self, i: usize) -> Option<&Arc<dyn KvStore>> {
+        self.stores.get(i).map(|s| &s.store)
+    }
+
+    fn tags(&self) -> TagCache<'_> {
+        TagCache {
+            manager: self,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The store a new cell of `field` with `nbytes` of payload goes to.
+    fn route_new(&self, field: &str, nbytes: usize) -> usize {
+        match &self.route {
+            Route::First => 0,
+            Route::ByField { fields, default } => fields.get(field).copied().unwrap_or(*default),
+            Route::BySize {
+                threshold,
+                small,
+                large,
+            } => {
+                if nbytes <= *threshold {
+                    *small
+                } else {
+                    *large
+                }
+            }
+        }
+    }
+
+    /// Where an existing cell without a routing tag may be: one store, or (size routing) all.
+    fn route_untagged(&self, field: &str) -> Option<usize> {
+        match &self.route {
+            Route::First => Some(0),
+            Route::ByField { fields, default } => {
+                Some(fields.get(field).copied().unwrap_or(*default))
+            }
+            Route::BySize { .. } => None,
+        }
+    }
+
+    /// Adds the cell at `slot` to `plan`: to the store its tag names, else to where it can be.
+    fn plan_existing(
+        &self,
+        plan: &mut Plan,
+        tags: &mut TagCache<'_>,
+        row_meta: Option<&BackendMeta>,
+        field: &str,
+        key: String,
+        slot: usize,
+    ) -> Result<()> {
+        match row_meta.and_then(|m| m.get(field)) {
+            Some(tag) => plan.push(tags.resolve(tag)?, key, slot),
+            None => match self.route_untagged(field) {
+                Some(i) => plan.push(i, key, slot),
+                None => {
+                    for i in 0..self.stores.len() {
+                        plan.push(i, key.clone(), slot);
+                    }
+                }
+            },
+        }
+        Ok(())
+    }
+
+    fn ctx(&self, meta: &BatchMeta) -> String {
+        format!("{} partition `{}`", self.name, meta.partition())
+    }
+
+    /// Reads the generation keys of `samples` (primary store).
+    async fn generations(&self, ks: &KeyScheme, samples: &[SampleId]) -> Result<Vec<Option<u32>>> {
+        let keys: Vec<String> = samples.iter().map(|s| ks.generation(s.index)).collect();
+        let raw = self.stores[0].store.mget_all(&keys).await?;
+        keys.iter()
+            .zip(raw)
+            .map(|(k, v)| v.map(|v| decode_generation(k, &v)).transpose())
+            .collect()
+    }
+
+    /// Reads the cells of `fields` for every sample of `meta`: values in field-major order
+    /// (`f * n + row`) and the store each came from.
+    async fn read_cells(
+        &self,
+        meta: &BatchMeta,
+        fields: &[&str],
+    ) -> Result<(Vec<Bytes>, Vec<usize>)> {
+        let n = meta.len();
+        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let mut plan = Plan::new(self.stores.len());
+        let mut tags = self.tags();
+        let mut names = Vec::with_capacity(fields.len() * n);
+        for (f, field) in fields.iter().enumerate() {
+            for (r, s) in meta.samples().iter().enumerate() {
+                let key = ks.cell(*s, field);
+                names.push(key.clone());
+                self.plan_existing(
+                    &mut plan,
+                    &mut tags,
+                    meta.backend_meta().get(r),
+                    field,
+                    key,
+                    f * n + r,
+                )?;
+            }
+        }
+        let reads = plan
+            .keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| !k.is_empty())
+            .map(|(i, keys)| async move {
+                Ok::<_, Error>((i, self.stores[i].store.mget_all(keys).await?))
+            });
+        let (results, gens) = futures::future::try_join(
+            futures::future::try_join_all(reads),
+            self.generations(&ks, meta.samples()),
+        )
+        .await
+        .map_err(|e| e.context(self.ctx(meta)))?;
+        let mut cells: Vec<Option<(Bytes, usize)>> = vec![None; fields.len() * n];
+        for (i, values) in results {
+            for (slot, v) in plan.slots[i].iter().zip(values) {
+                if let (Some(v), None) = (v, &cells[*slot]) {
+                    cells[*slot] = Some((v, i));
+                }
+            }
+        }
+        for (r, (s, g)) in meta.samples().iter().zip(&gens).enumerate() {
+            // The generation key is authoritative: a whole-sample clear deletes it at once
+            // (even when the cells themselves only expire later).
+            let stored_here = *g == Some(s.generation);
+            let newer = g.is_some_and(|g| g > s.generation);
+            let any_present = (0..fields.len()).any(|f| cells[f * n + r].is_some());
+            if newer || (!stored_here && any_present) {
+                return Err(Error::not_found(format!(
+                    "{}: sample index {} generation {} is not stored ({})",
+                    self.ctx(meta),
+                    s.index,
+                    s.generation,
+                    match g {
+                        Some(g) if *g > s.generation => format!("the store holds generation {g}"),
+                        _ => "it was cleared".to_string(),
+                    }
+                )));
+            }
+        }
+        let missing: Vec<usize> = (0..cells.len()).filter(|&i| cells[i].is_none()).collect();
+        if let Some(&first) = missing.first() {
+            let (f, r) = (first / n, first % n);
+            return Err(Error::data_lost(format!(
+                "{}: cell `{}` (sample {}, field `{}`) is missing from the kv store{}",
+                self.ctx(meta),
+                names[first],
+                meta.samples()[r],
+                fields[f],
+                if missing.len() > 1 {
+                    format!(" ({} cells missing in all)", missing.len())
+                } else {
+                    String::new()
+                }
+            )));
+        }
+        Ok(cells.into_iter().map(|c| c.expect("checked")).unzip())
+    }
+
+    fn check_rows(&self, meta: &BatchMeta, batch: &Batch) -> Result<()> {
+        if batch.len() != meta.len() && !batch.columns().is_empty() {
+            return Err(Error::invalid(format!(
+                "{}: a batch of {} rows for {} samples",
+                self.ctx(meta),
+                batch.len(),
+                meta.len()
+            )));
+        }
+        let mut seen = HashSet::with_capacity(meta.len());
+        if let Some(s) = meta.samples().iter().find(|s| !seen.insert(s.index)) {
+            return Err(Error::invalid(format!(
+                "{}: sample index {} appears twice in one request",
+                self.ctx(meta),
+                s.index
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes `items` grouped per store; generation keys go with the primary store's batch.
+    async fn write(&self, per_store: Vec<Vec<(String, KvValue)>>) -> Result<()> {
+        let ttl = self.options.data_ttl;
+        let writes = per_store
+            .into_iter()
+            .enumerate()
+            .filter(|(_, items)| !items.is_empty())
+            .map(|(i, items)| self.stores[i].store.mset_all(items, ttl));
+        futures::future::try_join_all(writes).await.map(|_| ())
+    }
+
+    /// Removes keys: deletes them, or with `expire` marks them to disappear shortly.
+    async fn remove(&self, plan: &Plan, expire: bool) -> Result<()> {
+        let after = self.options.clear_expire_after;
+        let ops = plan
+            .keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| !k.is_empty())
+            .map(|(i, keys)| {
+                let store = &self.stores[i].store;
+                async move {
+                    if expire {
+                        store.expire_all(keys, after).await
+                    } else {
+                        store.delete_all(keys).await
+                    }
+                }
+            });
+        futures::future::try_join_all(ops).await.map(|_| ())
+    }
+
+    /// Removes the cells of `filter` and, for whole samples, the generation keys. Cells are
+    /// expired instead of deleted when `expire` is set and a TTL is configured.
+    async fn clear_impl(&self, meta: &BatchMeta, filter: &FieldFilter, expire: bool) -> Result<()> {
+        let expire = expire && self.options.data_ttl.is_some();
+        if meta.is_empty() {
+            return Ok(());
+        }
+        let mut seen = HashSet::with_capacity(meta.len());
+        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let fields: Vec<&str> = match filter {
+            FieldFilter::All => meta.field_names().collect(),
+            FieldFilter::Only(f) => f.iter().map(String::as_str).collect(),
+        };
+        let mut plan = Plan::new(self.stores.len());
+        let mut tags = self.tags();
+        for field in &fields {
+            for (r, s) in meta.samples().iter().enumerate() {
+                self.plan_existing(
+                    &mut plan,
+                    &mut tags,
+                    meta.backend_meta().get(r),
+                    field,
+                    ks.cell(*s, field),
+                    0,
+                )?;
+            }
+        }
+        let whole = matches!(filter, FieldFilter::All);
+        let (gens, ()) = futures::future::try_join(
+            async {
+                if whole {
+                    self.generations(&ks, meta.samples()).await
+                } else {
+                    Ok(Vec::new())
+                }
+            },
+            self.remove(&plan, expire),
+        )
+        .await
+        .map_err(|e| e.context(self.ctx(meta)))?;
+        // A whole-sample clear also deletes the generation key (at once: it is what makes the
+        // sample unreadable), unless a newer generation wrote it.
+        let mut markers = Plan::new(self.stores.len());
+        for (s, g) in meta.samples().iter().zip(gens) {
+            if g.is_some_and(|g| g <= s.generation) && seen.insert(s.index) {
+                markers.push(0, ks.generation(s.index), 0);
+            }
+        }
+        self.remove(&markers, false)
+            .await
+            .map_err(|e| e.context(self.ctx(meta)))
+    }
+}
+
+#[async_trait]
+impl StorageManager for KvStorageManager {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            update: true,
+            native_expire: self.options.data_ttl.is_some()
+                && self
+                    .stores
+                    .iter()
+                    .all(|s| s.store.capabilities().native_expire),
+            links: false,
+        }
+    }
+
+    async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<PutReceipt> {
+        self.check_rows(meta, batch)?;
+        if batch.columns().is_empty() || meta.is_empty() {
+            return Ok(PutReceipt {
+                schemas: batch.schemas(),
+                backend_meta: None,
+            });
+        }
+        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let gens = self
+            .generations(&ks, meta.samples())
+            .await
+            .map_err(|e| e.context(self.ctx(meta)))?;
+        for (s, g) in meta.samples().iter().zip(&gens) {
+            if let Some(g) = g.filter(|g| *g > s.generation) {
+                return Err(Error::conflict(format!(
+                    "{}: put of sample index {} with generation {} is stale; the store holds \
+                     generation {g}",
+                    self.ctx(meta),
+                    s.index,
+                    s.generation
+                )));
+            }
+        }
+        let n = meta.len();
+        let mut per_store: Vec<Vec<(String, KvValue)>> = vec![Vec::new(); self.stores.len()];
+        per_store[0].reserve(n);
+        let mut backend_meta: Vec<BackendMeta> = vec![BackendMeta::new(); n];
+        for (field, column) in batch.columns() {
+            // Every row of a dense column has the same header: build it once.
+            let shared_head = match column {
+                Column::Dense(_) if n > 0 => Some(encode_header(&column.value(0))),
+                Column::Objects(_) => Some(encode_header(&Value::Object(Bytes::new()))),
+                _ => None,
+            };
+            for (r, s) in meta.samples().iter().enumerate() {
+                let v = column.value(r);
+                let head = shared_head.clone().unwrap_or_else(|| encode_header(&v));
+                let i = self.route_new(field, v.nbytes());
+                let body = match v {
+                    Value::Tensor(t) => t.into_data(),
+                    Value::Object(b) => b,
+                };
+                per_store[i].push((ks.cell(*s, field), KvValue::new(head, body)));
+                backend_meta[r].insert(field.clone(), self.stores[i].tag.clone());
+            }
+        }
+        for (s, g) in meta.samples().iter().zip(&gens) {
+            if *g != Some(s.generation) || self.options.data_ttl.is_some() {
+                per_store[0].push((
+                    ks.generation(s.index),
+                    encode_generation(s.generation).into(),
+                ));
+            }
+        }
+        self.write(per_store)
+            .await
+            .map_err(|e| e.context(self.ctx(meta)))?;
+        Ok(PutReceipt {
+            schemas: batch.schemas(),
+            backend_meta: Some(backend_meta),
+        })
+    }
+
+    async fn get(&self, meta: &BatchMeta) -> Result<Batch> {
+        if meta.fields().is_empty() || meta.is_empty() {
+            return Ok(Batch::empty(meta.len()));
+        }
+        let fields: Vec<&str> = meta.field_names().collect();
+        let (raw, _) = self.read_cells(meta, &fields).await?;
+        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let n = meta.len();
+        let mut raw = raw.into_iter();
+        let mut out = Batch::empty(n);
+        for field in fields {
+            let values = meta
+                .samples()
+                .iter()
+                .map(|s| {
+                    let cell = raw.next().expect("one value per cell");
+                    decode_value(&ks.cell(*s, field), cell)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            out.insert(field, Column::from_values(field, values)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Read → merge → write through the stores. Every merge is computed before anything is
+    /// written, so a merge that fails changes nothing; the write itself is not atomic across
+    /// cells (a failure midway, or a concurrent writer, can leave some cells merged and others
+    /// not).
+    async fn update(&self, meta: &BatchMeta, batch: &Batch, merge: &MergeOp) -> Result<PutReceipt> {
+        self.check_rows(meta, batch)?;
+        if batch.columns().is_empty() || meta.is_empty() {
+            return Ok(PutReceipt::default());
+        }
+        let fields: Vec<&str> = batch.field_names().collect();
+        let (raw, where_) = self.read_cells(meta, &fields).await?;
+        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let n = meta.len();
+        let mut per_store: Vec<Vec<(String, KvValue)>> = vec![Vec::new(); self.stores.len()];
+        let mut backend_meta: Vec<BackendMeta> = vec![BackendMeta::new(); n];
+        let mut schemas = BTreeMap::new();
+        for (f, (field, column)) in batch.columns().iter().enumerate() {
+            let mut merged = Vec::with_capacity(n);
+            for (r, s) in meta.samples().iter().enumerate() {
+                let key = ks.cell(*s, field);
+                let old = decode_value(&key, raw[f * n + r].clone())?;
+                let new =
+                    apply_merge(merge, &self.merges, &old, &column.value(r)).map_err(|e| {
+                        e.context(format!("{}: update of cell `{key}`", self.ctx(meta)))
+                    })?;
+                merged.push(new);
+            }
+            schemas.insert(
+                field.clone(),
+                Column::from_values(field, merged.clone())?.schema(),
+            );
+            for (r, (s, v)) in meta.samples().iter().zip(merged).enumerate() {
+                let i = where_[f * n + r];
+                let head = encode_header(&v);
+                per_store[i].push((ks.cell(*s, field), KvValue::new(head, v.bytes().clone())));
+                backend_meta[r].insert(field.clone(), self.stores[i].tag.clone());
+            }
+        }
+        self.write(per_store)
+            .await
+            .map_err(|e| e.context(self.ctx(meta)))?;
+        Ok(PutReceipt {
+            schemas,
+            backend_meta: Some(backend_meta),
+        })
+    }
+
+    /// Whole samples: the generation keys are deleted at once (the samples are unreadable from
+    /// then on) and, with a TTL configured, the cells are marked to expire after
+    /// `clear_expire_after` instead of being deleted. Chosen fields: their cells are deleted
+    /// (there is no per-field key to make them unreadable otherwise).
+    async fn clear(&self, meta: &BatchMeta, fields: &FieldFilter) -> Result<()> {
+        self.clear_impl(meta, fields, matches!(fields, FieldFilter::All))
+            .await
+    }
+
+    /// Like `clear`, but chosen fields are expired too (they stay readable until they expire).
+    /// Without a TTL configured this is a clear: an expire left on a key is only safe when every
+    /// write re-arms the deadline.
+    async fn expire(&self, meta: &BatchMeta, fields: &FieldFilter) -> Result<()> {
+        self.clear_impl(meta, fields, true).await
+    }
+}

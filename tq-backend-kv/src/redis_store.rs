@@ -1,0 +1,470 @@
+//! [`RedisStore`]: a [`KvStore`] on Redis, single node or Redis Cluster (feature `redis`).
+//!
+//! - Single node: one multiplexed [`redis::aio::ConnectionManager`], which reconnects after a
+//!   server restart. A call is one command (`MSET`, `MGET`, `UNLINK`) or one pipeline
+//!   (`SET .. PX` / `PEXPIRE` per key); the adapter keeps several calls in flight.
+//! - Cluster: [`redis::cluster_async::ClusterConnection`]. Multi-key commands may not span hash
+//!   slots, so each call is split by slot (the adapter's keys put every key of a sample in one
+//!   slot) and the per-slot commands run in parallel; the connection sends each to its node.
+//! - Every call has a deadline ([`RedisOptions::op_timeout`]); a server that cannot be reached
+//!   or does not answer is [`tq_core::ErrorKind::Unavailable`]. Calls are idempotent and are
+//!   retried once after a dropped connection, so the first call after a restart succeeds.
+
+use crate::store::{KvCapabilities, KvStore, KvValue};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisWrite, ToRedisArgs};
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::sync::OnceCell;
+use tq_core::{Error, Result};
+
+/// How `delete` removes keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeleteCommand {
+    /// `UNLINK`: the server frees the memory in a background thread (the default).
+    #[default]
+    Unlink,
+    /// `DEL`: synchronous.
+    Del,
+}
+
+/// Connection and batching settings of a [`RedisStore`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Deadline of establishing one connection.
+    pub connect_timeout: Duration,
+    /// Deadline of one answer on an established connection.
+    pub response_timeout: Duration,
+    /// Deadline of one store call, retries and reconnection included.
+    pub op_timeout: Duration,
+    pub delete: DeleteCommand,
+    pub max_keys_per_call: usize,
+    pub max_concurrent_calls: usize,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(5),
+            op_timeout: Duration::from_secs(10),
+            delete: DeleteCommand::Unlink,
+            max_keys_per_call: 1024,
+            max_concurrent_calls: 16,
+        }
+    }
+}
+
+// One per store: the size difference between the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Conn {
+    Single {
+        client: redis::Client,
+        cm: OnceCell<ConnectionManager>,
+    },
+    Cluster {
+        client: ClusterClient,
+        conn: OnceCell<ClusterConnection>,
+    },
+}
+
+/// A [`KvStore`] on Redis. Connects on first use.
+pub struct RedisStore {
+    name: String,
+    what: String,
+    conn: Conn,
+    options: RedisOptions,
+}
+
+/// One request: a command or a pipeline.
+enum Req {
+    Cmd(redis::Cmd),
+    Pipe(redis::Pipeline),
+}
+
+/// Writes a [`KvValue`]'s parts as one argument, straight into the command buffer.
+struct ValueArg<'a>(&'a KvValue);
+
+impl ToRedisArgs for ValueArg<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        use std::io::Write;
+        let mut w = out.writer_for_next_arg();
+        for p in self.0.parts() {
+            w.write_all(p).expect("writing to memory");
+        }
+    }
+}
+
+fn map_err(what: &str, e: redis::RedisError) -> Error {
+    let msg = format!("{what}: {e}");
+    if e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || e.is_cluster_error()
+        || e.is_unrecoverable_error()
+    {
+        Error::unavailable(msg).with_source(e)
+    } else if msg.contains("OOM") {
+        Error::capacity_exceeded(msg).with_source(e)
+    } else {
+        Error::internal(msg).with_source(e)
+    }
+}
+
+/// The Redis Cluster hash slot of `key` (CRC16/XMODEM of the hash tag, mod 16384).
+pub fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            key[open + 1..]
+                .iter()
+                .position(|&b| b == b'}')
+                .filter(|&len| len > 0)
+                .map(|len| &key[open + 1..open + 1 + len])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &b in tagged {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+impl RedisStore {
+    /// A single-node store at `url` (`redis://host:port[/db]`, or `rediss://` with the
+    /// `redis-tls` feature).
+    pub fn single(url: &str, options: RedisOptions) -> Result<Self> {
+        let client = redis::Client::open(url)
+            .map_err(|e| Error::invalid(format!("redis url `{url}`: {e}")))?;
+        Ok(RedisStore {
+            name: "redis".into(),
+            what: format!("redis `{url}`"),
+            conn: Conn::Single {
+                client,
+                cm: OnceCell::new(),
+            },
+            options,
+        })
+    }
+
+    /// A Redis Cluster store seeded by `nodes` (`redis://host:port` each).
+    pub fn cluster(nodes: &[String], options: RedisOptions) -> Result<Self> {
+        let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+            .connection_timeout(options.connect_timeout)
+            .response_timeout(options.response_timeout)
+            .retries(2)
+            .min_retry_wait(20)
+            .max_retry_wait(500)
+            .build()
+            .map_err(|e| Error::invalid(format!("redis cluster nodes {nodes:?}: {e}")))?;
+        Ok(RedisStore {
+            name: "redis-cluster".into(),
+            what: format!("redis cluster {nodes:?}"),
+            conn: Conn::Cluster {
+                client,
+                conn: OnceCell::new(),
+            },
+            options,
+        })
+    }
+
+    /// `redis://…` / `rediss://…` (single node) or `redis+cluster://h1:p1,h2:p2` (cluster).
+    pub fn from_url(url: &str, options: RedisOptions) -> Result<Self> {
+        if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            let nodes: Vec<String> = rest
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(|s| format!("redis://{s}"))
+                .collect();
+            return Self::cluster(&nodes, options);
+        }
+        if let Some(rest) = url.strip_prefix("rediss+cluster://") {
+            let nodes: Vec<String> = rest
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(|s| format!("rediss://{s}"))
+                .collect();
+            return Self::cluster(&nodes, options);
+        }
+        Self::single(url, options)
+    }
+
+    /// Renames the store (its routing tag when it is the only one).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster { .. })
+    }
+
+    /// Sends one request with retry once after a connection failure; no deadline here.
+    async fn send_on<C: ConnectionLike + Clone + Send>(
+        &self,
+        conn: &C,
+        req: &Req,
+    ) -> Result<redis::Value> {
+        let mut attempt = 0;
+        loop {
+            let mut c = conn.clone();
+            let r = match req {
+                Req::Cmd(cmd) => cmd.query_async::<redis::Value>(&mut c).await,
+                Req::Pipe(p) => p.query_async::<redis::Value>(&mut c).await,
+            };
+            match r {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    let e = map_err(&self.what, e);
+                    if attempt >= 1 || !e.is_retryable() {
+                        return Err(e);
+                    }
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    /// Runs `groups` (key positions and the request covering them), in parallel, under the
+    /// call deadline.
+    async fn run(&self, groups: Vec<(Vec<usize>, Req)>) -> Result<Vec<(Vec<usize>, redis::Value)>> {
+        let work = async {
+            let limit = self.options.max_concurrent_calls.max(1);
+            match &self.conn {
+                Conn::Single { client, cm } => {
+                    let conn = cm
+                        .get_or_try_init(|| async {
+                            let cfg = ConnectionManagerConfig::new()
+                                .set_connection_timeout(Some(self.options.connect_timeout))
+                                .set_response_timeout(Some(self.options.response_timeout))
+                                .set_number_of_retries(2)
+                                .set_min_delay(Duration::from_millis(20))
+                                .set_max_delay(Duration::from_millis(500));
+                            ConnectionManager::new_with_config(client.clone(), cfg)
+                                .await
+                                .map_err(|e| map_err(&self.what, e))
+                        })
+                        .await?;
+                    futures::stream::iter(groups)
+                        .map(|(pos, req)| async move { Ok((pos, self.send_on(conn, &req).await?)) })
+                        .buffer_unordered(limit)
+                        .try_collect()
+                        .await
+                }
+                Conn::Cluster { client, conn } => {
+                    let conn = conn
+                        .get_or_try_init(|| async {
+                            client
+                                .get_async_connection()
+                                .await
+                                .map_err(|e| map_err(&self.what, e))
+                        })
+                        .await?;
+                    futures::stream::iter(groups)
+                        .map(|(pos, req)| async move { Ok((pos, self.send_on(conn, &req).await?)) })
+                        .buffer_unordered(limit)
+                        .try_collect()
+                        .await
+                }
+            }
+        };
+        match tokio::time::timeout(self.options.op_timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::unavailable(format!(
+                "{}: no answer within {:?}",
+                self.what, self.options.op_timeout
+            ))),
+        }
+    }
+
+    /// Splits key positions `0..n` into groups a single command may cover: everything on a
+    /// single node, one group per hash slot on a cluster.
+    fn groups(&self, keys: impl Iterator<Item = impl AsRef<str>>) -> Vec<Vec<usize>> {
+        match self.conn {
+            Conn::Single { .. } => vec![keys.enumerate().map(|(i, _)| i).collect()],
+            Conn::Cluster { .. } => {
+                let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
+                for (i, k) in keys.enumerate() {
+                    by_slot
+                        .entry(key_slot(k.as_ref().as_bytes()))
+                        .or_default()
+                        .push(i);
+                }
+                by_slot.into_values().collect()
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl KvStore for RedisStore {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> KvCapabilities {
+        KvCapabilities {
+            native_ttl: true,
+            native_expire: true,
+            max_keys_per_call: self.options.max_keys_per_call,
+            max_concurrent_calls: self.options.max_concurrent_calls,
+        }
+    }
+
+    async fn mset(&self, items: Vec<(String, KvValue)>, ttl: Option<Duration>) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let groups = self.groups(items.iter().map(|(k, _)| k));
+        let reqs = groups
+            .into_iter()
+            .map(|pos| {
+                let req = match ttl {
+                    None => {
+                        let mut c = redis::cmd("MSET");
+                        for &i in &pos {
+                            c.arg(&items[i].0).arg(ValueArg(&items[i].1));
+                        }
+                        Req::Cmd(c)
+                    }
+                    Some(ttl) => {
+                        let ms = ttl.as_millis().max(1) as u64;
+                        let mut p = redis::pipe();
+                        for &i in &pos {
+                            p.cmd("SET")
+                                .arg(&items[i].0)
+                                .arg(ValueArg(&items[i].1))
+                                .arg("PX")
+                                .arg(ms)
+                                .ignore();
+                        }
+                        Req::Pipe(p)
+                    }
+                };
+                (Vec::new(), req)
+            })
+            .collect();
+        self.run(reqs).await.map(|_| ())
+    }
+
+    async fn mget(&self, keys: &[String]) -> Result<Vec<Option<Bytes>>> {
+        let mut out = vec![None; keys.len()];
+        if keys.is_empty() {
+            return Ok(out);
+        }
+        let reqs = self
+            .groups(keys.iter())
+            .into_iter()
+            .map(|pos| {
+                let mut c = redis::cmd("MGET");
+                for &i in &pos {
+                    c.arg(&keys[i]);
+                }
+                (pos, Req::Cmd(c))
+            })
+            .collect();
+        for (pos, v) in self.run(reqs).await? {
+            let redis::Value::Array(values) = v else {
+                return Err(Error::corrupted(format!(
+                    "{}: MGET answered {v:?}",
+                    self.what
+                )));
+            };
+            if values.len() != pos.len() {
+                return Err(Error::corrupted(format!(
+                    "{}: MGET of {} keys answered {} values",
+                    self.what,
+                    pos.len(),
+                    values.len()
+                )));
+            }
+            for (i, v) in pos.into_iter().zip(values) {
+                out[i] = match v {
+                    redis::Value::Nil => None,
+                    redis::Value::BulkString(b) => Some(Bytes::from(b)),
+                    other => {
+                        return Err(Error::corrupted(format!(
+                            "{}: key `{}` holds {other:?}",
+                            self.what, keys[i]
+                        )))
+                    }
+                };
+            }
+        }
+        Ok(out)
+    }
+
+    async fn delete(&self, keys: &[String]) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let name = match self.options.delete {
+            DeleteCommand::Unlink => "UNLINK",
+            DeleteCommand::Del => "DEL",
+        };
+        let reqs = self
+            .groups(keys.iter())
+            .into_iter()
+            .map(|pos| {
+                let mut c = redis::cmd(name);
+                for &i in &pos {
+                    c.arg(&keys[i]);
+                }
+                (Vec::new(), Req::Cmd(c))
+            })
+            .collect();
+        self.run(reqs).await.map(|_| ())
+    }
+
+    async fn expire(&self, keys: &[String], after: Duration) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let ms = after.as_millis().max(1) as u64;
+        let reqs = self
+            .groups(keys.iter())
+            .into_iter()
+            .map(|pos| {
+                let mut p = redis::pipe();
+                for &i in &pos {
+                    p.cmd("PEXPIRE").arg(&keys[i]).arg(ms).ignore();
+                }
+                (Vec::new(), Req::Pipe(p))
+            })
+            .collect();
+        self.run(reqs).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_redis_spec() {
+        // Values from the Redis Cluster specification / CLUSTER KEYSLOT.
+        assert_eq!(key_slot(b"123456789"), 12739);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
+        assert_eq!(key_slot(b"tq/{p/1}/0/a"), key_slot(b"tq/{p/1}/gen"));
+    }
+}

@@ -1,0 +1,186 @@
+//! The [`KvStore`] trait: the small surface a key-value engine implements to sit under the
+//! adapter, its declared [`KvCapabilities`], and the [`KvStoreExt`] conveniences built on it.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use std::time::Duration;
+use tq_core::Result;
+
+/// What a [`KvStore`] can do. The adapter reads these instead of guessing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCapabilities {
+    /// `mset` honours its `ttl` argument (the key disappears on its own after it).
+    pub native_ttl: bool,
+    /// `expire` sets a deadline on existing keys; when false, the adapter deletes instead.
+    pub native_expire: bool,
+    /// The most keys one call should carry; the adapter splits larger batches.
+    pub max_keys_per_call: usize,
+    /// How many calls the adapter keeps in flight at once (pipelining).
+    pub max_concurrent_calls: usize,
+}
+
+impl Default for KvCapabilities {
+    fn default() -> Self {
+        KvCapabilities {
+            native_ttl: false,
+            native_expire: false,
+            max_keys_per_call: 1024,
+            max_concurrent_calls: 16,
+        }
+    }
+}
+
+/// A value to write: an optional small header followed by the payload, kept as two buffers so a
+/// store can write them back to back without first copying them into one.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KvValue {
+    head: Bytes,
+    body: Bytes,
+}
+
+impl KvValue {
+    /// A value that is `head` immediately followed by `body`.
+    pub fn new(head: Bytes, body: Bytes) -> Self {
+        KvValue { head, body }
+    }
+
+    /// Total length in bytes.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The two parts, in order.
+    pub fn parts(&self) -> [&Bytes; 2] {
+        [&self.head, &self.body]
+    }
+
+    /// The value as one buffer (copies only when there is a header).
+    pub fn to_bytes(&self) -> Bytes {
+        if self.head.is_empty() {
+            return self.body.clone();
+        }
+        let mut v = Vec::with_capacity(self.len());
+        v.extend_from_slice(&self.head);
+        v.extend_from_slice(&self.body);
+        Bytes::from(v)
+    }
+}
+
+impl From<Bytes> for KvValue {
+    fn from(body: Bytes) -> Self {
+        KvValue {
+            head: Bytes::new(),
+            body,
+        }
+    }
+}
+
+/// A key-value engine under the generic KV adapter.
+///
+/// Keys are UTF-8 strings chosen by the adapter; values are opaque bytes. Every method is a
+/// batch operation; the adapter keeps each call within [`KvCapabilities::max_keys_per_call`].
+/// Failures to reach the engine are [`tq_core::ErrorKind::Unavailable`].
+#[async_trait]
+pub trait KvStore: Send + Sync + 'static {
+    /// A short name for messages and routing tags (`"redis"`, `"memory"`).
+    fn name(&self) -> &str;
+
+    fn capabilities(&self) -> KvCapabilities;
+
+    /// Writes every item. With `ttl`, each key disappears `ttl` after this write, replacing any
+    /// deadline it had; without, the key lives until deleted (an earlier deadline is removed).
+    async fn mset(&self, items: Vec<(String, KvValue)>, ttl: Option<Duration>) -> Result<()>;
+
+    /// Reads the keys, in order; `None` for a key that is not stored.
+    async fn mget(&self, keys: &[String]) -> Result<Vec<Option<Bytes>>>;
+
+    /// Removes the keys; absent keys are fine.
+    async fn delete(&self, keys: &[String]) -> Result<()>;
+
+    /// Makes the keys disappear `after` from now; absent keys are fine. Stores without
+    /// [`KvCapabilities::native_expire`] delete.
+    async fn expire(&self, keys: &[String], after: Duration) -> Result<()> {
+        let _ = after;
+        self.delete(keys).await
+    }
+}
+
+/// Batch helpers over any [`KvStore`]: split to the store's per-call limit and keep up to
+/// `max_concurrent_calls` calls in flight.
+#[async_trait]
+pub trait KvStoreExt: KvStore {
+    /// [`KvStore::mset`] of any number of items.
+    async fn mset_all(&self, items: Vec<(String, KvValue)>, ttl: Option<Duration>) -> Result<()> {
+        let caps = self.capabilities();
+        if items.len() <= caps.max_keys_per_call {
+            return self.mset(items, ttl).await;
+        }
+        let mut chunks = Vec::with_capacity(items.len() / caps.max_keys_per_call + 1);
+        let mut it = items.into_iter().peekable();
+        while it.peek().is_some() {
+            chunks.push(it.by_ref().take(caps.max_keys_per_call).collect::<Vec<_>>());
+        }
+        let calls: Vec<_> = chunks.into_iter().map(|c| self.mset(c, ttl)).collect();
+        futures::stream::iter(calls)
+            .buffer_unordered(caps.max_concurrent_calls.max(1))
+            .try_collect::<Vec<()>>()
+            .await
+            .map(|_| ())
+    }
+
+    /// [`KvStore::mget`] of any number of keys, in order.
+    async fn mget_all(&self, keys: &[String]) -> Result<Vec<Option<Bytes>>> {
+        let caps = self.capabilities();
+        if keys.len() <= caps.max_keys_per_call {
+            return self.mget(keys).await;
+        }
+        let calls: Vec<_> = keys
+            .chunks(caps.max_keys_per_call)
+            .map(|c| self.mget(c))
+            .collect();
+        let parts: Vec<Vec<Option<Bytes>>> = futures::stream::iter(calls)
+            .buffered(caps.max_concurrent_calls.max(1))
+            .try_collect()
+            .await?;
+        Ok(parts.into_iter().flatten().collect())
+    }
+
+    /// [`KvStore::delete`] of any number of keys.
+    async fn delete_all(&self, keys: &[String]) -> Result<()> {
+        let caps = self.capabilities();
+        let calls: Vec<_> = keys
+            .chunks(caps.max_keys_per_call.max(1))
+            .map(|c| self.delete(c))
+            .collect();
+        futures::stream::iter(calls)
+            .buffer_unordered(caps.max_concurrent_calls.max(1))
+            .try_collect::<Vec<()>>()
+            .await
+            .map(|_| ())
+    }
+
+    /// [`KvStore::expire`] of any number of keys, or [`KvStoreExt::delete_all`] when the store
+    /// cannot expire.
+    async fn expire_all(&self, keys: &[String], after: Duration) -> Result<()> {
+        let caps = self.capabilities();
+        if !caps.native_expire {
+            return self.delete_all(keys).await;
+        }
+        let calls: Vec<_> = keys
+            .chunks(caps.max_keys_per_call.max(1))
+            .map(|c| self.expire(c, after))
+            .collect();
+        futures::stream::iter(calls)
+            .buffer_unordered(caps.max_concurrent_calls.max(1))
+            .try_collect::<Vec<()>>()
+            .await
+            .map(|_| ())
+    }
+}
+
+impl<T: KvStore + ?Sized> KvStoreExt for T {}

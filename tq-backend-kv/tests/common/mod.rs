@@ -1,0 +1,220 @@
+//! Test support: `redis-server` processes started on free loopback ports and killed on drop.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A unique name for namespaces and directories within this test process.
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> Self {
+        let p = std::env::temp_dir().join(unique("tq-kv-test-"));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// True when `redis-server` and `redis-cli` can run. Otherwise prints why the calling test is
+/// skipped — or panics when `TQ_REQUIRE_REDIS=1` (CI), so nothing is skipped silently there.
+pub fn redis_available(test: &str) -> bool {
+    let ok = |bin: &str| {
+        Command::new(bin)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if ok("redis-server") && ok("redis-cli") {
+        return true;
+    }
+    if std::env::var("TQ_REQUIRE_REDIS").is_ok_and(|v| v == "1") {
+        panic!("{test}: redis-server/redis-cli not on PATH but TQ_REQUIRE_REDIS=1");
+    }
+    eprintln!(
+        "SKIPPED {test}: redis-server/redis-cli not on PATH (install the redis-server package)"
+    );
+    false
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a free port")
+        .port()
+}
+
+/// One `redis-server` process on 127.0.0.1, killed when dropped (also on panic).
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: TempDir,
+    cluster: bool,
+}
+
+impl RedisServer {
+    pub fn start() -> Self {
+        Self::start_on(free_port(), false)
+    }
+
+    pub fn start_on(port: u16, cluster: bool) -> Self {
+        let dir = TempDir::new();
+        Self::spawn(port, cluster, dir)
+    }
+
+    fn spawn(port: u16, cluster: bool, dir: TempDir) -> Self {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--dir", dir.0.to_str().expect("utf-8 temp dir")]);
+        if cluster {
+            cmd.args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &format!("nodes-{port}.conf"),
+                "--cluster-node-timeout",
+                "2000",
+            ]);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        let s = RedisServer {
+            port,
+            child: Some(child),
+            dir,
+            cluster,
+        };
+        s.wait_ready();
+        s
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.cli(&["ping"]).trim() == "PONG" {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server on port {} did not start", self.port);
+    }
+
+    /// Kills the process (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts a fresh server on the same port (after [`RedisServer::kill`]).
+    pub fn restart(mut self) -> Self {
+        self.kill();
+        let dir = std::mem::replace(&mut self.dir, TempDir::new());
+        Self::spawn(self.port, self.cluster, dir)
+    }
+
+    /// Sends a signal (`STOP`, `CONT`) to the server process.
+    pub fn signal(&self, sig: &str) {
+        Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            // A stopped process must be continued to die promptly on some systems.
+            let _ = Command::new("kill")
+                .args(["-CONT", &c.id().to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        self.kill();
+    }
+}
+
+/// Three master nodes joined into a cluster, all killed on drop.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::start_on(free_port(), true))
+            .collect();
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        let out = Command::new("redis-cli")
+            .args(&args)
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = nodes
+                .iter()
+                .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"));
+            if ok {
+                break;
+            }
+            assert!(Instant::now() < deadline, "cluster state never became ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        RedisCluster { nodes }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}

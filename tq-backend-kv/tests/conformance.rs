@@ -1,0 +1,170 @@
+//! The tq-core conformance kit against every KV store.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+#[allow(unused_imports)]
+use tq_backend_kv::{KvOptions, KvStorageManager, KvStore, MemoryKvStore, Routing};
+use tq_core::StorageManager;
+
+fn options(ttl: Option<Duration>) -> KvOptions {
+    KvOptions {
+        namespace: common::unique("t"),
+        data_ttl: ttl,
+        ..Default::default()
+    }
+}
+
+fn manager(store: Arc<dyn KvStore>, ttl: Option<Duration>) -> Arc<dyn StorageManager> {
+    Arc::new(KvStorageManager::new(store, options(ttl)).expect("manager"))
+}
+
+#[tokio::test]
+async fn memory_store() {
+    tq_core::testkit::run_all(|| async { manager(Arc::new(MemoryKvStore::new()), None) }).await;
+}
+
+#[tokio::test]
+async fn memory_store_with_ttl() {
+    tq_core::testkit::run_all(|| async {
+        manager(
+            Arc::new(MemoryKvStore::new()),
+            Some(Duration::from_secs(600)),
+        )
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn memory_stores_routed_by_field() {
+    tq_core::testkit::run_all(|| async {
+        let stores: Vec<(String, Arc<dyn KvStore>)> = vec![
+            ("a".into(), Arc::new(MemoryKvStore::new())),
+            ("b".into(), Arc::new(MemoryKvStore::new())),
+        ];
+        let fields = BTreeMap::from([
+            ("f32".to_string(), "b".to_string()),
+            ("obj".into(), "b".into()),
+        ]);
+        let m = KvStorageManager::with_stores(
+            stores,
+            KvOptions {
+                routing: Routing::ByField {
+                    fields,
+                    default: "a".into(),
+                },
+                ..options(None)
+            },
+        )
+        .unwrap();
+        Arc::new(m) as Arc<dyn StorageManager>
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn memory_stores_routed_by_size() {
+    tq_core::testkit::run_all(|| async {
+        let stores: Vec<(String, Arc<dyn KvStore>)> = vec![
+            ("small".into(), Arc::new(MemoryKvStore::new())),
+            ("large".into(), Arc::new(MemoryKvStore::new())),
+        ];
+        let m = KvStorageManager::with_stores(
+            stores,
+            KvOptions {
+                routing: Routing::BySize {
+                    threshold: 8,
+                    small: "small".into(),
+                    large: "large".into(),
+                },
+                ..options(None)
+            },
+        )
+        .unwrap();
+        Arc::new(m) as Arc<dyn StorageManager>
+    })
+    .await;
+}
+
+#[cfg(feature = "object-store")]
+#[tokio::test]
+async fn object_store_on_a_temp_dir() {
+    let dir = common::TempDir::new();
+    let root = dir.0.clone();
+    tq_core::testkit::run_all(|| {
+        let root = root.clone();
+        async move {
+            let s = tq_backend_kv::ObjectKvStore::local(root).unwrap();
+            manager(Arc::new(s), None)
+        }
+    })
+    .await;
+}
+
+#[cfg(feature = "object-store")]
+#[tokio::test]
+async fn object_store_in_memory_with_ttl_declared_absent() {
+    let s = tq_backend_kv::ObjectKvStore::in_memory();
+    assert!(!s.capabilities().native_ttl && !s.capabilities().native_expire);
+    tq_core::testkit::run_all(|| async {
+        manager(
+            Arc::new(tq_backend_kv::ObjectKvStore::in_memory()),
+            Some(Duration::from_secs(60)),
+        )
+    })
+    .await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_single_node() {
+    if !common::redis_available("redis_single_node") {
+        return;
+    }
+    let server = common::RedisServer::start();
+    let url = server.url();
+    for ttl in [None, Some(Duration::from_secs(600))] {
+        tq_core::testkit::run_all(|| {
+            let url = url.clone();
+            async move {
+                // A small per-call limit so batches are split and pipelined.
+                let opts = tq_backend_kv::RedisOptions {
+                    max_keys_per_call: 7,
+                    ..Default::default()
+                };
+                let s = tq_backend_kv::RedisStore::single(&url, opts).unwrap();
+                manager(Arc::new(s), ttl)
+            }
+        })
+        .await;
+    }
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_cluster() {
+    if !common::redis_available("redis_cluster") {
+        return;
+    }
+    let cluster = common::RedisCluster::start();
+    let urls = cluster.urls();
+    for ttl in [None, Some(Duration::from_secs(600))] {
+        tq_core::testkit::run_all(|| {
+            let urls = urls.clone();
+            async move {
+                let s = tq_backend_kv::RedisStore::cluster(&urls, Default::default()).unwrap();
+                manager(Arc::new(s), ttl)
+            }
+        })
+        .await;
+    }
+    // Keys really are spread over the three nodes.
+    let counts: Vec<usize> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.cli(&["dbsize"]).trim().parse().unwrap())
+        .collect();
+    assert!(counts.iter().filter(|&&c| c > 0).count() >= 2, "{counts:?}");
+}

@@ -1,0 +1,300 @@
+//! TTL semantics (upstream PR #156's scenario) and fault handling against real Redis servers
+//! started by the tests, plus the same TTL scenario on the in-memory store under paused time.
+
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tq_backend_kv::codec::KeyScheme;
+use tq_backend_kv::{
+    KvOptions, KvStorageManager, KvStore, MemoryKvStore, RedisOptions, RedisStore,
+};
+use tq_core::testkit::{assert_same_rows, sample_batch};
+use tq_core::{Batch, BatchMeta, ErrorKind, FieldFilter, SampleId, StorageManager};
+
+const PARTITION: &str = "train";
+
+fn meta(samples: Vec<SampleId>, batch: &Batch) -> BatchMeta {
+    BatchMeta::new(PARTITION, samples)
+        .with_fields(batch.schemas())
+        .unwrap()
+}
+
+/// The PR #156 scenario, driven through any store: `sleep` advances time.
+async fn reused_sample_survives_old_deadline<S, F>(
+    store: Arc<dyn KvStore>,
+    sleep: S,
+) -> (KeyScheme, Vec<SampleId>)
+where
+    S: Fn(Duration) -> F,
+    F: std::future::Future<Output = ()>,
+{
+    let ns = common::unique("ttl");
+    let m = KvStorageManager::new(
+        store.clone(),
+        KvOptions {
+            namespace: ns.clone(),
+            data_ttl: Some(Duration::from_secs(30)),
+            clear_expire_after: Duration::from_millis(400),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let old_ids = vec![SampleId::new(5, 0), SampleId::new(6, 0)];
+    let new_ids = vec![SampleId::new(5, 1), SampleId::new(6, 1)];
+    let old = sample_batch(2, 1).select_fields(&["f32", "obj"]).unwrap();
+    m.put(&meta(old_ids.clone(), &old), &old).await.unwrap();
+    // Clear marks the keys to expire in 400 ms; the index is reused at once (generation 1).
+    m.clear(&meta(old_ids.clone(), &old), &FieldFilter::All)
+        .await
+        .unwrap();
+    assert!(
+        m.get(&meta(old_ids.clone(), &old)).await.is_err(),
+        "cleared sample is unreadable at once"
+    );
+    let new = sample_batch(2, 2).select_fields(&["f32", "obj"]).unwrap();
+    m.put(&meta(new_ids.clone(), &new), &new).await.unwrap();
+    // The very same cell key is rebuilt too: expire a field, then rewrite it before the deadline.
+    let f32_only = new.select_fields(&["f32"]).unwrap();
+    m.expire(
+        &meta(new_ids.clone(), &f32_only),
+        &FieldFilter::Only(vec!["f32".into()]),
+    )
+    .await
+    .unwrap();
+    let rewritten = sample_batch(2, 3).select_fields(&["f32"]).unwrap();
+    m.put(&meta(new_ids.clone(), &rewritten), &rewritten)
+        .await
+        .unwrap();
+    sleep(Duration::from_millis(900)).await;
+    // Past the old deadline: the rewrites are all there.
+    let want = Batch::from_columns([
+        ("f32", rewritten.column("f32").unwrap().clone()),
+        ("obj", new.column("obj").unwrap().clone()),
+    ])
+    .unwrap();
+    let got = m
+        .get(&meta(new_ids.clone(), &want))
+        .await
+        .expect("rewritten sample survives");
+    assert_same_rows("reused sample after the old deadline", &want, &got);
+    // The cleared generation's keys are gone.
+    let ks = KeyScheme::new(&ns, PARTITION);
+    let old_keys: Vec<String> = old_ids
+        .iter()
+        .flat_map(|s| ["f32", "obj"].map(|f| ks.cell(*s, f)))
+        .collect();
+    let raw = store.mget(&old_keys).await.unwrap();
+    assert!(
+        raw.iter().all(Option::is_none),
+        "cleared keys expired: {raw:?}"
+    );
+    (ks, new_ids)
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_reused_sample_survives_old_deadline() {
+    let store = Arc::new(MemoryKvStore::new());
+    reused_sample_survives_old_deadline(store.clone(), tokio::time::sleep).await;
+    // The sweeper reclaimed the expired keys' memory.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        store.resident_keys(),
+        2 * 2 + 2,
+        "two samples x two fields + two generation keys"
+    );
+}
+
+#[tokio::test]
+async fn redis_reused_sample_survives_old_deadline() {
+    if !common::redis_available("redis_reused_sample_survives_old_deadline") {
+        return;
+    }
+    let server = common::RedisServer::start();
+    let store = Arc::new(RedisStore::single(&server.url(), RedisOptions::default()).unwrap());
+    let (ks, ids) = reused_sample_survives_old_deadline(store, tokio::time::sleep).await;
+    // The TTL was re-armed by the rewrite (30 s, not the 400 ms of the expire).
+    for key in [ks.cell(ids[0], "f32"), ks.generation(ids[0].index)] {
+        let pttl: i64 = server.cli(&["pttl", &key]).trim().parse().unwrap();
+        assert!(pttl > 20_000, "{key}: pttl {pttl}");
+    }
+}
+
+#[tokio::test]
+async fn redis_without_ttl_clear_deletes_at_once() {
+    if !common::redis_available("redis_without_ttl_clear_deletes_at_once") {
+        return;
+    }
+    let server = common::RedisServer::start();
+    let store = Arc::new(RedisStore::single(&server.url(), RedisOptions::default()).unwrap());
+    let ns = common::unique("nottl");
+    let m = KvStorageManager::new(
+        store.clone(),
+        KvOptions {
+            namespace: ns.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ids = vec![SampleId::new(1, 0), SampleId::new(2, 0)];
+    let b = sample_batch(2, 4);
+    m.put(&meta(ids.clone(), &b), &b).await.unwrap();
+    let ks = KeyScheme::new(&ns, PARTITION);
+    let key = ks.cell(ids[0], "f32");
+    assert_eq!(server.cli(&["pttl", &key]).trim(), "-1", "no TTL on writes");
+    m.clear(&meta(ids.clone(), &b), &FieldFilter::All)
+        .await
+        .unwrap();
+    let keys: Vec<String> = ids
+        .iter()
+        .flat_map(|s| b.field_names().map(|f| ks.cell(*s, f)).collect::<Vec<_>>())
+        .chain(ids.iter().map(|s| ks.generation(s.index)))
+        .collect();
+    assert!(store.mget(&keys).await.unwrap().iter().all(Option::is_none));
+    assert_eq!(server.cli(&["dbsize"]).trim(), "0");
+}
+
+#[tokio::test]
+async fn redis_missing_cell_is_data_lost_naming_the_key() {
+    if !common::redis_available("redis_missing_cell_is_data_lost_naming_the_key") {
+        return;
+    }
+    let server = common::RedisServer::start();
+    let store = Arc::new(RedisStore::single(&server.url(), RedisOptions::default()).unwrap());
+    let ns = common::unique("lost");
+    let m = KvStorageManager::new(
+        store.clone(),
+        KvOptions {
+            namespace: ns.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ids = vec![SampleId::new(1, 0), SampleId::new(2, 0)];
+    let b = sample_batch(2, 5);
+    let receipt = m.put(&meta(ids.clone(), &b), &b).await.unwrap();
+    let bm = receipt.backend_meta.expect("per-cell routing tags");
+    assert_eq!(bm[0]["f32"].as_ref(), b"redis");
+    let key = KeyScheme::new(&ns, PARTITION).cell(ids[1], "obj");
+    server.cli(&["del", &key]);
+    let e = m.get(&meta(ids, &b)).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::DataLost, "{e}");
+    assert!(e.message().contains(&key), "{e}");
+}
+
+fn fault_options() -> RedisOptions {
+    RedisOptions {
+        connect_timeout: Duration::from_millis(300),
+        response_timeout: Duration::from_millis(500),
+        op_timeout: Duration::from_millis(1500),
+        ..Default::default()
+    }
+}
+
+fn assert_unavailable_in_time<T: std::fmt::Debug>(what: &str, r: tq_core::Result<T>, t0: Instant) {
+    let e = r.expect_err(what);
+    assert_eq!(e.kind(), &ErrorKind::Unavailable, "{what}: {e}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "{what}: took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn redis_killed_then_restarted() {
+    if !common::redis_available("redis_killed_then_restarted") {
+        return;
+    }
+    let mut server = common::RedisServer::start();
+    let store = Arc::new(RedisStore::single(&server.url(), fault_options()).unwrap());
+    let m = KvStorageManager::new(
+        store,
+        KvOptions {
+            namespace: common::unique("fault"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ids = vec![SampleId::new(1, 0)];
+    let b = sample_batch(1, 6);
+    m.put(&meta(ids.clone(), &b), &b).await.unwrap();
+    server.kill();
+    for round in 0..2 {
+        let t0 = Instant::now();
+        assert_unavailable_in_time(
+            &format!("put after kill #{round}"),
+            m.put(&meta(ids.clone(), &b), &b).await,
+            t0,
+        );
+        let t0 = Instant::now();
+        assert_unavailable_in_time(
+            &format!("get after kill #{round}"),
+            m.get(&meta(ids.clone(), &b)).await,
+            t0,
+        );
+        let t0 = Instant::now();
+        assert_unavailable_in_time(
+            &format!("clear after kill #{round}"),
+            m.clear(&meta(ids.clone(), &b), &FieldFilter::All).await,
+            t0,
+        );
+    }
+    let server = server.restart();
+    // The restarted server is empty (no persistence): the next operations succeed.
+    m.put(&meta(ids.clone(), &b), &b)
+        .await
+        .expect("put after restart");
+    let got = m
+        .get(&meta(ids.clone(), &b))
+        .await
+        .expect("get after restart");
+    assert_same_rows("after restart", &b, &got);
+    // A server that stops answering (SIGSTOP) fails calls within the deadline, no hang.
+    server.signal("STOP");
+    let t0 = Instant::now();
+    assert_unavailable_in_time("get while stopped", m.get(&meta(ids.clone(), &b)).await, t0);
+    server.signal("CONT");
+    let mut ok = false;
+    for _ in 0..3 {
+        if m.get(&meta(ids.clone(), &b)).await.is_ok() {
+            ok = true;
+            break;
+        }
+    }
+    assert!(ok, "get after SIGCONT");
+}
+
+#[tokio::test]
+async fn redis_cluster_unreachable_is_unavailable() {
+    if !common::redis_available("redis_cluster_unreachable_is_unavailable") {
+        return;
+    }
+    let mut cluster = common::RedisCluster::start();
+    let store = Arc::new(RedisStore::cluster(&cluster.urls(), fault_options()).unwrap());
+    let m = KvStorageManager::new(
+        store,
+        KvOptions {
+            namespace: common::unique("cfault"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ids: Vec<SampleId> = (0..16).map(|i| SampleId::new(i, 0)).collect();
+    let b = sample_batch(16, 7);
+    m.put(&meta(ids.clone(), &b), &b).await.unwrap();
+    for n in &mut cluster.nodes {
+        n.kill();
+    }
+    let t0 = Instant::now();
+    let r = m.get(&meta(ids.clone(), &b)).await;
+    let e = r.expect_err("get from a dead cluster");
+    assert!(e.is_retryable(), "{e}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        t0.elapsed()
+    );
+}
