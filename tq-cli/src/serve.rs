@@ -12,6 +12,18 @@ use tq_controller::{Controller, ControllerConfig, ControllerServer, RemoteContro
 use tq_core::{Error, Result};
 use tq_net::{Endpoint, Server, ServerConfig};
 
+/// SSD offload of storage units.
+#[derive(Args, Debug, Clone)]
+pub struct SsdArgs {
+    /// Offload cells at least `--ssd-threshold` bytes large to files under this directory
+    /// (created if missing; each run uses its own subdirectory, removed on shutdown).
+    #[arg(long, env = "TQ_STORAGE_SSD_PATH")]
+    ssd_path: Option<std::path::PathBuf>,
+    /// Size from which a cell goes to disk.
+    #[arg(long, default_value_t = tq_backend_ssd::DEFAULT_THRESHOLD_BYTES)]
+    ssd_threshold: usize,
+}
+
 /// Options every server shares.
 #[derive(Args, Debug, Clone)]
 pub struct Security {
@@ -70,6 +82,8 @@ pub struct ServeArgs {
     /// Maximum samples per storage unit (unlimited if absent).
     #[arg(long)]
     capacity_per_unit: Option<usize>,
+    #[command(flatten)]
+    ssd: SsdArgs,
     /// Default sampler of the controller (`sequential`, `grpo:<n>`, `rank-aware`,
     /// `seqlen-balanced:<dp_size>[:<n>]`).
     #[arg(long, default_value = "sequential")]
@@ -111,6 +125,8 @@ pub struct UnitArgs {
     #[arg(long)]
     capacity: Option<usize>,
     #[command(flatten)]
+    ssd: SsdArgs,
+    #[command(flatten)]
     security: Security,
 }
 
@@ -143,16 +159,22 @@ async fn start_unit(
     id: &str,
     listen: &Endpoint,
     capacity: Option<usize>,
+    ssd: &SsdArgs,
     security: &Security,
 ) -> Result<Server> {
-    let unit = MemoryUnit::with_config(
-        id,
-        UnitConfig {
-            capacity,
-            ..UnitConfig::default()
-        },
-    )?;
-    let handler = Arc::new(UnitServer::new(Arc::new(unit) as Arc<dyn StorageUnit>));
+    let config = UnitConfig {
+        capacity,
+        ..UnitConfig::default()
+    };
+    let unit: Arc<dyn StorageUnit> = match &ssd.ssd_path {
+        Some(path) => Arc::new(tq_backend_ssd::SsdUnit::new(
+            id,
+            config,
+            tq_backend_ssd::SsdConfig::enabled_at(path).with_threshold(ssd.ssd_threshold),
+        )?),
+        None => Arc::new(MemoryUnit::with_config(id, config)?),
+    };
+    let handler = Arc::new(UnitServer::new(unit));
     Server::bind(listen, security.server_config(id), handler).await
 }
 
@@ -186,7 +208,14 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     let mut units = Vec::new();
     for i in 0..args.units {
         let id = format!("unit-{i}");
-        let server = start_unit(&id, &unit_listen, args.capacity_per_unit, &args.security).await?;
+        let server = start_unit(
+            &id,
+            &unit_listen,
+            args.capacity_per_unit,
+            &args.ssd,
+            &args.security,
+        )
+        .await?;
         let endpoint = advertised(server.local_endpoint(), args.advertise_host.as_deref())?;
         service.register_unit(UnitInfo {
             id: id.clone(),
@@ -232,7 +261,7 @@ pub async fn storage_unit(args: UnitArgs) -> Result<()> {
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
     let controller: Endpoint = args.controller.parse()?;
-    let server = start_unit(&args.id, &listen, args.capacity, &args.security).await?;
+    let server = start_unit(&args.id, &listen, args.capacity, &args.ssd, &args.security).await?;
     let advertised = match &args.advertise {
         Some(a) => a.parse::<Endpoint>()?.to_string(),
         None => server.local_endpoint().to_string(),

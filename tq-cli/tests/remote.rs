@@ -540,3 +540,40 @@ async fn streams_updates_and_links_work_remotely() {
     }
     assert_eq!(n, 12);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_units_can_offload_to_ssd() {
+    let dir = std::env::temp_dir().join(format!("tq-ssd-serve-{}", std::process::id()));
+    let path = dir.display().to_string();
+    let (mut server, url) = serve(2, &["--ssd-path", &path, "--ssd-threshold", "32"]);
+    let tq = Client::connect_with(&url, config(10_000)).await.unwrap();
+    tq.kv_batch_put("p", &["a", "b", "c"], Some(&rows(3, 0)), None)
+        .await
+        .unwrap(); // 64 B rows
+    assert_eq!(
+        tq.kv_batch_get("p", &["a", "b", "c"], None).await.unwrap(),
+        rows(3, 0)
+    );
+    let count = |d: &std::path::Path| -> usize {
+        fn walk(d: &std::path::Path) -> usize {
+            std::fs::read_dir(d)
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| {
+                            if e.path().is_dir() {
+                                walk(&e.path())
+                            } else {
+                                1
+                            }
+                        })
+                        .sum()
+                })
+                .unwrap_or(0)
+        }
+        walk(d)
+    };
+    assert!(count(&dir) >= 3, "cells went to disk");
+    let _ = server.terminate(Duration::from_secs(10));
+    assert!(dir.exists(), "the user's directory stays");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -21,6 +21,12 @@
 //! data_ttl_ms = 3600000            # omit: no TTL, clear deletes
 //! routing = { kind = "by-size", threshold = 65536, small = "a", large = "b" }
 //!
+//! [storage.ssd]                    # offload large cells of the units to disk
+//! enabled = true
+//! path = "/mnt/nvme/tq"            # created with parents; runs keep their files below it
+//! threshold_bytes = 1048576        # cells at least this large go to disk
+//! engine = "auto"                  # io_uring when available, else pread/pwrite
+//!
 //! [net]                            # remote deployments
 //! token = "..."                    # shared secret (better: TQ_NET_TOKEN)
 //! request_timeout_ms = 30000
@@ -117,6 +123,9 @@ pub struct StorageSection {
     pub compaction_threshold: f64,
     /// Settings of `backend = "kv"`.
     pub kv: tq_backend_kv::KvConfig,
+    /// SSD offload of the simple backend's units (`[storage.ssd]`: `enabled`, `path`,
+    /// `threshold_bytes` (default 1 MiB), `engine` = `auto` | `uring` | `psync`).
+    pub ssd: tq_backend_ssd::SsdConfig,
 }
 
 impl Default for StorageSection {
@@ -127,6 +136,7 @@ impl Default for StorageSection {
             capacity_per_unit: None,
             compaction_threshold: 0.5,
             kv: tq_backend_kv::KvConfig::default(),
+            ssd: tq_backend_ssd::SsdConfig::default(),
         }
     }
 }
@@ -185,6 +195,13 @@ impl Config {
         }
         if let Some(v) = get("TQ_STORAGE_CAPACITY_PER_UNIT") {
             self.storage.capacity_per_unit = Some(parse("TQ_STORAGE_CAPACITY_PER_UNIT", &v)?);
+        }
+        if let Some(v) = get("TQ_STORAGE_SSD_PATH") {
+            self.storage.ssd.enabled = true;
+            self.storage.ssd.path = Some(v.into());
+        }
+        if let Some(v) = get("TQ_STORAGE_SSD_THRESHOLD_BYTES") {
+            self.storage.ssd.threshold_bytes = parse("TQ_STORAGE_SSD_THRESHOLD_BYTES", &v)?;
         }
         if let Some(v) = get("TQ_NET_TOKEN") {
             self.net.token = Some(v);

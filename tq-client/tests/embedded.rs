@@ -477,3 +477,51 @@ fn blocking_client_round_trip() {
     tq.kv_clear("p", &["x", "y"], None).unwrap();
     assert!(tq.list_partitions().unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn ssd_offload_from_the_config() {
+    let dir = std::env::temp_dir().join(format!("tq-ssd-client-{}", std::process::id()));
+    let mut cfg = Config::default();
+    cfg.storage.ssd.enabled = true;
+    cfg.storage.ssd.path = Some(dir.clone());
+    cfg.storage.ssd.threshold_bytes = 64;
+    {
+        let tq = Client::embedded(cfg).unwrap();
+        let big = batch(4, 0); // ids rows are 32 bytes, text rows smaller: all in memory
+        let large = Batch::from_columns([("big", dense_i64(4, 64, 0))]).unwrap(); // 512 B rows
+        tq.kv_batch_put("p", &["a", "b", "c", "d"], Some(&big), None)
+            .await
+            .unwrap();
+        tq.kv_batch_put("p", &["a", "b", "c", "d"], Some(&large), None)
+            .await
+            .unwrap();
+        let files = walk(&dir);
+        assert_eq!(files, 4, "one file per large cell");
+        let got = tq
+            .kv_batch_get("p", &["a", "b", "c", "d"], Some(&["big"]))
+            .await
+            .unwrap();
+        assert_eq!(got, large);
+        tq.kv_clear("p", &["a", "b"], None).await.unwrap();
+        assert_eq!(walk(&dir), 2, "clear deletes the files at once");
+    }
+    // Dropping the client shuts the units down: the run's files go, the user's directory stays.
+    assert_eq!(walk(&dir), 0);
+    assert!(dir.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn walk(dir: &std::path::Path) -> usize {
+    let mut n = 0;
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                n += walk(&p);
+            } else if p.extension().is_some_and(|x| x == "cell") {
+                n += 1;
+            }
+        }
+    }
+    n
+}
