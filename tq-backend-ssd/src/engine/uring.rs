@@ -229,9 +229,13 @@ fn sqe_for<B: Batch>(slot: &Slot, key: usize) -> io_uring::squeue::Entry {
     // SAFETY (of the pointer arithmetic): done < len, inside the op's buffer.
     let ptr = unsafe { slot.ptr.add(slot.done) };
     let entry = if B::WRITE {
+        // Buffered writes would otherwise complete inline on this one ring thread, copying
+        // every byte into the page cache on a single core; ASYNC hands them to the kernel's
+        // io-wq workers, which copy in parallel (psync gets the same from blocking threads).
         opcode::Write::new(fd, ptr, n)
             .offset(slot.done as u64)
             .build()
+            .flags(io_uring::squeue::Flags::ASYNC)
     } else {
         opcode::Read::new(fd, ptr, n)
             .offset(slot.done as u64)
