@@ -5,7 +5,10 @@
 //!   (`SET .. PX` / `PEXPIRE` per key); the adapter keeps several calls in flight.
 //! - Cluster: [`redis::cluster_async::ClusterConnection`]. Multi-key commands may not span hash
 //!   slots, so each call is split by slot (the adapter's keys put every key of a sample in one
-//!   slot) and the per-slot commands run in parallel; the connection sends each to its node.
+//!   slot); the per-slot commands are grouped by the node that serves their slot (from
+//!   `CLUSTER SLOTS`) and sent as one pipeline per node, the nodes in parallel. If the slot map
+//!   is stale (resharding, failover), the map is dropped and that call goes per slot, routed
+//!   and redirected by the cluster connection.
 //! - Every call has a deadline ([`RedisOptions::op_timeout`]); a server that cannot be reached
 //!   or does not answer is [`tq_core::ErrorKind::Unavailable`]. Calls are idempotent and are
 //!   retried once after a dropped connection, so the first call after a restart succeeds.
@@ -17,6 +20,7 @@ use futures::{StreamExt, TryStreamExt};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{RedisWrite, ToRedisArgs};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -79,6 +83,8 @@ pub struct RedisStore {
     what: String,
     conn: Conn,
     options: RedisOptions,
+    /// Cluster slot ranges → primary (host, port), fetched on first use (see `slot_map`).
+    slots: std::sync::Mutex<Option<Vec<(u16, u16, String, u16)>>>,
 }
 
 /// One request: a command or a pipeline.
@@ -161,6 +167,7 @@ impl RedisStore {
                 cm: OnceCell::new(),
             },
             options,
+            slots: std::sync::Mutex::new(None),
         })
     }
 
@@ -182,6 +189,7 @@ impl RedisStore {
                 conn: OnceCell::new(),
             },
             options,
+            slots: std::sync::Mutex::new(None),
         })
     }
 
@@ -245,7 +253,10 @@ impl RedisStore {
 
     /// Runs `groups` (key positions and the request covering them), in parallel, under the
     /// call deadline.
-    async fn run(&self, groups: Vec<(Vec<usize>, Req)>) -> Result<Vec<(Vec<usize>, redis::Value)>> {
+    async fn run(
+        &self,
+        groups: Vec<(u16, Vec<usize>, Req)>,
+    ) -> Result<Vec<(Vec<usize>, redis::Value)>> {
         let work = async {
             let limit = self.options.max_concurrent_calls.max(1);
             match &self.conn {
@@ -264,7 +275,7 @@ impl RedisStore {
                         })
                         .await?;
                     futures::stream::iter(groups)
-                        .map(|(pos, req)| async move { Ok((pos, self.send_on(conn, &req).await?)) })
+                        .map(|(_, pos, req)| async move { Ok((pos, self.send_on(conn, &req).await?)) })
                         .buffer_unordered(limit)
                         .try_collect()
                         .await
@@ -278,8 +289,19 @@ impl RedisStore {
                                 .map_err(|e| map_err(&self.what, e))
                         })
                         .await?;
+                    if groups.len() > 1 {
+                        if let Some(replies) = self.run_by_node(conn, &groups).await? {
+                            return Ok(groups
+                                .into_iter()
+                                .zip(replies)
+                                .map(|((_, pos, _), values)| {
+                                    (pos, values.into_iter().next().unwrap_or(redis::Value::Nil))
+                                })
+                                .collect());
+                        }
+                    }
                     futures::stream::iter(groups)
-                        .map(|(pos, req)| async move { Ok((pos, self.send_on(conn, &req).await?)) })
+                        .map(|(_, pos, req)| async move { Ok((pos, self.send_on(conn, &req).await?)) })
                         .buffer_unordered(limit)
                         .try_collect()
                         .await
@@ -297,9 +319,9 @@ impl RedisStore {
 
     /// Splits key positions `0..n` into groups a single command may cover: everything on a
     /// single node, one group per hash slot on a cluster.
-    fn groups(&self, keys: impl Iterator<Item = impl AsRef<str>>) -> Vec<Vec<usize>> {
+    fn groups(&self, keys: impl Iterator<Item = impl AsRef<str>>) -> Vec<(u16, Vec<usize>)> {
         match self.conn {
-            Conn::Single { .. } => vec![keys.enumerate().map(|(i, _)| i).collect()],
+            Conn::Single { .. } => vec![(0, keys.enumerate().map(|(i, _)| i).collect())],
             Conn::Cluster { .. } => {
                 let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
                 for (i, k) in keys.enumerate() {
@@ -308,9 +330,134 @@ impl RedisStore {
                         .or_default()
                         .push(i);
                 }
-                by_slot.into_values().collect()
+                by_slot.into_iter().collect()
             }
         }
+    }
+
+    /// The cluster's slot ranges and the primary serving each, from `CLUSTER SLOTS`; cached
+    /// until a node pipeline fails (resharding, failover).
+    async fn slot_map(&self, conn: &ClusterConnection) -> Result<Vec<(u16, u16, String, u16)>> {
+        if let Some(map) = self.slots.lock().expect("slot map").clone() {
+            return Ok(map);
+        }
+        let mut c = conn.clone();
+        let reply = c
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+            )
+            .await
+            .map_err(|e| map_err(&self.what, e))?;
+        let bad = || Error::corrupted(format!("{}: unexpected CLUSTER SLOTS reply", self.what));
+        let redis::Value::Array(ranges) = reply else {
+            return Err(bad());
+        };
+        let mut map = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            let redis::Value::Array(parts) = r else {
+                return Err(bad());
+            };
+            let (
+                Some(redis::Value::Int(start)),
+                Some(redis::Value::Int(end)),
+                Some(redis::Value::Array(primary)),
+            ) = (parts.first(), parts.get(1), parts.get(2))
+            else {
+                return Err(bad());
+            };
+            let host = match primary.first() {
+                Some(redis::Value::BulkString(h)) => String::from_utf8_lossy(h).into_owned(),
+                Some(redis::Value::SimpleString(h)) => h.clone(),
+                _ => return Err(bad()),
+            };
+            let Some(redis::Value::Int(port)) = primary.get(1) else {
+                return Err(bad());
+            };
+            map.push((*start as u16, *end as u16, host, *port as u16));
+        }
+        *self.slots.lock().expect("slot map") = Some(map.clone());
+        Ok(map)
+    }
+
+    /// Cluster: sends the per-slot requests as one pipeline per node, nodes in parallel (one
+    /// round trip per node instead of one per slot). Returns the replies of every request in
+    /// order, or `None` when the slot map could not be used (then the caller sends per slot).
+    async fn run_by_node(
+        &self,
+        conn: &ClusterConnection,
+        groups: &[(u16, Vec<usize>, Req)],
+    ) -> Result<Option<Vec<Vec<redis::Value>>>> {
+        let Ok(map) = self.slot_map(conn).await else {
+            return Ok(None);
+        };
+        let node_of = |slot: u16| {
+            map.iter()
+                .find(|(a, b, _, _)| *a <= slot && slot <= *b)
+                .map(|(_, _, h, p)| (h.clone(), *p))
+        };
+        let mut by_node: HashMap<(String, u16), Vec<usize>> = HashMap::new();
+        for (g, (slot, _, _)) in groups.iter().enumerate() {
+            let Some(node) = node_of(*slot) else {
+                return Ok(None);
+            };
+            by_node.entry(node).or_default().push(g);
+        }
+        let limit = self.options.max_concurrent_calls.max(1);
+        let sends = by_node.into_iter().map(|((host, port), members)| {
+            let mut pipe = redis::pipe();
+            let mut counts = Vec::with_capacity(members.len());
+            for &g in &members {
+                let before = pipe.cmd_iter().count();
+                match &groups[g].2 {
+                    Req::Cmd(c) => {
+                        pipe.add_command(c.clone());
+                    }
+                    Req::Pipe(p) => {
+                        for c in p.cmd_iter() {
+                            pipe.add_command(c.clone());
+                        }
+                    }
+                }
+                counts.push(pipe.cmd_iter().count() - before);
+            }
+            let total: usize = counts.iter().sum();
+            let mut c = conn.clone();
+            async move {
+                let replies = c
+                    .route_pipeline(
+                        pipe,
+                        0,
+                        total,
+                        SingleNodeRoutingInfo::ByAddress { host, port },
+                    )
+                    .await?;
+                Ok::<_, redis::RedisError>((members, counts, replies))
+            }
+        });
+        let results: Vec<_> = futures::stream::iter(sends)
+            .buffer_unordered(limit)
+            .collect()
+            .await;
+        let mut out: Vec<Vec<redis::Value>> = vec![Vec::new(); groups.len()];
+        for r in results {
+            match r {
+                Ok((members, counts, replies)) => {
+                    let mut it = replies.into_iter();
+                    for (g, n) in members.into_iter().zip(counts) {
+                        out[g] = it.by_ref().take(n).collect();
+                    }
+                }
+                Err(e) => {
+                    // Slots moved (or a node failed): forget the map; the caller falls back to
+                    // per-slot requests, which the cluster connection routes and redirects.
+                    tracing::debug!(error = %e, "node pipeline failed; sending per slot");
+                    *self.slots.lock().expect("slot map") = None;
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some(out))
     }
 }
 
@@ -336,7 +483,7 @@ impl KvStore for RedisStore {
         let groups = self.groups(items.iter().map(|(k, _)| k));
         let reqs = groups
             .into_iter()
-            .map(|pos| {
+            .map(|(slot, pos)| {
                 let req = match ttl {
                     None => {
                         let mut c = redis::cmd("MSET");
@@ -359,7 +506,7 @@ impl KvStore for RedisStore {
                         Req::Pipe(p)
                     }
                 };
-                (Vec::new(), req)
+                (slot, Vec::new(), req)
             })
             .collect();
         self.run(reqs).await.map(|_| ())
@@ -373,12 +520,12 @@ impl KvStore for RedisStore {
         let reqs = self
             .groups(keys.iter())
             .into_iter()
-            .map(|pos| {
+            .map(|(slot, pos)| {
                 let mut c = redis::cmd("MGET");
                 for &i in &pos {
                     c.arg(&keys[i]);
                 }
-                (pos, Req::Cmd(c))
+                (slot, pos, Req::Cmd(c))
             })
             .collect();
         for (pos, v) in self.run(reqs).await? {
@@ -423,12 +570,12 @@ impl KvStore for RedisStore {
         let reqs = self
             .groups(keys.iter())
             .into_iter()
-            .map(|pos| {
+            .map(|(slot, pos)| {
                 let mut c = redis::cmd(name);
                 for &i in &pos {
                     c.arg(&keys[i]);
                 }
-                (Vec::new(), Req::Cmd(c))
+                (slot, Vec::new(), Req::Cmd(c))
             })
             .collect();
         self.run(reqs).await.map(|_| ())
@@ -442,12 +589,12 @@ impl KvStore for RedisStore {
         let reqs = self
             .groups(keys.iter())
             .into_iter()
-            .map(|pos| {
+            .map(|(slot, pos)| {
                 let mut p = redis::pipe();
                 for &i in &pos {
                     p.cmd("PEXPIRE").arg(&keys[i]).arg(ms).ignore();
                 }
-                (Vec::new(), Req::Pipe(p))
+                (slot, Vec::new(), Req::Pipe(p))
             })
             .collect();
         self.run(reqs).await.map(|_| ())
