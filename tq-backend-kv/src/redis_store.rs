@@ -84,8 +84,11 @@ pub struct RedisStore {
     conn: Conn,
     options: RedisOptions,
     /// Cluster slot ranges → primary (host, port), fetched on first use (see `slot_map`).
-    slots: std::sync::Mutex<Option<Vec<(u16, u16, String, u16)>>>,
+    slots: std::sync::Mutex<Option<SlotMap>>,
 }
+
+/// Slot ranges `(first, last)` and the primary `(host, port)` serving them.
+type SlotMap = Vec<(u16, u16, String, u16)>;
 
 /// One request: a command or a pipeline.
 enum Req {
@@ -337,7 +340,7 @@ impl RedisStore {
 
     /// The cluster's slot ranges and the primary serving each, from `CLUSTER SLOTS`; cached
     /// until a node pipeline fails (resharding, failover).
-    async fn slot_map(&self, conn: &ClusterConnection) -> Result<Vec<(u16, u16, String, u16)>> {
+    async fn slot_map(&self, conn: &ClusterConnection) -> Result<SlotMap> {
         if let Some(map) = self.slots.lock().expect("slot map").clone() {
             return Ok(map);
         }
