@@ -236,6 +236,20 @@ impl SimpleStorage {
         Ok(out)
     }
 
+    /// Each unit's share of a write: its samples and, per field, its rows (zero-copy slices).
+    fn unit_slices<'a>(
+        &self,
+        routes: &'a Routes,
+        meta: &'a BatchMeta,
+        batch: &'a Batch,
+    ) -> impl Iterator<Item = (usize, Vec<SampleId>, BTreeMap<FieldName, UnitRows>)> + 'a {
+        routes
+            .iter()
+            .enumerate()
+            .filter(|(_, positions)| !positions.is_empty())
+            .map(|(u, positions)| (u, samples_at(meta, positions), split_rows(batch, positions)))
+    }
+
     fn route(&self, samples: &[SampleId]) -> Routes {
         let mut routes = vec![Vec::new(); self.units.len()];
         for (pos, s) in samples.iter().enumerate() {
@@ -392,17 +406,11 @@ impl StorageManager for SimpleStorage {
             return Ok(PutReceipt::default());
         }
         let routes = self.route(meta.samples());
-        let calls = routes
-            .iter()
-            .enumerate()
-            .filter(|(_, positions)| !positions.is_empty())
-            .map(|(u, positions)| {
-                let req = UnitPut {
-                    samples: samples_at(meta, positions),
-                    fields: split_rows(batch, positions),
-                };
+        let calls = self
+            .unit_slices(&routes, meta, batch)
+            .map(|(u, samples, fields)| {
                 let unit = &self.units[u];
-                async move { (u, unit.put(req).await) }
+                async move { (u, unit.put(UnitPut { samples, fields }).await) }
             });
         let results = join_all(calls).await;
         self.collect("put", meta, results)?;
@@ -443,17 +451,11 @@ impl StorageManager for SimpleStorage {
             return Ok(PutReceipt::default());
         }
         let routes = self.route(meta.samples());
-        let calls = routes
-            .iter()
-            .enumerate()
-            .filter(|(_, positions)| !positions.is_empty())
-            .map(|(u, positions)| {
-                let req = UnitUpdate {
-                    samples: samples_at(meta, positions),
-                    fields: split_rows(batch, positions),
-                };
+        let calls = self
+            .unit_slices(&routes, meta, batch)
+            .map(|(u, samples, fields)| {
                 let unit = &self.units[u];
-                async move { (u, unit.update(req, merge).await) }
+                async move { (u, unit.update(UnitUpdate { samples, fields }, merge).await) }
             });
         let replies = self.collect("update", meta, join_all(calls).await)?;
 

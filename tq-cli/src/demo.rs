@@ -272,14 +272,6 @@ async fn train(
     Ok(())
 }
 
-/// Peak resident set size of this process, from the OS.
-fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 pub async fn run(args: DemoArgs) -> Result<()> {
     if args.prompts == 0
         || args.responses == 0
@@ -380,7 +372,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         r as f64 / 1048576.0,
         (w + r) as f64 * 8.0 / 1e9 / elapsed
     );
-    match peak_rss_bytes() {
+    match tq_bench::measure::rss_bytes().1 {
         Some(b) => println!("  peak memory (RSS) {:.1} MiB", b as f64 / 1048576.0),
         None => println!("  peak memory (RSS) unavailable"),
     }

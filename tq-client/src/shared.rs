@@ -117,15 +117,13 @@ impl Client {
                      refused them; do not retry blindly",
                 )
             })?;
-        let all = self
-            .control()
-            .kv_retrieve_meta(partition, &keys, false)
-            .await?;
+        // An update changes neither tags nor which fields the keys hold: the lookup made for
+        // the preconditions already has both, no second round trip needed.
         Ok(KvBatchMeta {
             partition: partition.to_string(),
             keys,
-            tags: all.meta.tags().to_vec(),
-            fields: all.meta.field_names().map(str::to_string).collect(),
+            tags: kv.meta.tags().to_vec(),
+            fields: kv.meta.field_names().map(str::to_string).collect(),
         })
     }
 

@@ -581,10 +581,11 @@ impl ControlPlane for Controller {
             return Ok(BatchMeta::empty(partition));
         };
         // Checked before anything is marked: a refused clear changes nothing.
-        let selected = p.selected_samples(samples);
+        let slots = p.select(samples);
+        let selected: Vec<SampleId> = slots.iter().map(|&s| p.sample_of(s)).collect();
         st.refuse_linked(partition, &selected, "clear")?;
         let p = st.partitions.get_mut(partition).expect("checked above");
-        Ok(p.mark_clearing(samples))
+        Ok(p.mark_clearing(&slots))
     }
 
     async fn release(&self, partition: &str, samples: &[SampleId]) -> Result<()> {
@@ -915,7 +916,8 @@ impl ControlPlane for Controller {
         let meta = if ids.is_empty() {
             BatchMeta::empty(public_partition)
         } else {
-            p.mark_clearing(Some(&ids))
+            let slots = p.select(Some(&ids));
+            p.mark_clearing(&slots)
         };
         Ok(KvMeta {
             meta,

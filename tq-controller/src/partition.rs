@@ -651,11 +651,9 @@ impl Partition {
         Ok(())
     }
 
-    /// Hides samples (all visible ones when `ids` is `None`) and returns their metadata with
-    /// every field any of them holds. Samples already being cleared are included again, so a
-    /// retried clear finds them; samples not owned are ignored.
-    pub fn mark_clearing(&mut self, ids: Option<&[SampleId]>) -> BatchMeta {
-        let slots = self.select(ids);
+    /// Hides the samples in `slots` (from [`Partition::select`]) and returns their metadata
+    /// with every field any of them holds.
+    pub fn mark_clearing(&mut self, slots: &[u32]) -> BatchMeta {
         let fids: Vec<usize> = (0..self.fields.len())
             .filter(|&f| {
                 slots
@@ -663,8 +661,8 @@ impl Partition {
                     .any(|&s| self.fields[f].produced.get(slot_u(s)))
             })
             .collect();
-        let meta = self.build_meta(&slots, &fids, Production::Computed);
-        for &s in &slots {
+        let meta = self.build_meta(slots, &fids, Production::Computed);
+        for &s in slots {
             self.clearing.set(slot_u(s), true);
         }
         meta
@@ -678,7 +676,9 @@ impl Partition {
             .collect()
     }
 
-    fn select(&self, ids: Option<&[SampleId]>) -> Vec<u32> {
+    /// The slots a clear of `ids` (all live samples when `None`) touches. Samples already being
+    /// cleared are included again, so a retried clear finds them; samples not owned are ignored.
+    pub fn select(&self, ids: Option<&[SampleId]>) -> Vec<u32> {
         match ids {
             None => {
                 let mut s: Vec<u32> = self.live.ones().map(|s| s as u32).collect();

@@ -95,6 +95,55 @@ impl Sampler for SequentialSampler {
     }
 }
 
+/// A key of per-partition sampler state: its first part is the partition.
+pub(crate) trait PartitionKey: Eq + std::hash::Hash {
+    fn partition(&self) -> &str;
+}
+
+impl<A: Eq + std::hash::Hash, B: Eq + std::hash::Hash> PartitionKey for (String, A, B) {
+    fn partition(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<A: Eq + std::hash::Hash, B: Eq + std::hash::Hash, C: Eq + std::hash::Hash> PartitionKey
+    for (String, A, B, C)
+{
+    fn partition(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Answers a sampler remembers (per rank, per batch index, ...), dropped with their partition.
+/// Shared by the samplers that cache, so the locking and the per-partition cleanup live once.
+#[derive(Debug)]
+pub(crate) struct PartitionCache<K, V> {
+    map: Mutex<HashMap<K, V>>,
+}
+
+impl<K, V> Default for PartitionCache<K, V> {
+    fn default() -> Self {
+        PartitionCache {
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: PartitionKey, V> PartitionCache<K, V> {
+    /// The map, for a lookup and an insert under one lock.
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, V>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn contains(&self, key: &K) -> bool {
+        self.lock().contains_key(key)
+    }
+
+    pub(crate) fn clear_partition(&self, partition: &str) {
+        self.lock().retain(|k, _| k.partition() != partition);
+    }
+}
+
 type CacheKey = (String, String, u32, Option<u64>);
 
 /// Hands out only complete groups of `n` samples (the `n` responses of one GRPO prompt).
@@ -110,7 +159,7 @@ type CacheKey = (String, String, u32, Option<u64>);
 pub struct GrpoGroupNSampler {
     n: usize,
     group_tag: Option<String>,
-    cache: Mutex<HashMap<CacheKey, Sampled>>,
+    cache: PartitionCache<CacheKey, Sampled>,
 }
 
 impl GrpoGroupNSampler {
@@ -122,7 +171,7 @@ impl GrpoGroupNSampler {
         Ok(GrpoGroupNSampler {
             n,
             group_tag: None,
-            cache: Mutex::new(HashMap::new()),
+            cache: PartitionCache::default(),
         })
     }
 
@@ -219,7 +268,7 @@ impl Sampler for GrpoGroupNSampler {
     ) -> Result<Sampled> {
         let key = Self::key(ctx);
         if let Some(k) = &key {
-            if let Some(hit) = self.cache.lock().expect("sampler cache").get(k) {
+            if let Some(hit) = self.cache.lock().get(k) {
                 return Ok(hit.clone());
             }
         }
@@ -236,24 +285,17 @@ impl Sampler for GrpoGroupNSampler {
                 .collect(),
         );
         if let (Some(k), false) = (key, picked.sampled.is_empty()) {
-            self.cache
-                .lock()
-                .expect("sampler cache")
-                .entry(k)
-                .or_insert_with(|| picked.clone());
+            self.cache.lock().entry(k).or_insert_with(|| picked.clone());
         }
         Ok(picked)
     }
 
     fn has_cached(&self, ctx: &SamplerContext<'_>) -> bool {
-        Self::key(ctx).is_some_and(|k| self.cache.lock().expect("sampler cache").contains_key(&k))
+        Self::key(ctx).is_some_and(|k| self.cache.contains(&k))
     }
 
     fn clear_partition(&self, partition: &str) {
-        self.cache
-            .lock()
-            .expect("sampler cache")
-            .retain(|k, _| k.0 != partition);
+        self.cache.clear_partition(partition);
     }
 }
 

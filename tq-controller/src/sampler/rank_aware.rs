@@ -1,8 +1,6 @@
 //! Rank-aware sampling: every rank of one data-parallel group gets the same batch.
 
-use super::{Candidate, Sampled, Sampler, SamplerContext};
-use std::collections::HashMap;
-use std::sync::Mutex;
+use super::{Candidate, PartitionCache, Sampled, Sampler, SamplerContext};
 use tq_core::{Error, Result, SampleId};
 
 /// (partition, task, dp_rank, batch_index).
@@ -23,7 +21,7 @@ type RankKey = (String, String, u32, u64);
 /// names samples cleared since is no longer served.
 #[derive(Debug, Default)]
 pub struct RankAwareSampler {
-    cache: Mutex<HashMap<RankKey, Vec<SampleId>>>,
+    cache: PartitionCache<RankKey, Vec<SampleId>>,
 }
 
 impl RankAwareSampler {
@@ -55,7 +53,7 @@ impl Sampler for RankAwareSampler {
                 ctx.partition, ctx.dp_rank, ctx.batch_index
             ))
         })?;
-        let mut cache = self.cache.lock().expect("sampler cache");
+        let mut cache = self.cache.lock();
         if let Some(hit) = cache.get(&key) {
             return Ok(Sampled::same(hit.clone()));
         }
@@ -68,14 +66,11 @@ impl Sampler for RankAwareSampler {
     }
 
     fn has_cached(&self, ctx: &SamplerContext<'_>) -> bool {
-        Self::key(ctx).is_some_and(|k| self.cache.lock().expect("sampler cache").contains_key(&k))
+        Self::key(ctx).is_some_and(|k| self.cache.contains(&k))
     }
 
     fn clear_partition(&self, partition: &str) {
-        self.cache
-            .lock()
-            .expect("sampler cache")
-            .retain(|k, _| k.0 != partition);
+        self.cache.clear_partition(partition);
     }
 }
 

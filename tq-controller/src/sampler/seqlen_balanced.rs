@@ -1,9 +1,7 @@
 //! Sequence-length balanced sampling across data-parallel ranks.
 
 use super::kk::karmarkar_karp;
-use super::{Candidate, GrpoGroupNSampler, Sampled, Sampler, SamplerContext};
-use std::collections::HashMap;
-use std::sync::Mutex;
+use super::{Candidate, GrpoGroupNSampler, PartitionCache, Sampled, Sampler, SamplerContext};
 use tq_core::{Error, Result, SampleId};
 
 /// (partition, task, batch_index).
@@ -43,7 +41,7 @@ pub struct SeqlenBalancedSampler {
     grpo: GrpoGroupNSampler,
     dp_size: usize,
     weight_tag: String,
-    cache: Mutex<HashMap<BalancedKey, Vec<Vec<SampleId>>>>,
+    cache: PartitionCache<BalancedKey, Vec<Vec<SampleId>>>,
 }
 
 impl SeqlenBalancedSampler {
@@ -62,7 +60,7 @@ impl SeqlenBalancedSampler {
             grpo: GrpoGroupNSampler::new(n)?,
             dp_size,
             weight_tag: Self::DEFAULT_WEIGHT_TAG.to_string(),
-            cache: Mutex::new(HashMap::new()),
+            cache: PartitionCache::default(),
         })
     }
 
@@ -155,7 +153,7 @@ impl Sampler for SeqlenBalancedSampler {
         ctx: &SamplerContext<'_>,
     ) -> Result<Sampled> {
         let (rank, key) = self.rank_and_key(ctx)?;
-        let mut cache = self.cache.lock().expect("sampler cache");
+        let mut cache = self.cache.lock();
         if let Some(shares) = cache.get(&key) {
             return Ok(Sampled::same(shares[rank].clone()));
         }
@@ -206,14 +204,11 @@ impl Sampler for SeqlenBalancedSampler {
 
     fn has_cached(&self, ctx: &SamplerContext<'_>) -> bool {
         self.rank_and_key(ctx)
-            .is_ok_and(|(_, k)| self.cache.lock().expect("sampler cache").contains_key(&k))
+            .is_ok_and(|(_, k)| self.cache.contains(&k))
     }
 
     fn clear_partition(&self, partition: &str) {
-        self.cache
-            .lock()
-            .expect("sampler cache")
-            .retain(|k, _| k.0 != partition);
+        self.cache.clear_partition(partition);
     }
 }
 
