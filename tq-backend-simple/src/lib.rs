@@ -58,10 +58,10 @@ mod manager;
 mod net;
 mod unit;
 
-pub use manager::{SimpleConfig, SimpleStorage};
+pub use manager::{SimpleConfig, SimpleStorage, PLACE_MIN_ROW_BYTES};
 #[cfg(feature = "net")]
 pub use net::{RemoteUnit, UnitServer};
 pub use unit::{
-    CellShape, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats, UnitUpdate,
-    UnitUpdateReply, DEFAULT_COMPACTION_THRESHOLD,
+    CellShape, Fetched, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats,
+    UnitUpdate, UnitUpdateReply, DEFAULT_COMPACTION_THRESHOLD,
 };

@@ -6,9 +6,11 @@
 //! as vectored writes of the stored `Bytes` and arrive as slices of the one receive buffer, which
 //! the receiving unit stores directly (zero copy, tracked as one shared allocation per field).
 
-use crate::unit::{StorageUnit, UnitPut, UnitRows, UnitStats, UnitUpdate, UnitUpdateReply};
+use crate::unit::{
+    Fetched, StorageUnit, UnitPut, UnitRows, UnitStats, UnitUpdate, UnitUpdateReply,
+};
 use async_trait::async_trait;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -283,6 +285,17 @@ impl RemoteUnit {
         Ok((resp, reply))
     }
 
+    /// A get answer must describe every requested cell, and have one frame per cell.
+    fn check_got(&self, descs: &[Vec<CellDesc>], fields: usize, samples: usize) -> Result<()> {
+        if descs.len() != fields || descs.iter().any(|d| d.len() != samples) {
+            return Err(Error::corrupted(format!(
+                "storage unit `{}` answered a get of {fields} fields x {samples} samples with another shape",
+                self.id,
+            )));
+        }
+        Ok(())
+    }
+
     fn unexpected(&self, what: &str, got: &UnitResponse) -> Error {
         Error::corrupted(format!(
             "storage unit `{}` answered a {what} with {got:?}",
@@ -320,14 +333,7 @@ impl StorageUnit for RemoteUnit {
         let UnitResponse::Got(descs) = resp else {
             return Err(self.unexpected("get", &resp));
         };
-        if descs.len() != fields.len() || descs.iter().any(|d| d.len() != samples.len()) {
-            return Err(Error::corrupted(format!(
-                "storage unit `{}` answered a get of {} fields x {} samples with another shape",
-                self.id,
-                fields.len(),
-                samples.len()
-            )));
-        }
+        self.check_got(&descs, fields.len(), samples.len())?;
         let peer = format!("reply of unit `{}`", self.id);
         let mut reader = FrameReader {
             frames: msg.frames.iter(),
@@ -339,6 +345,87 @@ impl StorageUnit for RemoteUnit {
             .collect::<Result<Vec<_>>>()?;
         reader.finish()?;
         Ok(columns)
+    }
+
+    fn reads_into_buffers(&self) -> bool {
+        true
+    }
+
+    async fn get_into(
+        &self,
+        fields: &[FieldName],
+        samples: &[SampleId],
+        buffers: Vec<Vec<Option<BytesMut>>>,
+    ) -> Result<Vec<Vec<Fetched>>> {
+        let req = UnitRequest::Get {
+            fields: fields.to_vec(),
+            samples: samples.to_vec(),
+        };
+        // The answer's frames are the cells field by field, rows in order: offer the buffers
+        // in that order.
+        let offered: Vec<Option<BytesMut>> = buffers.into_iter().flatten().collect();
+        let answer = self
+            .pool
+            .call_into(
+                &self.endpoint,
+                Message::encode(&req, Vec::new())?,
+                CallOptions {
+                    timeout: None,
+                    idempotent: true,
+                },
+                offered,
+            )
+            .await
+            .map_err(|e| e.context(format!("storage unit `{}`", self.id)))?;
+        let resp: UnitResponse = answer.message.decode()?;
+        let UnitResponse::Got(descs) = resp else {
+            return Err(self.unexpected("get", &resp));
+        };
+        self.check_got(&descs, fields.len(), samples.len())?;
+        let mut placed = answer.placed.into_iter();
+        let mut frames = answer.message.frames.iter();
+        let peer = format!("reply of unit `{}`", self.id);
+        let cells = descs
+            .into_iter()
+            .map(|column| {
+                column
+                    .into_iter()
+                    .map(|desc| {
+                        let frame = frames.next();
+                        match (placed.next().flatten(), desc) {
+                            (Some(bytes), CellDesc::Tensor { dtype, shape }) => {
+                                Ok(Fetched::Placed {
+                                    dtype,
+                                    shape,
+                                    bytes,
+                                })
+                            }
+                            (Some(bytes), CellDesc::Object) => {
+                                Ok(Fetched::Value(Value::Object(bytes.freeze())))
+                            }
+                            (None, desc) => {
+                                let mut reader = FrameReader {
+                                    frames: std::slice::from_ref(frame.ok_or_else(|| {
+                                        Error::corrupted(format!(
+                                            "{peer}: message has fewer frames than cells"
+                                        ))
+                                    })?)
+                                    .iter(),
+                                    peer: &peer,
+                                };
+                                Ok(Fetched::Value(reader.cells(vec![desc])?.remove(0)))
+                            }
+                        }
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if frames.next().is_some() {
+            return Err(Error::corrupted(format!(
+                "{peer}: message has more frames than cells"
+            )));
+        }
+        Ok(cells)
     }
 
     /// Never retried: a lost answer leaves the outcome unknown, and merging twice is wrong.

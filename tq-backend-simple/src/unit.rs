@@ -2,7 +2,7 @@
 
 use crate::block::{BlockId, BlockTable};
 use async_trait::async_trait;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -168,6 +168,33 @@ impl UnitStats {
     }
 }
 
+/// One cell of a [`StorageUnit::get_into`].
+#[derive(Debug)]
+pub enum Fetched {
+    /// The cell, as `get` returns it.
+    Value(Value),
+    /// A tensor cell whose bytes were written into the buffer the caller offered for it.
+    Placed {
+        dtype: DType,
+        shape: Vec<usize>,
+        bytes: BytesMut,
+    },
+}
+
+impl Fetched {
+    /// The cell as a value (a placed buffer becomes the tensor's storage, no copy).
+    pub fn into_value(self) -> Result<Value> {
+        match self {
+            Fetched::Value(v) => Ok(v),
+            Fetched::Placed {
+                dtype,
+                shape,
+                bytes,
+            } => Ok(Value::Tensor(Tensor::new(dtype, shape, bytes.freeze())?)),
+        }
+    }
+}
+
 /// The one interface through which [`crate::SimpleStorage`] talks to a storage unit, in process
 /// ([`MemoryUnit`]) or over the network (a remote stub).
 ///
@@ -190,6 +217,32 @@ pub trait StorageUnit: Send + Sync + 'static {
     /// allowed). Every cell must be stored with exactly the requested generation, else
     /// `NotFound`; there are no partial results.
     async fn get(&self, fields: &[FieldName], samples: &[SampleId]) -> Result<Vec<Vec<Value>>>;
+
+    /// Whether [`StorageUnit::get_into`] can put cells straight into caller buffers. A remote
+    /// unit can (the bytes come off the socket anyway, so landing them in their final place
+    /// saves the copy that assembling a column would make); an in-process unit cannot, since
+    /// its cells already exist and writing them into buffers would itself be that copy.
+    fn reads_into_buffers(&self) -> bool {
+        false
+    }
+
+    /// [`StorageUnit::get`], offering `buffers[f][r]` as the destination of cell (field `f`,
+    /// row `r`). A unit that [reads into buffers](StorageUnit::reads_into_buffers) fills the
+    /// ones that exactly fit their cell and returns them as [`Fetched::Placed`]; every other
+    /// cell comes back as a [`Fetched::Value`]. Same contract as `get` otherwise.
+    async fn get_into(
+        &self,
+        fields: &[FieldName],
+        samples: &[SampleId],
+        buffers: Vec<Vec<Option<BytesMut>>>,
+    ) -> Result<Vec<Vec<Fetched>>> {
+        drop(buffers);
+        let columns = self.get(fields, samples).await?;
+        Ok(columns
+            .into_iter()
+            .map(|c| c.into_iter().map(Fetched::Value).collect())
+            .collect())
+    }
 
     /// Merges the incoming rows into the stored cells (`merge(stored, incoming)`), replacing
     /// them with the results. Every cell must exist with the requested generation.

@@ -11,10 +11,11 @@
 //! clients recover when a server comes back.
 
 use crate::error::WireError;
-use crate::frame::{read_message, Encoded, Limits, Message, MessageKind};
+use crate::frame::{read_body, read_head, Encoded, Limits, Message, MessageKind};
 use crate::handshake::{self, ClientFailure};
 use crate::stream::{BoxRead, Outgoing, Stream, Writer};
 use crate::Endpoint;
+use bytes::BytesMut;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -86,9 +87,43 @@ impl CallOptions {
     }
 }
 
+/// Buffers that the frames of one answer are read into directly, instead of into the
+/// connection's receive buffer (see [`Pool::call_into`]). Index `i` is for frame `i`.
+///
+/// The reader of the connection that receives the answer takes them for the time it reads and
+/// hands them back with the answer (or back here if the read fails, so a retry can use them).
+#[derive(Debug, Default)]
+struct FrameSinks {
+    buffers: Mutex<Option<Vec<Option<BytesMut>>>>,
+}
+
+impl FrameSinks {
+    fn take(&self) -> Option<Vec<Option<BytesMut>>> {
+        self.buffers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    fn put_back(&self, buffers: Vec<Option<BytesMut>>) {
+        *self.buffers.lock().unwrap_or_else(|p| p.into_inner()) = Some(buffers);
+    }
+}
+
+/// An answer read partly into caller buffers ([`Pool::call_into`]).
+#[derive(Debug)]
+pub struct PlacedAnswer {
+    /// The answer; a frame that went to a caller buffer is empty here.
+    pub message: Message,
+    /// The caller's buffers, index for index. `Some` means the frame's bytes are in it;
+    /// `None` means the frame is in `message` (the buffer did not fit the frame, or this answer
+    /// came on an attempt that could not use the buffers).
+    pub placed: Vec<Option<BytesMut>>,
+}
+
 /// What a waiting caller receives from its connection's reader.
 enum Reply {
-    Answer(Message),
+    Answer(Message, Option<Vec<Option<BytesMut>>>),
     Remote(Error),
     Lost(String),
 }
@@ -98,8 +133,14 @@ enum Reply {
 /// refused registration: no request can slip in unnoticed after the failure.
 #[derive(Default)]
 struct Pending {
-    waiting: HashMap<u64, oneshot::Sender<Reply>>,
+    waiting: HashMap<u64, Waiter>,
     closed: Option<String>,
+}
+
+/// A caller waiting for an answer, and where the answer's frames should go.
+struct Waiter {
+    answer: oneshot::Sender<Reply>,
+    sinks: Option<Arc<FrameSinks>>,
 }
 
 #[derive(Default)]
@@ -121,7 +162,7 @@ impl ConnState {
             pending.closed = Some(reason.clone());
         }
         for (_, waiter) in pending.waiting.drain() {
-            let _ = waiter.send(Reply::Lost(reason.clone()));
+            let _ = waiter.answer.send(Reply::Lost(reason.clone()));
         }
     }
 
@@ -214,6 +255,7 @@ impl Connection {
         &self,
         request: Message,
         limits: &Limits,
+        sinks: Option<Arc<FrameSinks>>,
     ) -> std::result::Result<(PendingGuard, oneshot::Receiver<Reply>), SendError> {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let encoded = Encoded::new(id, MessageKind::Request, request, Some(limits))
@@ -224,7 +266,7 @@ impl Connection {
             if let Some(reason) = &pending.closed {
                 return Err(SendError::Dead(reason.clone()));
             }
-            pending.waiting.insert(id, tx);
+            pending.waiting.insert(id, Waiter { answer: tx, sinks });
         }
         self.state.in_flight.fetch_add(1, Ordering::Relaxed);
         let guard = PendingGuard {
@@ -257,16 +299,34 @@ enum SendError {
 /// pending request of the connection at once.
 async fn reader_loop(mut reader: BoxRead, state: Arc<ConnState>, limits: Limits, peer: Endpoint) {
     let reason = loop {
-        let (id, kind, message) = match read_message(&mut reader, &limits).await {
-            Ok(Some(m)) => m,
+        let head = match read_head(&mut reader, &limits).await {
+            Ok(Some(h)) => h,
             Ok(None) => break "closed by the peer".to_owned(),
             Err(e) => {
                 debug!(%peer, "connection failed: {e}");
                 break e.to_string();
             }
         };
-        let reply = match kind {
-            MessageKind::Response => Reply::Answer(message),
+        let id = head.request_id;
+        // A successful answer may go (partly) into the caller's buffers, if it left any.
+        let sinks = match head.kind {
+            MessageKind::Response => state.lock().waiting.get(&id).and_then(|w| w.sinks.clone()),
+            _ => None,
+        };
+        let mut placed = sinks.as_ref().and_then(|s| s.take());
+        let read = read_body(&mut reader, &head, placed.as_deref_mut().unwrap_or(&mut [])).await;
+        let message = match read {
+            Ok(m) => m,
+            Err(e) => {
+                if let (Some(sinks), Some(buffers)) = (&sinks, placed) {
+                    sinks.put_back(buffers);
+                }
+                debug!(%peer, "connection failed: {e}");
+                break e.to_string();
+            }
+        };
+        let reply = match head.kind {
+            MessageKind::Response => Reply::Answer(message, placed),
             MessageKind::Error => match message.decode::<WireError>() {
                 Ok(wire) => Reply::Remote(wire.into_error()),
                 Err(e) => Reply::Remote(Error::corrupted(format!(
@@ -282,9 +342,20 @@ async fn reader_loop(mut reader: BoxRead, state: Arc<ConnState>, limits: Limits,
         let waiter = state.lock().waiting.remove(&id);
         match waiter {
             Some(w) => {
-                let _ = w.send(reply);
+                if let Err(Reply::Answer(_, Some(buffers))) = w.answer.send(reply) {
+                    // The caller gave up between our lookup and now: its buffers go back, so
+                    // a retry can still use them.
+                    if let Some(sinks) = &w.sinks {
+                        sinks.put_back(buffers);
+                    }
+                }
             }
-            None => debug!(%peer, "answer to request {id} arrived after its caller gave up"),
+            None => {
+                if let (Reply::Answer(_, Some(buffers)), Some(sinks)) = (reply, &sinks) {
+                    sinks.put_back(buffers);
+                }
+                debug!(%peer, "answer to request {id} arrived after its caller gave up");
+            }
         }
     };
     state.fail(reason);
@@ -425,8 +496,41 @@ impl Pool {
         request: Message,
         options: CallOptions,
     ) -> Result<Message> {
+        self.call_with(peer, request, options, None)
+            .await
+            .map(|(m, _)| m)
+    }
+
+    /// [`Pool::call`], reading the answer's frames straight into `buffers` where they fit:
+    /// `buffers[i]`, if `Some` and exactly as long as frame `i`, receives that frame's bytes
+    /// without a copy through the connection's receive buffer. This lets a caller assemble
+    /// several answers into one final buffer (split it with `BytesMut::split_to`, hand out
+    /// the pieces, `unsplit` them afterwards). See [`PlacedAnswer`] for what came where.
+    pub async fn call_into(
+        &self,
+        peer: &Endpoint,
+        request: Message,
+        options: CallOptions,
+        buffers: Vec<Option<BytesMut>>,
+    ) -> Result<PlacedAnswer> {
+        let sinks = Arc::new(FrameSinks::default());
+        sinks.put_back(buffers);
+        let (message, placed) = self.call_with(peer, request, options, Some(&sinks)).await?;
+        Ok(PlacedAnswer {
+            message,
+            placed: placed.unwrap_or_default(),
+        })
+    }
+
+    async fn call_with(
+        &self,
+        peer: &Endpoint,
+        request: Message,
+        options: CallOptions,
+        sinks: Option<&Arc<FrameSinks>>,
+    ) -> Result<(Message, Option<Vec<Option<BytesMut>>>)> {
         let timeout = options.timeout.unwrap_or(self.inner.config.request_timeout);
-        let first = match self.attempt(peer, &request, timeout, false).await {
+        let first = match self.attempt(peer, &request, timeout, false, sinks).await {
             Ok(answer) => return Ok(answer),
             Err(Failure::Final(e) | Failure::Remote(e)) => return Err(e),
             Err(f) => f,
@@ -442,7 +546,7 @@ impl Pool {
         }
         let (_, first_text, _) = summary(peer, &first, timeout);
         debug!(%peer, "retrying an idempotent request on a fresh connection after: {first_text}");
-        match self.attempt(peer, &request, timeout, true).await {
+        match self.attempt(peer, &request, timeout, true, sinks).await {
             Ok(answer) => Ok(answer),
             Err(Failure::Final(e) | Failure::Remote(e)) => Err(e),
             Err(second) => {
@@ -462,7 +566,8 @@ impl Pool {
         request: &Message,
         timeout: Duration,
         fresh: bool,
-    ) -> std::result::Result<Message, Failure> {
+        sinks: Option<&Arc<FrameSinks>>,
+    ) -> std::result::Result<(Message, Option<Vec<Option<BytesMut>>>), Failure> {
         let deadline = Instant::now() + timeout;
         let limits = &self.inner.config.limits;
         // A pooled connection may turn out dead when we try to use it: nothing was sent then,
@@ -476,7 +581,7 @@ impl Pool {
                 Ok(Err(f)) => return Err(f),
                 Err(_) => return Err(Failure::ConnectTimeout),
             };
-            let (guard, answer) = match connection.send(request.clone(), limits) {
+            let (guard, answer) = match connection.send(request.clone(), limits, sinks.cloned()) {
                 Ok(sent) => sent,
                 Err(SendError::Invalid(e)) => return Err(Failure::Final(e)),
                 Err(SendError::Dead(reason)) => {
@@ -489,7 +594,7 @@ impl Pool {
             let outcome = tokio::time::timeout_at(deadline, answer).await;
             drop(guard);
             return match outcome {
-                Ok(Ok(Reply::Answer(m))) => Ok(m),
+                Ok(Ok(Reply::Answer(m, placed))) => Ok((m, placed)),
                 Ok(Ok(Reply::Remote(e))) => Err(Failure::Remote(e)),
                 Ok(Ok(Reply::Lost(reason))) => {
                     self.forget(peer, &connection);

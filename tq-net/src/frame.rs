@@ -22,7 +22,7 @@
 //! hands them over. Writing uses vectored writes straight from the message's `Bytes`, so payloads
 //! are not copied on the way out either.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::io::{self, IoSlice};
@@ -266,34 +266,6 @@ async fn read_prefix<R: AsyncRead + Unpin + ?Sized>(
     Ok(true)
 }
 
-/// Reads exactly `total` bytes into a new `Vec` whose capacity starts at `min(total, 1 MiB)` and
-/// doubles only when the bytes received so far fill it, so memory follows what actually
-/// arrived, never what the peer claimed. (Large reallocations are `mremap` under glibc, so the
-/// doubling costs little.) The bytes land in uninitialized capacity: no zeroing pass.
-async fn read_growing<R: AsyncRead + Unpin + ?Sized>(
-    reader: &mut R,
-    total: usize,
-    part: &'static str,
-) -> std::result::Result<Vec<u8>, FrameError> {
-    let mut buf: Vec<u8> = Vec::with_capacity(total.min(INITIAL_RECEIVE_CAPACITY));
-    while buf.len() < total {
-        if buf.len() == buf.capacity() {
-            let target = buf.capacity().saturating_mul(2).clamp(1, total);
-            buf.reserve_exact(target - buf.len());
-        }
-        let room = (buf.capacity() - buf.len()).min(total - buf.len());
-        let n = (&mut *reader).take(room as u64).read_buf(&mut buf).await?;
-        if n == 0 {
-            return Err(FrameError::Truncated {
-                part,
-                expected: total as u64,
-                received: buf.len() as u64,
-            });
-        }
-    }
-    Ok(buf)
-}
-
 /// Reads one message. `Ok(None)` on a clean end of stream between messages.
 ///
 /// Returns the request id, the kind and the message. The prefix is validated and the limits
@@ -303,6 +275,29 @@ pub async fn read_message<R: AsyncRead + Unpin + ?Sized>(
     reader: &mut R,
     limits: &Limits,
 ) -> std::result::Result<Option<(u64, MessageKind, Message)>, FrameError> {
+    let Some(head) = read_head(reader, limits).await? else {
+        return Ok(None);
+    };
+    let message = read_body(reader, &head, &mut []).await?;
+    Ok(Some((head.request_id, head.kind, message)))
+}
+
+/// The part of a message before its header: who it answers, what it is and how long its parts
+/// are, all checked against the [`Limits`].
+#[derive(Debug, Clone)]
+pub(crate) struct Head {
+    pub(crate) request_id: u64,
+    pub(crate) kind: MessageKind,
+    header_len: usize,
+    pub(crate) frame_lens: Vec<u64>,
+}
+
+/// Reads and checks the prefix and the frame-length table. `Ok(None)` on a clean end of stream
+/// between messages.
+pub(crate) async fn read_head<R: AsyncRead + Unpin + ?Sized>(
+    reader: &mut R,
+    limits: &Limits,
+) -> std::result::Result<Option<Head>, FrameError> {
     let mut raw = [0u8; PREFIX_LEN];
     if !read_prefix(reader, &mut raw).await? {
         return Ok(None);
@@ -350,7 +345,7 @@ pub async fn read_message<R: AsyncRead + Unpin + ?Sized>(
             limits.max_body_bytes
         )));
     }
-    let total = usize::try_from(body_len)
+    usize::try_from(body_len)
         .ok()
         .and_then(|b| b.checked_add(header_len))
         .ok_or_else(|| {
@@ -358,22 +353,152 @@ pub async fn read_message<R: AsyncRead + Unpin + ?Sized>(
                 "body of {body_len} bytes does not fit in this platform's address space"
             ))
         })?;
+    Ok(Some(Head {
+        request_id: prefix.request_id,
+        kind,
+        header_len,
+        frame_lens,
+    }))
+}
 
-    let buf = if total == 0 {
-        Bytes::new()
-    } else {
-        Bytes::from(read_growing(reader, total, "body").await?)
-    };
-    let header = buf.slice(0..header_len);
-    let mut frames = Vec::with_capacity(frame_count);
-    let mut at = header_len;
-    for len in frame_lens {
-        // Every length fits: their sum plus the header is `total`, which fit in usize.
-        let end = at + len as usize;
-        frames.push(buf.slice(at..end));
-        at = end;
+/// Reads the header and frames that follow `head`.
+///
+/// `place[i]`, when present and exactly as long as frame `i`, receives that frame's bytes
+/// straight from the socket (the caller's final buffer, so no copy follows); the frame is then
+/// empty in the returned message and `place[i]` stays `Some`. A buffer of another length is
+/// replaced by `None` and its frame read as usual. Everything else lands in one buffer whose
+/// header and frames are `Bytes` slices of it.
+pub(crate) async fn read_body<R: AsyncRead + Unpin + ?Sized>(
+    reader: &mut R,
+    head: &Head,
+    place: &mut [Option<BytesMut>],
+) -> std::result::Result<Message, FrameError> {
+    let fit: Vec<bool> = head
+        .frame_lens
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            place
+                .get(i)
+                .and_then(Option::as_ref)
+                .is_some_and(|b| b.len() as u64 == len)
+        })
+        .collect();
+    let fits = |i: usize, _len: u64| fit[i];
+    // Sums were checked in `read_head` to fit in usize.
+    let own_total = head.header_len
+        + head
+            .frame_lens
+            .iter()
+            .enumerate()
+            .filter(|&(i, &len)| !fits(i, len))
+            .map(|(_, &len)| len as usize)
+            .sum::<usize>();
+    if own_total == head.header_len + head.frame_lens.iter().sum::<u64>() as usize {
+        // Nothing is placed: one read of the whole body.
+        for p in place.iter_mut() {
+            *p = None;
+        }
+        let buf = if own_total == 0 {
+            Bytes::new()
+        } else {
+            Bytes::from(read_growing(reader, own_total, "body").await?)
+        };
+        let header = buf.slice(0..head.header_len);
+        let mut frames = Vec::with_capacity(head.frame_lens.len());
+        let mut at = head.header_len;
+        for &len in &head.frame_lens {
+            let end = at + len as usize;
+            frames.push(buf.slice(at..end));
+            at = end;
+        }
+        return Ok(Message { header, frames });
     }
-    Ok(Some((prefix.request_id, kind, Message { header, frames })))
+
+    // Some frames go to the caller's buffers: the rest is read piece by piece into `own`.
+    let mut own: Vec<u8> = Vec::new();
+    let mut spans = Vec::with_capacity(head.frame_lens.len());
+    append_growing(reader, &mut own, head.header_len, own_total, "body").await?;
+    for (i, &len) in head.frame_lens.iter().enumerate() {
+        if fits(i, len) {
+            let buf = place[i].as_mut().expect("checked by fits");
+            let mut got = 0;
+            while got < buf.len() {
+                let n = reader.read(&mut buf[got..]).await?;
+                if n == 0 {
+                    return Err(FrameError::Truncated {
+                        part: "body",
+                        expected: len,
+                        received: got as u64,
+                    });
+                }
+                got += n;
+            }
+            spans.push(None);
+        } else {
+            if let Some(p) = place.get_mut(i) {
+                *p = None;
+            }
+            let at = own.len();
+            append_growing(reader, &mut own, len as usize, own_total, "body").await?;
+            spans.push(Some(at..own.len()));
+        }
+    }
+    let buf = Bytes::from(own);
+    let header = buf.slice(0..head.header_len);
+    let frames = spans
+        .into_iter()
+        .map(|s| s.map_or_else(Bytes::new, |r| buf.slice(r)))
+        .collect();
+    Ok(Message { header, frames })
+}
+
+/// Reads exactly `total` bytes into a new `Vec` whose capacity starts at `min(total, 1 MiB)` and
+/// doubles only when the bytes received so far fill it, so memory follows what actually
+/// arrived, never what the peer claimed. (Large reallocations are `mremap` under glibc, so the
+/// doubling costs little.) The bytes land in uninitialized capacity: no zeroing pass.
+async fn read_growing<R: AsyncRead + Unpin + ?Sized>(
+    reader: &mut R,
+    total: usize,
+    part: &'static str,
+) -> std::result::Result<Vec<u8>, FrameError> {
+    let mut buf: Vec<u8> = Vec::new();
+    append_growing(reader, &mut buf, total, total, part).await?;
+    Ok(buf)
+}
+
+/// Appends exactly `n` bytes to `buf`, growing its capacity as in [`read_growing`] (never past
+/// `limit`, the most this buffer will hold).
+async fn append_growing<R: AsyncRead + Unpin + ?Sized>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    n: usize,
+    limit: usize,
+    part: &'static str,
+) -> std::result::Result<(), FrameError> {
+    let end = buf.len() + n;
+    let start = buf.len();
+    while buf.len() < end {
+        if buf.len() == buf.capacity() {
+            let target = buf
+                .capacity()
+                .saturating_mul(2)
+                .max(INITIAL_RECEIVE_CAPACITY)
+                .min(limit.max(end))
+                .max(buf.len() + 1);
+            buf.reserve_exact(target - buf.len());
+        }
+        let room = (buf.capacity() - buf.len()).min(end - buf.len());
+        let got = (&mut *reader).take(room as u64).read_buf(buf).await?;
+        if got == 0 {
+            return Err(FrameError::Truncated {
+                part,
+                expected: n as u64,
+                received: (buf.len() - start) as u64,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A message ready to be written: prefix and length table encoded, payloads still the caller's
@@ -568,6 +693,57 @@ mod tests {
                 Bytes::from(vec![7u8; 100_000]),
             ],
         )
+    }
+
+    async fn wire_of(message: Message) -> Vec<u8> {
+        let mut wire = Vec::new();
+        write_message(&mut wire, 7, MessageKind::Response, message)
+            .await
+            .expect("write");
+        wire
+    }
+
+    #[tokio::test]
+    async fn frames_land_in_the_buffers_that_fit_them() {
+        let wire = wire_of(sample()).await;
+        let mut r = &wire[..];
+        let head = read_head(&mut r, &Limits::default())
+            .await
+            .expect("head")
+            .expect("message");
+        // Frame 0 fits its buffer; frame 2's buffer is one byte short; frame 1 gets none.
+        let mut place = vec![
+            Some(BytesMut::zeroed(3)),
+            None,
+            Some(BytesMut::zeroed(99_999)),
+        ];
+        let msg = read_body(&mut r, &head, &mut place).await.expect("body");
+        assert!(r.is_empty(), "the whole message was consumed");
+        assert_eq!(place[0].as_deref().expect("placed"), b"one");
+        assert!(place[1].is_none() && place[2].is_none());
+        assert_eq!(msg.header, Bytes::from_static(b"hdr"));
+        assert!(
+            msg.frames[0].is_empty(),
+            "a placed frame is not also in the message"
+        );
+        assert_eq!(msg.frames[2], sample().frames[2]);
+    }
+
+    #[tokio::test]
+    async fn a_message_cut_inside_a_placed_frame_is_truncated() {
+        let wire = wire_of(sample()).await;
+        let cut = &wire[..wire.len() - 10];
+        let mut r = cut;
+        let head = read_head(&mut r, &Limits::default())
+            .await
+            .expect("head")
+            .expect("message");
+        let mut place = vec![None, None, Some(BytesMut::zeroed(100_000))];
+        let err = read_body(&mut r, &head, &mut place).await.unwrap_err();
+        assert!(
+            matches!(err, FrameError::Truncated { part: "body", .. }),
+            "{err}"
+        );
     }
 
     #[tokio::test]
