@@ -98,3 +98,45 @@ pub async fn tcp_ping_pong(bytes: usize, rounds: usize) -> Result<Vec<Duration>>
     let _ = server.await;
     Ok(times)
 }
+
+/// Round trips of `bytes` over raw loopback TCP to an echo server running on its own OS thread
+/// (its own single-threaded runtime), so each direction wakes a sleeping peer as a request to
+/// another process does. This is the floor under one remote call; [`tcp_ping_pong`] (both ends
+/// on one thread, nobody ever sleeps) is the floor of the socket path alone.
+pub async fn tcp_ping_pong_cross_thread(bytes: usize, rounds: usize) -> Result<Vec<Duration>> {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
+    let addr = std_listener.local_addr().map_err(io)?;
+    std_listener.set_nonblocking(true).map_err(io)?;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()?;
+        rt.block_on(async move {
+            let listener = TcpListener::from_std(std_listener)?;
+            let (mut s, _) = listener.accept().await?;
+            s.set_nodelay(true)?;
+            let mut buf = vec![0u8; bytes];
+            while s.read_exact(&mut buf).await.is_ok() {
+                s.write_all(&buf).await?;
+            }
+            Ok(())
+        })
+    });
+    let mut c = TcpStream::connect(addr).await.map_err(io)?;
+    c.set_nodelay(true).map_err(io)?;
+    let out = vec![1u8; bytes];
+    let mut back = vec![0u8; bytes];
+    let mut times = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        c.write_all(&out).await.map_err(io)?;
+        c.read_exact(&mut back).await.map_err(io)?;
+        times.push(t.elapsed());
+    }
+    drop(c);
+    server
+        .join()
+        .map_err(|_| Error::internal("raw TCP echo thread panicked"))?
+        .map_err(io)?;
+    Ok(times)
+}

@@ -244,18 +244,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .enable_all()
             .build()
             .map_err(|e| Error::internal("cannot start the runtime").with_source(e))?;
-        let (lat, floor) = single.block_on(async {
+        let (lat, floor, woken) = single.block_on(async {
             let client = match &servers {
                 Some(s) => Client::connect_with(&s.controller, config.clone()).await?,
                 None => tq.clone(),
             };
             let lat = latency::Percentiles::of(latency::put_get(&client, rounds).await?);
             let floor = latency::Percentiles::of(baseline::tcp_ping_pong(4096, rounds).await?);
-            Ok::<_, Error>((lat, floor))
+            let woken = latency::Percentiles::of(
+                baseline::tcp_ping_pong_cross_thread(4096, rounds).await?,
+            );
+            Ok::<_, Error>((lat, floor, woken))
         })?;
         println!();
-        println!("Latency, {rounds} rounds of kv_put (4 KiB) + kv_batch_get: p50 {} µs, p99 {} µs, max {} µs; raw TCP 4 KiB ping-pong: p50 {} µs, p99 {} µs.",
-            us(lat.p50), us(lat.p99), us(lat.max), us(floor.p50), us(floor.p99));
+        println!("Latency, {rounds} rounds of kv_put (4 KiB) + kv_batch_get: p50 {} µs, p99 {} µs, max {} µs; raw TCP 4 KiB ping-pong on one thread: p50 {} µs, p99 {} µs; to an echo thread that sleeps between messages: p50 {} µs, p99 {} µs.",
+            us(lat.p50), us(lat.p99), us(lat.max), us(floor.p50), us(floor.p99), us(woken.p50), us(woken.p99));
         drop(tq);
         drop(servers);
     }
