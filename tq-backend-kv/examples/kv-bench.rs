@@ -4,16 +4,25 @@
 //! program starts on free loopback ports (and kills on exit).
 //!
 //! ```text
-//! cargo run --release -p tq-backend-kv --features redis --example kv-bench -- [reps]
+//! cargo run --release -p tq-backend-kv --features redis --example kv-bench -- [reps] [clear]
 //! ```
+//!
+//! The clear benchmark runs `4 × reps` repetitions (one clear takes 5-50 ms, so a median of 5 is
+//! mostly scheduler noise on a shared machine); put/get run `reps`. `clear` as the second
+//! argument runs only the clear benchmark. `TQ_KV_BENCH_KEYS_PER_CALL` and
+//! `TQ_KV_BENCH_CALLS_IN_FLIGHT` override the store's `max_keys_per_call` (1024) and
+//! `max_concurrent_calls` (16); `TQ_KV_BENCH_METHODS=unlink,adapter-expire-pipeline` picks clear
+//! methods.
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tq_backend_kv::codec::{encode_header, KeyScheme};
 use tq_backend_kv::{
-    DeleteCommand, KvOptions, KvStorageManager, KvStoreExt, KvValue, RedisOptions, RedisStore,
+    DeleteCommand, ExpireCommand, KvOptions, KvStorageManager, KvStoreExt, KvValue, RedisOptions,
+    RedisStore,
 };
 use tq_core::{Batch, BatchMeta, Column, FieldFilter, SampleId, StorageManager, Tensor};
 
@@ -103,12 +112,22 @@ enum Topo {
     Cluster,
 }
 
-fn store(topo: Topo, urls: &[String], delete: DeleteCommand) -> Arc<RedisStore> {
+fn store(
+    topo: Topo,
+    urls: &[String],
+    delete: DeleteCommand,
+    expire: ExpireCommand,
+) -> Arc<RedisStore> {
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
+    let d = RedisOptions::default();
     let o = RedisOptions {
         delete,
+        expire,
         op_timeout: Duration::from_secs(60),
         response_timeout: Duration::from_secs(30),
-        ..Default::default()
+        max_keys_per_call: env("TQ_KV_BENCH_KEYS_PER_CALL").unwrap_or(d.max_keys_per_call),
+        max_concurrent_calls: env("TQ_KV_BENCH_CALLS_IN_FLIGHT").unwrap_or(d.max_concurrent_calls),
+        ..d
     };
     Arc::new(match topo {
         Topo::Single => RedisStore::single(&urls[0], o).unwrap(),
@@ -138,33 +157,119 @@ fn meta_and_batch(samples: usize, fields: usize, row_bytes: usize) -> (BatchMeta
     (meta, batch)
 }
 
-/// Clear cost: µs/key for 512 and 1024 samples × 28 fields.
+/// CPU time (user + system) the servers on `ports` have used, in µs (`INFO cpu`).
+fn server_cpu_us(ports: &[u16]) -> f64 {
+    ports
+        .iter()
+        .map(|&p| {
+            cli(p, &["info", "cpu"])
+                .lines()
+                .filter_map(|l| {
+                    let (k, v) = l.trim().split_once(':')?;
+                    matches!(k, "used_cpu_sys" | "used_cpu_user")
+                        .then(|| v.parse::<f64>().ok())
+                        .flatten()
+                })
+                .sum::<f64>()
+                * 1e6
+        })
+        .sum()
+}
+
+/// CPU time this process has used, all threads, in µs (`/proc/self/task/*/schedstat`).
+fn client_cpu_us() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return f64::NAN;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .sum::<f64>()
+        / 1e3
+}
+
+/// Raw store calls on the cell keys (`del`, `unlink`, `expire-*`) and the adapter's clear
+/// without (`adapter-delete`) and with a TTL (`adapter-expire-*`); `-pipeline` / `-script` is
+/// the store's `ExpireCommand`.
+const CLEAR_METHODS: [&str; 7] = [
+    "del",
+    "unlink",
+    "expire-pipeline",
+    "expire-script",
+    "adapter-delete",
+    "adapter-expire-pipeline",
+    "adapter-expire-script",
+];
+const CLEAR_SIZES: [usize; 2] = [512, 1024];
+
+/// One timed clear, per key: wall clock, CPU time of the server(s) and of this process, in µs.
+struct Cost {
+    wall: f64,
+    server: f64,
+    client: f64,
+}
+
+/// Clear cost: µs/key for 512 and 1024 samples × 28 fields, with the server and client CPU
+/// time spent per key. Repetitions interleave the methods and both sizes (alternating which
+/// size goes first, rotating the method order) so slow phases of a shared machine and the state
+/// the server is left in hit every line alike; each repetition clears a fresh namespace and the
+/// untimed cleanup removes every key it wrote (cells and generation keys), so the database is
+/// the same size at every timed clear.
 async fn clear_bench(topo: Topo, urls: &[String], reps: usize) {
     let label = match topo {
         Topo::Single => "single",
         Topo::Cluster => "cluster",
     };
-    let mut per_key = std::collections::BTreeMap::new();
-    for samples in [512usize, 1024] {
-        let (meta, batch) = meta_and_batch(samples, 28, 16);
-        let keys = samples * 28;
-        for method in [
-            "del",
-            "unlink",
-            "expire",
-            "adapter-delete",
-            "adapter-expire",
-        ] {
-            let mut t = Vec::new();
-            for rep in 0..reps + 1 {
-                let ns = format!("c{rep}{method}{samples}");
-                let ttl = method == "adapter-expire" || method == "expire";
-                let del = if method == "del" {
-                    DeleteCommand::Del
+    let ports: Vec<u16> = urls
+        .iter()
+        .map(|u| u.rsplit(':').next().unwrap().parse().unwrap())
+        .collect();
+    let ports = &ports[..];
+    let only = std::env::var("TQ_KV_BENCH_METHODS").ok();
+    let methods: Vec<&str> = CLEAR_METHODS
+        .into_iter()
+        .filter(|m| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|x| x == *m))
+        })
+        .collect();
+    let fields = 28;
+    let data: Vec<(BatchMeta, Batch)> = CLEAR_SIZES
+        .iter()
+        .map(|&n| meta_and_batch(n, fields, 16))
+        .collect();
+    let stores: Vec<Arc<RedisStore>> = methods
+        .iter()
+        .map(|&m| {
+            let del = if m == "del" {
+                DeleteCommand::Del
+            } else {
+                DeleteCommand::Unlink
+            };
+            let exp = if m.ends_with("-script") {
+                ExpireCommand::Script
+            } else {
+                ExpireCommand::Pipeline
+            };
+            store(topo, urls, del, exp)
+        })
+        .collect();
+    // (method, size) -> one cost per timed repetition.
+    let mut runs: BTreeMap<(usize, usize), Vec<Cost>> = BTreeMap::new();
+    for rep in 0..reps + 1 {
+        for k in 0..methods.len() {
+            let mi = (k + rep) % methods.len();
+            let method = methods[mi];
+            let s = &stores[mi];
+            for j in 0..CLEAR_SIZES.len() {
+                let si = if rep % 2 == 0 {
+                    j
                 } else {
-                    DeleteCommand::Unlink
+                    CLEAR_SIZES.len() - 1 - j
                 };
-                let s = store(topo, urls, del);
+                let (meta, batch) = &data[si];
+                let ns = format!("c{rep}-{method}-{}", CLEAR_SIZES[si]);
+                let ttl = method.contains("expire");
                 let m = KvStorageManager::new(
                     s.clone(),
                     KvOptions {
@@ -174,46 +279,78 @@ async fn clear_bench(topo: Topo, urls: &[String], reps: usize) {
                     },
                 )
                 .unwrap();
-                m.put(&meta, &batch).await.unwrap();
+                m.put(meta, batch).await.unwrap();
                 let ks = KeyScheme::new(&ns, "bench");
-                let cell_keys: Vec<String> = batch
-                    .field_names()
-                    .flat_map(|f| meta.samples().iter().map(move |s| (f, *s)))
-                    .map(|(f, s)| ks.cell(s, f))
+                // Sample-major, like the adapter: a sample's keys share a cluster hash slot.
+                let cell_keys: Vec<String> = meta
+                    .samples()
+                    .iter()
+                    .flat_map(|s| batch.field_names().map(|f| ks.cell(*s, f)))
                     .collect();
+                let gen_keys: Vec<String> = meta
+                    .samples()
+                    .iter()
+                    .map(|s| ks.generation(s.index))
+                    .collect();
+                let (srv0, cli0) = (server_cpu_us(ports), client_cpu_us());
                 let t0 = Instant::now();
                 match method {
                     "del" | "unlink" => s.delete_all(&cell_keys).await.unwrap(),
-                    "expire" => s
+                    "expire-pipeline" | "expire-script" => s
                         .expire_all(&cell_keys, Duration::from_secs(1))
                         .await
                         .unwrap(),
-                    _ => m.clear(&meta, &FieldFilter::All).await.unwrap(),
+                    _ => m.clear(meta, &FieldFilter::All).await.unwrap(),
                 }
                 let dt = t0.elapsed();
+                let (srv1, cli1) = (server_cpu_us(ports), client_cpu_us());
+                let keys = cell_keys.len() as f64;
                 if rep > 0 {
-                    t.push(dt.as_secs_f64() * 1e6 / keys as f64);
+                    runs.entry((mi, si)).or_default().push(Cost {
+                        wall: dt.as_secs_f64() * 1e6 / keys,
+                        server: (srv1 - srv0) / keys,
+                        client: (cli1 - cli0) / keys,
+                    });
                 }
-                // Clean up outside the timed region.
+                // Clean up outside the timed region: every key this repetition wrote.
                 s.delete_all(&cell_keys).await.unwrap();
+                s.delete_all(&gen_keys).await.unwrap();
             }
-            let (med, min, max) = stats(t);
-            per_key.insert((method, samples), med);
+        }
+    }
+    println!(
+        "clear {label}: medians of {reps} repetitions after a warm-up (min, max); server / client \
+         cpu = median CPU time of the redis-server process(es) / of this process"
+    );
+    for (mi, method) in methods.iter().enumerate() {
+        for (si, samples) in CLEAR_SIZES.iter().enumerate() {
+            let r = &runs[&(mi, si)];
+            let (med, min, max) = stats(r.iter().map(|c| c.wall).collect());
+            let (srv, _, _) = stats(r.iter().map(|c| c.server).collect());
+            let (cpu, _, _) = stats(r.iter().map(|c| c.client).collect());
             println!(
-                "clear {label:7} {method:15} {samples:5} samples x 28 = {keys:6} keys: \
-                 {med:6.3} us/key (min {min:.3}, max {max:.3})"
+                "clear {label:7} {method:23} {samples:5} samples x {fields} = {:6} keys: \
+                 {med:6.3} us/key (min {min:.3}, max {max:.3}) | server cpu {srv:.3} | \
+                 client cpu {cpu:.3} us/key",
+                samples * fields
             );
         }
     }
-    for method in [
-        "del",
-        "unlink",
-        "expire",
-        "adapter-delete",
-        "adapter-expire",
-    ] {
-        let r = per_key[&(method, 1024)] * 1024.0 * 28.0 / (per_key[&(method, 512)] * 512.0 * 28.0);
-        println!("clear {label:7} {method:15} 1024/512 wall-clock ratio: {r:.2}x");
+    for (mi, method) in methods.iter().enumerate() {
+        // Wall-clock ratio of the medians and of the minima, and of the server CPU medians.
+        let med = |si: usize, f: fn(&Cost) -> f64| {
+            stats(runs[&(mi, si)].iter().map(f).collect()).0 * CLEAR_SIZES[si] as f64
+        };
+        let min = |si: usize| {
+            stats(runs[&(mi, si)].iter().map(|c| c.wall).collect()).1 * CLEAR_SIZES[si] as f64
+        };
+        println!(
+            "clear {label:7} {method:23} 1024/512 wall-clock ratio: {:.2}x (of minima {:.2}x; \
+             server cpu {:.2}x)",
+            med(1, |c| c.wall) / med(0, |c| c.wall),
+            min(1) / min(0),
+            med(1, |c| c.server) / med(0, |c| c.server),
+        );
     }
 }
 
@@ -226,13 +363,14 @@ async fn throughput_bench(topo: Topo, urls: &[String], reps: usize) {
     // 1024 samples x 4 fields x 16 KiB = 64 KiB per sample, 64 MiB per batch.
     let (meta, batch) = meta_and_batch(1024, 4, 16 * 1024);
     let bytes = batch.nbytes();
-    let s = store(topo, urls, DeleteCommand::Unlink);
+    let s = store(topo, urls, DeleteCommand::Unlink, ExpireCommand::default());
     let m = KvStorageManager::new(s.clone(), KvOptions::default()).unwrap();
-    // Raw: the same keys and the same encoded bytes (header + payload), built untimed.
+    // Raw: the same keys and the same encoded bytes (header + payload), built untimed, in
+    // sample order (a sample's keys share a cluster hash slot), as the adapter writes them.
     let ks = KeyScheme::new("raw", "bench");
     let mut raw_items = Vec::new();
-    for (f, col) in batch.columns() {
-        for (r, sid) in meta.samples().iter().enumerate() {
+    for (r, sid) in meta.samples().iter().enumerate() {
+        for (f, col) in batch.columns() {
             let v = col.value(r);
             let mut buf = encode_header(&v).to_vec();
             buf.extend_from_slice(v.bytes());
@@ -240,7 +378,7 @@ async fn throughput_bench(topo: Topo, urls: &[String], reps: usize) {
         }
     }
     let raw_keys: Vec<String> = raw_items.iter().map(|(k, _)| k.clone()).collect();
-    let raw_store = store(topo, urls, DeleteCommand::Unlink);
+    let raw_store = store(topo, urls, DeleteCommand::Unlink, ExpireCommand::default());
     let (mut tp, mut tg, mut rp, mut rg) = (vec![], vec![], vec![], vec![]);
     for rep in 0..reps + 1 {
         // Adapter.
@@ -296,11 +434,16 @@ async fn main() {
     let port = free_port();
     let single = start(port, false);
     let urls = vec![format!("redis://127.0.0.1:{port}")];
-    clear_bench(Topo::Single, &urls, reps).await;
-    throughput_bench(Topo::Single, &urls, reps).await;
+    let only_clear = std::env::args().nth(2).as_deref() == Some("clear");
+    clear_bench(Topo::Single, &urls, 4 * reps).await;
+    if !only_clear {
+        throughput_bench(Topo::Single, &urls, reps).await;
+    }
     drop(single);
     let (servers, urls) = start_cluster();
-    clear_bench(Topo::Cluster, &urls, reps).await;
-    throughput_bench(Topo::Cluster, &urls, reps).await;
+    clear_bench(Topo::Cluster, &urls, 4 * reps).await;
+    if !only_clear {
+        throughput_bench(Topo::Cluster, &urls, reps).await;
+    }
     drop(servers);
 }

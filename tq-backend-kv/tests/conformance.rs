@@ -117,6 +117,18 @@ async fn object_store_in_memory_with_ttl_declared_absent() {
     .await;
 }
 
+/// No TTL, and a TTL with each way the Redis store expires keys.
+#[cfg(feature = "redis")]
+fn redis_variants() -> [(Option<Duration>, tq_backend_kv::ExpireCommand); 3] {
+    use tq_backend_kv::ExpireCommand;
+    let ttl = Some(Duration::from_secs(600));
+    [
+        (None, ExpireCommand::default()),
+        (ttl, ExpireCommand::Pipeline),
+        (ttl, ExpireCommand::Script),
+    ]
+}
+
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_single_node() {
@@ -125,13 +137,14 @@ async fn redis_single_node() {
     }
     let server = common::RedisServer::start();
     let url = server.url();
-    for ttl in [None, Some(Duration::from_secs(600))] {
+    for (ttl, expire) in redis_variants() {
         tq_core::testkit::run_all(|| {
             let url = url.clone();
             async move {
                 // A small per-call limit so batches are split and pipelined.
                 let opts = tq_backend_kv::RedisOptions {
                     max_keys_per_call: 7,
+                    expire,
                     ..Default::default()
                 };
                 let s = tq_backend_kv::RedisStore::single(&url, opts).unwrap();
@@ -150,11 +163,15 @@ async fn redis_cluster() {
     }
     let cluster = common::RedisCluster::start();
     let urls = cluster.urls();
-    for ttl in [None, Some(Duration::from_secs(600))] {
+    for (ttl, expire) in redis_variants() {
         tq_core::testkit::run_all(|| {
             let urls = urls.clone();
             async move {
-                let s = tq_backend_kv::RedisStore::cluster(&urls, Default::default()).unwrap();
+                let opts = tq_backend_kv::RedisOptions {
+                    expire,
+                    ..Default::default()
+                };
+                let s = tq_backend_kv::RedisStore::cluster(&urls, opts).unwrap();
                 manager(Arc::new(s), ttl)
             }
         })

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tq_backend_kv::codec::KeyScheme;
 use tq_backend_kv::{
-    KvOptions, KvStorageManager, KvStore, MemoryKvStore, RedisOptions, RedisStore,
+    ExpireCommand, KvOptions, KvStorageManager, KvStore, MemoryKvStore, RedisOptions, RedisStore,
 };
 use tq_core::testkit::{assert_same_rows, sample_batch};
 use tq_core::{Batch, BatchMeta, ErrorKind, FieldFilter, SampleId, StorageManager};
@@ -297,4 +297,258 @@ async fn redis_cluster_unreachable_is_unavailable() {
         "took {:?}",
         t0.elapsed()
     );
+}
+
+/// `PTTL` of `key` on the server at `port` (`-c`: follows cluster redirects).
+fn pttl(port: u16, key: &str) -> i64 {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-c", "-p", &port.to_string(), "pttl", key])
+        .output()
+        .expect("run redis-cli");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("pttl {key}: {text:?}"))
+}
+
+/// A TTL clear gives every cell it clears the short deadline (`clear_expire_after`), whichever
+/// way the store expires, on a single node or a cluster; cells not cleared keep the long TTL; a
+/// cell that is already gone does not fail the clear. `port` is any node's.
+async fn ttl_clear_sets_a_deadline_on_every_cell(store: Arc<dyn KvStore>, port: u16) {
+    let ns = common::unique("deadline");
+    let m = KvStorageManager::new(
+        store,
+        KvOptions {
+            namespace: ns.clone(),
+            data_ttl: Some(Duration::from_secs(600)),
+            clear_expire_after: Duration::from_secs(60),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let fields = ["f32", "i64", "obj"];
+    let ids: Vec<SampleId> = (0..16).map(|i| SampleId::new(i, 0)).collect();
+    let b = sample_batch(16, 9).select_fields(&fields).unwrap();
+    m.put(&meta(ids.clone(), &b), &b).await.unwrap();
+    let ks = KeyScheme::new(&ns, PARTITION);
+    let gone = ks.cell(ids[3], "i64");
+    let out = std::process::Command::new("redis-cli")
+        .args(["-c", "-p", &port.to_string(), "del", &gone])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1");
+    let long = |key: &str| {
+        let t = pttl(port, key);
+        assert!(t > 500_000, "{key}: pttl {t}, want the data TTL");
+    };
+    let short = |key: &str| {
+        let t = pttl(port, key);
+        assert!(
+            t > 0 && t <= 60_000,
+            "{key}: pttl {t}, want the clear deadline"
+        );
+    };
+    // Whole samples 0..12: every cell expires, the generation keys are gone at once.
+    let (cleared, kept) = ids.split_at(12);
+    m.clear(&meta(cleared.to_vec(), &b), &FieldFilter::All)
+        .await
+        .unwrap();
+    for s in cleared {
+        for f in fields {
+            let key = ks.cell(*s, f);
+            if key == gone {
+                assert_eq!(pttl(port, &key), -2, "{key} stays absent");
+            } else {
+                short(&key);
+            }
+        }
+        assert_eq!(pttl(port, &ks.generation(s.index)), -2);
+    }
+    // Chosen fields of samples 12..16: only those cells expire.
+    let only_obj = b.select_fields(&["obj"]).unwrap();
+    m.expire(
+        &meta(kept.to_vec(), &only_obj),
+        &FieldFilter::Only(vec!["obj".into()]),
+    )
+    .await
+    .unwrap();
+    for s in kept {
+        short(&ks.cell(*s, "obj"));
+        long(&ks.cell(*s, "f32"));
+        long(&ks.cell(*s, "i64"));
+        long(&ks.generation(s.index));
+    }
+}
+
+fn expire_options(expire: ExpireCommand) -> RedisOptions {
+    RedisOptions {
+        expire,
+        // Small calls: samples are split across calls and a call spans several hash slots.
+        max_keys_per_call: 5,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn redis_ttl_clear_sets_a_deadline_on_every_cell() {
+    if !common::redis_available("redis_ttl_clear_sets_a_deadline_on_every_cell") {
+        return;
+    }
+    let server = common::RedisServer::start();
+    for expire in [ExpireCommand::Pipeline, ExpireCommand::Script] {
+        let store = RedisStore::single(&server.url(), expire_options(expire)).unwrap();
+        ttl_clear_sets_a_deadline_on_every_cell(Arc::new(store), server.port).await;
+    }
+}
+
+#[tokio::test]
+async fn redis_cluster_ttl_clear_sets_a_deadline_on_every_cell() {
+    if !common::redis_available("redis_cluster_ttl_clear_sets_a_deadline_on_every_cell") {
+        return;
+    }
+    let cluster = common::RedisCluster::start();
+    for expire in [ExpireCommand::Pipeline, ExpireCommand::Script] {
+        let store = RedisStore::cluster(&cluster.urls(), expire_options(expire)).unwrap();
+        ttl_clear_sets_a_deadline_on_every_cell(Arc::new(store), cluster.nodes[0].port).await;
+    }
+}
+
+/// The expire path (pipelined or scripted) fails like every other call when the server is
+/// gone, and works again on the restarted (empty, script cache and all) server.
+#[tokio::test]
+async fn redis_ttl_clear_killed_then_restarted() {
+    if !common::redis_available("redis_ttl_clear_killed_then_restarted") {
+        return;
+    }
+    for expire in [ExpireCommand::Pipeline, ExpireCommand::Script] {
+        let mut server = common::RedisServer::start();
+        let store = RedisStore::single(
+            &server.url(),
+            RedisOptions {
+                expire,
+                ..fault_options()
+            },
+        )
+        .unwrap();
+        let m = KvStorageManager::new(
+            Arc::new(store),
+            KvOptions {
+                namespace: common::unique("ttlfault"),
+                data_ttl: Some(Duration::from_secs(60)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let ids = vec![SampleId::new(1, 0), SampleId::new(2, 0)];
+        let b = sample_batch(2, 8);
+        m.put(&meta(ids.clone(), &b), &b).await.unwrap();
+        server.kill();
+        let t0 = Instant::now();
+        assert_unavailable_in_time(
+            &format!("{expire:?} clear after kill"),
+            m.clear(&meta(ids.clone(), &b), &FieldFilter::All).await,
+            t0,
+        );
+        let t0 = Instant::now();
+        assert_unavailable_in_time(
+            &format!("{expire:?} expire after kill"),
+            m.expire(
+                &meta(ids.clone(), &b),
+                &FieldFilter::Only(vec!["f32".into()]),
+            )
+            .await,
+            t0,
+        );
+        let server = server.restart();
+        m.put(&meta(ids.clone(), &b), &b)
+            .await
+            .expect("put after restart");
+        m.clear(&meta(ids.clone(), &b), &FieldFilter::All)
+            .await
+            .expect("clear after restart");
+        let key = KeyScheme::new(&m.options().namespace, PARTITION).cell(ids[0], "f32");
+        let t: i64 = server.cli(&["pttl", &key]).trim().parse().unwrap();
+        assert!(t > 0 && t <= 1_000, "{expire:?}: {key}: pttl {t}");
+    }
+}
+
+#[tokio::test]
+async fn redis_cluster_ttl_clear_unreachable_is_unavailable() {
+    if !common::redis_available("redis_cluster_ttl_clear_unreachable_is_unavailable") {
+        return;
+    }
+    let mut cluster = common::RedisCluster::start();
+    let ids: Vec<SampleId> = (0..16).map(|i| SampleId::new(i, 0)).collect();
+    let b = sample_batch(16, 10);
+    let mut managers = Vec::new();
+    for expire in [ExpireCommand::Pipeline, ExpireCommand::Script] {
+        let store = RedisStore::cluster(
+            &cluster.urls(),
+            RedisOptions {
+                expire,
+                ..fault_options()
+            },
+        )
+        .unwrap();
+        let m = KvStorageManager::new(
+            Arc::new(store),
+            KvOptions {
+                namespace: common::unique("cttlfault"),
+                data_ttl: Some(Duration::from_secs(60)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        m.put(&meta(ids.clone(), &b), &b).await.unwrap();
+        managers.push((expire, m));
+    }
+    for n in &mut cluster.nodes {
+        n.kill();
+    }
+    for (expire, m) in managers {
+        let t0 = Instant::now();
+        let e = m
+            .expire(
+                &meta(ids.clone(), &b),
+                &FieldFilter::Only(vec!["f32".into()]),
+            )
+            .await
+            .expect_err("expire on a dead cluster");
+        assert!(e.is_retryable(), "{expire:?}: {e}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(4),
+            "{expire:?}: took {:?}",
+            t0.elapsed()
+        );
+    }
+}
+
+/// A command that fails inside a cluster node's pipeline fails the call (here: writes refused
+/// for lack of memory), as it does on a single node, instead of being dropped with its reply.
+#[tokio::test]
+async fn redis_cluster_refused_write_is_an_error() {
+    if !common::redis_available("redis_cluster_refused_write_is_an_error") {
+        return;
+    }
+    let cluster = common::RedisCluster::start();
+    for n in &cluster.nodes {
+        n.cli(&["config", "set", "maxmemory-policy", "noeviction"]);
+        n.cli(&["config", "set", "maxmemory", "1"]);
+    }
+    let store = RedisStore::cluster(&cluster.urls(), RedisOptions::default()).unwrap();
+    let m = KvStorageManager::new(
+        Arc::new(store),
+        KvOptions {
+            namespace: common::unique("oom"),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ids: Vec<SampleId> = (0..16).map(|i| SampleId::new(i, 0)).collect();
+    let b = sample_batch(16, 11);
+    let e = m
+        .put(&meta(ids, &b), &b)
+        .await
+        .expect_err("put over maxmemory");
+    assert_eq!(e.kind(), &ErrorKind::CapacityExceeded, "{e}");
 }
