@@ -251,9 +251,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             };
             let lat = latency::Percentiles::of(latency::put_get(&client, rounds).await?);
             let floor = latency::Percentiles::of(baseline::tcp_ping_pong(4096, rounds).await?);
-            let woken = latency::Percentiles::of(
-                baseline::tcp_ping_pong_cross_thread(4096, rounds).await?,
-            );
+            let woken =
+                latency::Percentiles::of(baseline::tcp_ping_pong_cross_thread(4096, rounds).await?);
             Ok::<_, Error>((lat, floor, woken))
         })?;
         println!();
