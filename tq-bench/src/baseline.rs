@@ -17,57 +17,90 @@ fn io(e: std::io::Error) -> Error {
     Error::internal("raw TCP baseline").with_source(e)
 }
 
-/// Raw tokio TCP over loopback with `TCP_NODELAY`: `send` times writing `bytes` to a peer that
-/// reads them into a fresh buffer and answers one byte; `receive` times asking for `bytes` and
-/// reading them into a fresh buffer. These are what a put and a get must at least do.
-pub async fn tcp(bytes: usize, reps: usize) -> Result<(Stats, Stats)> {
+/// Raw tokio TCP over loopback with `TCP_NODELAY`, over `streams` connections at once (as many as
+/// a remote deployment moves the batch over: one per storage unit), each carrying its share of
+/// `bytes`: `send` times writing to peers that read into fresh buffers and answer one byte;
+/// `receive` times asking for the bytes and reading them into fresh buffers. These are what a put
+/// and a get must at least do.
+pub async fn tcp(bytes: usize, streams: usize, reps: usize) -> Result<(Stats, Stats)> {
+    let streams = streams.max(1);
+    let share = move |i: usize| bytes / streams + usize::from(i < bytes % streams);
     let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io)?;
     let addr = listener.local_addr().map_err(io)?;
-    let payload = vec![0xA5u8; bytes];
-    let server_payload = payload.clone();
     let server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await?;
-        s.set_nodelay(true)?;
-        loop {
-            let mut op = [0u8; 1];
-            if s.read_exact(&mut op).await.is_err() {
-                return Ok::<_, std::io::Error>(());
-            }
-            if op[0] == b'S' {
-                let mut buf = vec![0u8; server_payload.len()];
-                s.read_exact(&mut buf).await?;
-                std::hint::black_box(&buf);
-                s.write_all(b"k").await?;
-            } else {
-                s.write_all(&server_payload).await?;
-            }
+        let mut peers = Vec::with_capacity(streams);
+        for i in 0..streams {
+            let (s, _) = listener.accept().await?;
+            s.set_nodelay(true)?;
+            peers.push(tokio::spawn(echo_peer(s, share(i))));
         }
+        for p in peers {
+            p.await.map_err(std::io::Error::other)??;
+        }
+        Ok::<_, std::io::Error>(())
     });
-    let mut c = TcpStream::connect(addr).await.map_err(io)?;
-    c.set_nodelay(true).map_err(io)?;
+    let mut conns = Vec::with_capacity(streams);
+    for i in 0..streams {
+        let c = TcpStream::connect(addr).await.map_err(io)?;
+        c.set_nodelay(true).map_err(io)?;
+        conns.push((c, vec![0xA5u8; share(i)]));
+    }
     let mut send = Vec::new();
     let mut receive = Vec::new();
     for i in 0..=reps {
         let t = Instant::now();
-        c.write_all(b"S").await.map_err(io)?;
-        c.write_all(&payload).await.map_err(io)?;
-        let mut ack = [0u8; 1];
-        c.read_exact(&mut ack).await.map_err(io)?;
+        let sends = conns.iter_mut().map(|(c, payload)| async move {
+            c.write_all(b"S").await?;
+            c.write_all(payload).await?;
+            let mut ack = [0u8; 1];
+            c.read_exact(&mut ack).await.map(|_| ())
+        });
+        for r in futures::future::join_all(sends).await {
+            r.map_err(io)?;
+        }
         let s = t.elapsed();
         let t = Instant::now();
-        c.write_all(b"R").await.map_err(io)?;
-        let mut buf = vec![0u8; bytes];
-        c.read_exact(&mut buf).await.map_err(io)?;
-        std::hint::black_box(&buf);
+        let receives = conns.iter_mut().map(|(c, payload)| async move {
+            c.write_all(b"R").await?;
+            let mut buf = vec![0u8; payload.len()];
+            c.read_exact(&mut buf).await?;
+            Ok::<_, std::io::Error>(std::hint::black_box(buf))
+        });
+        for r in futures::future::join_all(receives).await {
+            r.map_err(io)?;
+        }
         let r = t.elapsed();
         if i > 0 {
             send.push(s);
             receive.push(r);
         }
     }
-    drop(c);
-    let _ = server.await;
+    drop(conns);
+    server
+        .await
+        .map_err(|e| Error::internal("raw TCP baseline server").with_source(e))?
+        .map_err(io)?;
     Ok((Stats::from_samples(send), Stats::from_samples(receive)))
+}
+
+/// One peer of [`tcp`]: `S` = read `len` bytes into a fresh buffer and answer one byte; `R` =
+/// send `len` bytes.
+async fn echo_peer(mut s: TcpStream, len: usize) -> std::io::Result<()> {
+    let payload = vec![0xA5u8; len];
+    loop {
+        let mut op = [0u8; 1];
+        if s.read_exact(&mut op).await.is_err() {
+            return Ok(());
+        }
+        if op[0] == b'S' {
+            let mut buf = vec![0u8; len];
+            s.read_exact(&mut buf).await?;
+            std::hint::black_box(&buf);
+            s.write_all(b"k").await?;
+        } else {
+            s.write_all(&payload).await?;
+        }
+    }
 }
 
 /// Round trips of `bytes` over raw loopback TCP: the floor under a small put + get.

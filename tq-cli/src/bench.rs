@@ -201,14 +201,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
         for name in &names {
             let batch = workloads::by_name(name, args.samples).expect("checked above");
             let (put_base, get_base) = if remote {
-                let (send, receive) = runtime.block_on(baseline::tcp(batch.nbytes(), args.reps))?;
+                // As many connections as tq moves the batch over (one per unit).
+                let streams = args.units as usize;
+                let (send, receive) =
+                    runtime.block_on(baseline::tcp(batch.nbytes(), streams, args.reps))?;
                 (
                     kv::Baseline {
-                        name: "raw TCP send".into(),
+                        name: format!("raw TCP send, {streams} conn"),
                         stats: send,
                     },
                     kv::Baseline {
-                        name: "raw TCP receive".into(),
+                        name: format!("raw TCP receive, {streams} conn"),
                         stats: receive,
                     },
                 )
