@@ -9,7 +9,7 @@
 //!
 //! The clear benchmark runs `4 × reps` repetitions (one clear takes 5-50 ms, so a median of 5 is
 //! mostly scheduler noise on a shared machine); put/get run `reps`. `clear` as the second
-//! argument runs only the clear benchmark. `TQ_KV_BENCH_KEYS_PER_CALL` and
+//! argument runs only the clear benchmark (`throughput`: only put/get). `TQ_KV_BENCH_KEYS_PER_CALL` and
 //! `TQ_KV_BENCH_CALLS_IN_FLIGHT` override the store's `max_keys_per_call` (1024) and
 //! `max_concurrent_calls` (16); `TQ_KV_BENCH_METHODS=unlink,adapter-expire-pipeline` picks clear
 //! methods.
@@ -434,15 +434,24 @@ async fn main() {
     let port = free_port();
     let single = start(port, false);
     let urls = vec![format!("redis://127.0.0.1:{port}")];
-    let only_clear = std::env::args().nth(2).as_deref() == Some("clear");
-    clear_bench(Topo::Single, &urls, 4 * reps).await;
-    if !only_clear {
+    let part = std::env::args().nth(2);
+    let (clear, throughput) = match part.as_deref() {
+        Some("clear") => (true, false),
+        Some("throughput") => (false, true),
+        _ => (true, true),
+    };
+    if clear {
+        clear_bench(Topo::Single, &urls, 4 * reps).await;
+    }
+    if throughput {
         throughput_bench(Topo::Single, &urls, reps).await;
     }
     drop(single);
     let (servers, urls) = start_cluster();
-    clear_bench(Topo::Cluster, &urls, 4 * reps).await;
-    if !only_clear {
+    if clear {
+        clear_bench(Topo::Cluster, &urls, 4 * reps).await;
+    }
+    if throughput {
         throughput_bench(Topo::Cluster, &urls, reps).await;
     }
     drop(servers);
