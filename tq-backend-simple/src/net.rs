@@ -391,7 +391,9 @@ impl StorageUnit for RemoteUnit {
                 column
                     .into_iter()
                     .map(|desc| {
-                        let frame = frames.next();
+                        let frame = frames.next().ok_or_else(|| {
+                            Error::corrupted(format!("{peer}: message has fewer frames than cells"))
+                        })?;
                         match (placed.next().flatten(), desc) {
                             (Some(bytes), CellDesc::Tensor { dtype, shape }) => {
                                 Ok(Fetched::Placed {
@@ -405,12 +407,7 @@ impl StorageUnit for RemoteUnit {
                             }
                             (None, desc) => {
                                 let mut reader = FrameReader {
-                                    frames: std::slice::from_ref(frame.ok_or_else(|| {
-                                        Error::corrupted(format!(
-                                            "{peer}: message has fewer frames than cells"
-                                        ))
-                                    })?)
-                                    .iter(),
+                                    frames: std::slice::from_ref(frame).iter(),
                                     peer: &peer,
                                 };
                                 Ok(Fetched::Value(reader.cells(vec![desc])?.remove(0)))

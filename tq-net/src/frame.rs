@@ -385,6 +385,10 @@ pub(crate) async fn read_body<R: AsyncRead + Unpin + ?Sized>(
         })
         .collect();
     let fits = |i: usize, _len: u64| fit[i];
+    // Buffers beyond the last frame receive nothing: hand them back as unused.
+    for p in place.iter_mut().skip(head.frame_lens.len()) {
+        *p = None;
+    }
     // Sums were checked in `read_head` to fit in usize.
     let own_total = head.header_len
         + head
@@ -712,15 +716,17 @@ mod tests {
             .expect("head")
             .expect("message");
         // Frame 0 fits its buffer; frame 2's buffer is one byte short; frame 1 gets none.
+        // A fourth buffer has no frame at all.
         let mut place = vec![
             Some(BytesMut::zeroed(3)),
             None,
             Some(BytesMut::zeroed(99_999)),
+            Some(BytesMut::zeroed(3)),
         ];
         let msg = read_body(&mut r, &head, &mut place).await.expect("body");
         assert!(r.is_empty(), "the whole message was consumed");
         assert_eq!(place[0].as_deref().expect("placed"), b"one");
-        assert!(place[1].is_none() && place[2].is_none());
+        assert!(place[1].is_none() && place[2].is_none() && place[3].is_none());
         assert_eq!(msg.header, Bytes::from_static(b"hdr"));
         assert!(
             msg.frames[0].is_empty(),
