@@ -342,6 +342,24 @@ impl RedisStore {
         }
     }
 
+    /// Sends one request per group (built by `build`) on `conn`, up to `max_concurrent_calls`
+    /// at once; no deadline here.
+    async fn send_each<C: ConnectionLike + Clone + Send + Sync>(
+        &self,
+        conn: &C,
+        groups: Vec<(u16, Vec<usize>)>,
+        build: &Build<'_>,
+    ) -> Result<Vec<(Vec<usize>, redis::Value)>> {
+        futures::stream::iter(groups)
+            .map(|(_, pos)| async move {
+                let req = build(&pos);
+                Ok((pos, self.send_on(conn, req).await?))
+            })
+            .buffer_unordered(self.options.max_concurrent_calls.max(1))
+            .try_collect()
+            .await
+    }
+
     /// Runs one request per group of key positions (built by `build`), in parallel, under the
     /// call deadline. Returns each group's positions with its reply (a pipeline's replies as
     /// one array).
@@ -351,7 +369,6 @@ impl RedisStore {
         build: &Build<'_>,
     ) -> Result<Vec<(Vec<usize>, redis::Value)>> {
         let work = async {
-            let limit = self.options.max_concurrent_calls.max(1);
             match &self.conn {
                 Conn::Single { client, cm } => {
                     let conn = cm
@@ -367,14 +384,7 @@ impl RedisStore {
                                 .map_err(|e| map_err(&self.what, e))
                         })
                         .await?;
-                    futures::stream::iter(groups)
-                        .map(|(_, pos)| async move {
-                            let req = build(&pos);
-                            Ok((pos, self.send_on(conn, req).await?))
-                        })
-                        .buffer_unordered(limit)
-                        .try_collect()
-                        .await
+                    self.send_each(conn, groups, build).await
                 }
                 Conn::Cluster { client, conn } => {
                     let conn = conn
@@ -394,14 +404,7 @@ impl RedisStore {
                                 .collect());
                         }
                     }
-                    futures::stream::iter(groups)
-                        .map(|(_, pos)| async move {
-                            let req = build(&pos);
-                            Ok((pos, self.send_on(conn, req).await?))
-                        })
-                        .buffer_unordered(limit)
-                        .try_collect()
-                        .await
+                    self.send_each(conn, groups, build).await
                 }
             }
         };

@@ -22,6 +22,23 @@ fn meta(samples: Vec<SampleId>, batch: &Batch) -> BatchMeta {
         .unwrap()
 }
 
+/// An adapter over `store` under `namespace`, with `data_ttl`.
+fn manager(
+    store: Arc<impl KvStore>,
+    namespace: impl Into<String>,
+    data_ttl: Option<Duration>,
+) -> KvStorageManager {
+    KvStorageManager::new(
+        store,
+        KvOptions {
+            namespace: namespace.into(),
+            data_ttl,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
 /// The PR #156 scenario, driven through any store: `sleep` advances time.
 async fn reused_sample_survives_old_deadline<S, F>(
     store: Arc<dyn KvStore>,
@@ -130,14 +147,7 @@ async fn redis_without_ttl_clear_deletes_at_once() {
     let server = common::RedisServer::start();
     let store = Arc::new(RedisStore::single(&server.url(), RedisOptions::default()).unwrap());
     let ns = common::unique("nottl");
-    let m = KvStorageManager::new(
-        store.clone(),
-        KvOptions {
-            namespace: ns.clone(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let m = manager(store.clone(), ns.clone(), None);
     let ids = vec![SampleId::new(1, 0), SampleId::new(2, 0)];
     let b = sample_batch(2, 4);
     m.put(&meta(ids.clone(), &b), &b).await.unwrap();
@@ -164,14 +174,7 @@ async fn redis_missing_cell_is_data_lost_naming_the_key() {
     let server = common::RedisServer::start();
     let store = Arc::new(RedisStore::single(&server.url(), RedisOptions::default()).unwrap());
     let ns = common::unique("lost");
-    let m = KvStorageManager::new(
-        store.clone(),
-        KvOptions {
-            namespace: ns.clone(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let m = manager(store.clone(), ns.clone(), None);
     let ids = vec![SampleId::new(1, 0), SampleId::new(2, 0)];
     let b = sample_batch(2, 5);
     let receipt = m.put(&meta(ids.clone(), &b), &b).await.unwrap();
@@ -210,14 +213,7 @@ async fn redis_killed_then_restarted() {
     }
     let mut server = common::RedisServer::start();
     let store = Arc::new(RedisStore::single(&server.url(), fault_options()).unwrap());
-    let m = KvStorageManager::new(
-        store,
-        KvOptions {
-            namespace: common::unique("fault"),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let m = manager(store, common::unique("fault"), None);
     let ids = vec![SampleId::new(1, 0)];
     let b = sample_batch(1, 6);
     m.put(&meta(ids.clone(), &b), &b).await.unwrap();
@@ -274,14 +270,7 @@ async fn redis_cluster_unreachable_is_unavailable() {
     }
     let mut cluster = common::RedisCluster::start();
     let store = Arc::new(RedisStore::cluster(&cluster.urls(), fault_options()).unwrap());
-    let m = KvStorageManager::new(
-        store,
-        KvOptions {
-            namespace: common::unique("cfault"),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let m = manager(store, common::unique("cfault"), None);
     let ids: Vec<SampleId> = (0..16).map(|i| SampleId::new(i, 0)).collect();
     let b = sample_batch(16, 7);
     m.put(&meta(ids.clone(), &b), &b).await.unwrap();
@@ -430,15 +419,11 @@ async fn redis_ttl_clear_killed_then_restarted() {
             },
         )
         .unwrap();
-        let m = KvStorageManager::new(
+        let m = manager(
             Arc::new(store),
-            KvOptions {
-                namespace: common::unique("ttlfault"),
-                data_ttl: Some(Duration::from_secs(60)),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+            common::unique("ttlfault"),
+            Some(Duration::from_secs(60)),
+        );
         let ids = vec![SampleId::new(1, 0), SampleId::new(2, 0)];
         let b = sample_batch(2, 8);
         m.put(&meta(ids.clone(), &b), &b).await.unwrap();
@@ -490,15 +475,11 @@ async fn redis_cluster_ttl_clear_unreachable_is_unavailable() {
             },
         )
         .unwrap();
-        let m = KvStorageManager::new(
+        let m = manager(
             Arc::new(store),
-            KvOptions {
-                namespace: common::unique("cttlfault"),
-                data_ttl: Some(Duration::from_secs(60)),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+            common::unique("cttlfault"),
+            Some(Duration::from_secs(60)),
+        );
         m.put(&meta(ids.clone(), &b), &b).await.unwrap();
         managers.push((expire, m));
     }
@@ -536,14 +517,7 @@ async fn redis_cluster_refused_write_is_an_error() {
         n.cli(&["config", "set", "maxmemory", "1"]);
     }
     let store = RedisStore::cluster(&cluster.urls(), RedisOptions::default()).unwrap();
-    let m = KvStorageManager::new(
-        Arc::new(store),
-        KvOptions {
-            namespace: common::unique("oom"),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let m = manager(Arc::new(store), common::unique("oom"), None);
     let ids: Vec<SampleId> = (0..16).map(|i| SampleId::new(i, 0)).collect();
     let b = sample_batch(16, 11);
     let e = m

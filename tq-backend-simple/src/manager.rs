@@ -169,18 +169,7 @@ impl SimpleStorage {
             .collect();
         for (u, reply) in replies {
             let positions = &routes[u];
-            let bad_shape =
-                reply.len() != fields.len() || reply.iter().any(|col| col.len() != positions.len());
-            if bad_shape {
-                return Err(Error::internal(format!(
-                    "partition `{}`: storage unit `{}` answered a get of {} fields x {} samples \
-                     with a reply of another shape",
-                    meta.partition(),
-                    self.units[u].id(),
-                    fields.len(),
-                    positions.len()
-                )));
-            }
+            self.check_get_reply(meta, u, fields.len(), positions.len(), &reply)?;
             for (per_unit, col) in columns.iter_mut().zip(reply) {
                 per_unit[u] = col.into_iter();
             }
@@ -329,16 +318,7 @@ impl SimpleStorage {
             .collect();
         for (u, reply) in replies {
             let positions = &routes[u];
-            if reply.len() != fields.len() || reply.iter().any(|col| col.len() != positions.len()) {
-                return Err(Error::internal(format!(
-                    "partition `{}`: storage unit `{}` answered a get of {} fields x {} samples \
-                     with a reply of another shape",
-                    meta.partition(),
-                    self.units[u].id(),
-                    fields.len(),
-                    positions.len()
-                )));
-            }
+            self.check_get_reply(meta, u, fields.len(), positions.len(), &reply)?;
             for (per_field, column) in cells.iter_mut().zip(reply) {
                 for (cell, &pos) in column.into_iter().zip(positions) {
                     per_field[pos] = Some(cell);
@@ -383,6 +363,26 @@ impl SimpleStorage {
                 .map_err(|e| e.context(format!("partition `{}`: get", meta.partition())))?;
         }
         Ok(Some(batch))
+    }
+
+    /// A unit's get reply must hold one column per field and one cell per sample routed to it.
+    fn check_get_reply<T>(
+        &self,
+        meta: &BatchMeta,
+        u: usize,
+        fields: usize,
+        samples: usize,
+        reply: &[Vec<T>],
+    ) -> Result<()> {
+        if reply.len() != fields || reply.iter().any(|col| col.len() != samples) {
+            return Err(Error::internal(format!(
+                "partition `{}`: storage unit `{}` answered a get of {fields} fields x {samples} \
+                 samples with a reply of another shape",
+                meta.partition(),
+                self.units[u].id(),
+            )));
+        }
+        Ok(())
     }
 
     /// Collects per-unit results. On failure, logs every failed unit and returns the first

@@ -135,24 +135,33 @@ struct FrameReader<'a> {
 }
 
 impl FrameReader<'_> {
+    /// The next frame; a message with fewer frames than cells is corrupted.
+    fn next_frame(&mut self) -> Result<Bytes> {
+        self.frames.next().cloned().ok_or_else(|| {
+            Error::corrupted(format!(
+                "{}: message has fewer frames than cells",
+                self.peer
+            ))
+        })
+    }
+
+    /// The cell `desc` describes, over `bytes`.
+    fn cell(&self, desc: CellDesc, bytes: Bytes) -> Result<Value> {
+        Ok(match desc {
+            CellDesc::Object => Value::Object(bytes),
+            CellDesc::Tensor { dtype, shape } => Value::Tensor(
+                Tensor::new(dtype, shape, bytes)
+                    .map_err(|e| Error::corrupted(format!("{}: {}", self.peer, e.message())))?,
+            ),
+        })
+    }
+
     fn cells(&mut self, descs: Vec<CellDesc>) -> Result<Vec<Value>> {
         descs
             .into_iter()
             .map(|d| {
-                let bytes = self.frames.next().cloned().ok_or_else(|| {
-                    Error::corrupted(format!(
-                        "{}: message has fewer frames than cells",
-                        self.peer
-                    ))
-                })?;
-                Ok(match d {
-                    CellDesc::Object => Value::Object(bytes),
-                    CellDesc::Tensor { dtype, shape } => {
-                        Value::Tensor(Tensor::new(dtype, shape, bytes).map_err(|e| {
-                            Error::corrupted(format!("{}: {}", self.peer, e.message()))
-                        })?)
-                    }
-                })
+                let bytes = self.next_frame()?;
+                self.cell(d, bytes)
             })
             .collect()
     }
@@ -325,26 +334,12 @@ impl StorageUnit for RemoteUnit {
     }
 
     async fn get(&self, fields: &[FieldName], samples: &[SampleId]) -> Result<Vec<Vec<Value>>> {
-        let req = UnitRequest::Get {
-            fields: fields.to_vec(),
-            samples: samples.to_vec(),
-        };
-        let (resp, msg) = self.call(&req, Vec::new(), true).await?;
-        let UnitResponse::Got(descs) = resp else {
-            return Err(self.unexpected("get", &resp));
-        };
-        self.check_got(&descs, fields.len(), samples.len())?;
-        let peer = format!("reply of unit `{}`", self.id);
-        let mut reader = FrameReader {
-            frames: msg.frames.iter(),
-            peer: &peer,
-        };
-        let columns = descs
+        // A get that offers no buffers: every cell comes back as a value.
+        self.get_into(fields, samples, Vec::new())
+            .await?
             .into_iter()
-            .map(|d| reader.cells(d))
-            .collect::<Result<Vec<_>>>()?;
-        reader.finish()?;
-        Ok(columns)
+            .map(|column| column.into_iter().map(Fetched::into_value).collect())
+            .collect()
     }
 
     fn reads_into_buffers(&self) -> bool {
@@ -383,17 +378,19 @@ impl StorageUnit for RemoteUnit {
         };
         self.check_got(&descs, fields.len(), samples.len())?;
         let mut placed = answer.placed.into_iter();
-        let mut frames = answer.message.frames.iter();
         let peer = format!("reply of unit `{}`", self.id);
+        let mut reader = FrameReader {
+            frames: answer.message.frames.iter(),
+            peer: &peer,
+        };
         let cells = descs
             .into_iter()
             .map(|column| {
                 column
                     .into_iter()
                     .map(|desc| {
-                        let frame = frames.next().ok_or_else(|| {
-                            Error::corrupted(format!("{peer}: message has fewer frames than cells"))
-                        })?;
+                        // A placed frame is empty in the message but still counted.
+                        let frame = reader.next_frame()?;
                         match (placed.next().flatten(), desc) {
                             (Some(bytes), CellDesc::Tensor { dtype, shape }) => {
                                 Ok(Fetched::Placed {
@@ -405,23 +402,13 @@ impl StorageUnit for RemoteUnit {
                             (Some(bytes), CellDesc::Object) => {
                                 Ok(Fetched::Value(Value::Object(bytes.freeze())))
                             }
-                            (None, desc) => {
-                                let mut reader = FrameReader {
-                                    frames: std::slice::from_ref(frame).iter(),
-                                    peer: &peer,
-                                };
-                                Ok(Fetched::Value(reader.cells(vec![desc])?.remove(0)))
-                            }
+                            (None, desc) => Ok(Fetched::Value(reader.cell(desc, frame)?)),
                         }
                     })
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        if frames.next().is_some() {
-            return Err(Error::corrupted(format!(
-                "{peer}: message has more frames than cells"
-            )));
-        }
+        reader.finish()?;
         Ok(cells)
     }
 

@@ -107,29 +107,10 @@ async fn echo_peer(mut s: TcpStream, len: usize) -> std::io::Result<()> {
 pub async fn tcp_ping_pong(bytes: usize, rounds: usize) -> Result<Vec<Duration>> {
     let listener = TcpListener::bind("127.0.0.1:0").await.map_err(io)?;
     let addr = listener.local_addr().map_err(io)?;
-    let server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await?;
-        s.set_nodelay(true)?;
-        let mut buf = vec![0u8; bytes];
-        while s.read_exact(&mut buf).await.is_ok() {
-            s.write_all(&buf).await?;
-        }
-        Ok::<_, std::io::Error>(())
-    });
-    let mut c = TcpStream::connect(addr).await.map_err(io)?;
-    c.set_nodelay(true).map_err(io)?;
-    let out = vec![1u8; bytes];
-    let mut back = vec![0u8; bytes];
-    let mut times = Vec::with_capacity(rounds);
-    for _ in 0..rounds {
-        let t = Instant::now();
-        c.write_all(&out).await.map_err(io)?;
-        c.read_exact(&mut back).await.map_err(io)?;
-        times.push(t.elapsed());
-    }
-    drop(c);
+    let server = tokio::spawn(echo(listener, bytes));
+    let times = ping_pong(addr, bytes, rounds).await;
     let _ = server.await;
-    Ok(times)
+    times
 }
 
 /// Round trips of `bytes` over raw loopback TCP to an echo server running on its own OS thread
@@ -144,17 +125,33 @@ pub async fn tcp_ping_pong_cross_thread(bytes: usize, rounds: usize) -> Result<V
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .build()?;
-        rt.block_on(async move {
-            let listener = TcpListener::from_std(std_listener)?;
-            let (mut s, _) = listener.accept().await?;
-            s.set_nodelay(true)?;
-            let mut buf = vec![0u8; bytes];
-            while s.read_exact(&mut buf).await.is_ok() {
-                s.write_all(&buf).await?;
-            }
-            Ok(())
-        })
+        rt.block_on(async move { echo(TcpListener::from_std(std_listener)?, bytes).await })
     });
+    let times = ping_pong(addr, bytes, rounds).await?;
+    server
+        .join()
+        .map_err(|_| Error::internal("raw TCP echo thread panicked"))?
+        .map_err(io)?;
+    Ok(times)
+}
+
+/// Accepts one connection and echoes `bytes`-sized messages until it closes.
+async fn echo(listener: TcpListener, bytes: usize) -> std::io::Result<()> {
+    let (mut s, _) = listener.accept().await?;
+    s.set_nodelay(true)?;
+    let mut buf = vec![0u8; bytes];
+    while s.read_exact(&mut buf).await.is_ok() {
+        s.write_all(&buf).await?;
+    }
+    Ok(())
+}
+
+/// Times `rounds` round trips of `bytes` to the echo server at `addr`, then closes.
+async fn ping_pong(
+    addr: std::net::SocketAddr,
+    bytes: usize,
+    rounds: usize,
+) -> Result<Vec<Duration>> {
     let mut c = TcpStream::connect(addr).await.map_err(io)?;
     c.set_nodelay(true).map_err(io)?;
     let out = vec![1u8; bytes];
@@ -166,10 +163,5 @@ pub async fn tcp_ping_pong_cross_thread(bytes: usize, rounds: usize) -> Result<V
         c.read_exact(&mut back).await.map_err(io)?;
         times.push(t.elapsed());
     }
-    drop(c);
-    server
-        .join()
-        .map_err(|_| Error::internal("raw TCP echo thread panicked"))?
-        .map_err(io)?;
     Ok(times)
 }

@@ -373,40 +373,24 @@ pub(crate) async fn read_body<R: AsyncRead + Unpin + ?Sized>(
     head: &Head,
     place: &mut [Option<BytesMut>],
 ) -> std::result::Result<Message, FrameError> {
-    let fit: Vec<bool> = head
-        .frame_lens
-        .iter()
-        .enumerate()
-        .map(|(i, &len)| {
-            place
-                .get(i)
-                .and_then(Option::as_ref)
-                .is_some_and(|b| b.len() as u64 == len)
-        })
-        .collect();
-    let fits = |i: usize, _len: u64| fit[i];
-    // Buffers beyond the last frame receive nothing: hand them back as unused.
-    for p in place.iter_mut().skip(head.frame_lens.len()) {
-        *p = None;
-    }
-    // Sums were checked in `read_head` to fit in usize.
-    let own_total = head.header_len
-        + head
-            .frame_lens
-            .iter()
-            .enumerate()
-            .filter(|&(i, &len)| !fits(i, len))
-            .map(|(_, &len)| len as usize)
-            .sum::<usize>();
-    if own_total == head.header_len + head.frame_lens.iter().sum::<u64>() as usize {
-        // Nothing is placed: one read of the whole body.
-        for p in place.iter_mut() {
+    // A buffer that does not fit its frame exactly (or has no frame) comes back unused; from
+    // here on, `Some` in `place` means "this frame goes there".
+    for (i, p) in place.iter_mut().enumerate() {
+        let fits = matches!(
+            (p.as_ref(), head.frame_lens.get(i)),
+            (Some(b), Some(&len)) if b.len() as u64 == len
+        );
+        if !fits {
             *p = None;
         }
-        let buf = if own_total == 0 {
+    }
+    if !place.iter().any(Option::is_some) {
+        // Nothing is placed: one read of the whole body.
+        let total = head.header_len + head.frame_lens.iter().sum::<u64>() as usize;
+        let buf = if total == 0 {
             Bytes::new()
         } else {
-            Bytes::from(read_growing(reader, own_total, "body").await?)
+            Bytes::from(read_growing(reader, total, "body").await?)
         };
         let header = buf.slice(0..head.header_len);
         let mut frames = Vec::with_capacity(head.frame_lens.len());
@@ -418,14 +402,22 @@ pub(crate) async fn read_body<R: AsyncRead + Unpin + ?Sized>(
         }
         return Ok(Message { header, frames });
     }
+    // Sums were checked in `read_head` to fit in usize.
+    let own_total = head.header_len
+        + head
+            .frame_lens
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| !place.get(i).is_some_and(Option::is_some))
+            .map(|(_, &len)| len as usize)
+            .sum::<usize>();
 
     // Some frames go to the caller's buffers: the rest is read piece by piece into `own`.
     let mut own: Vec<u8> = Vec::new();
     let mut spans = Vec::with_capacity(head.frame_lens.len());
     append_growing(reader, &mut own, head.header_len, own_total, "body").await?;
     for (i, &len) in head.frame_lens.iter().enumerate() {
-        if fits(i, len) {
-            let buf = place[i].as_mut().expect("checked by fits");
+        if let Some(Some(buf)) = place.get_mut(i) {
             let mut got = 0;
             while got < buf.len() {
                 let n = reader.read(&mut buf[got..]).await?;
@@ -440,9 +432,6 @@ pub(crate) async fn read_body<R: AsyncRead + Unpin + ?Sized>(
             }
             spans.push(None);
         } else {
-            if let Some(p) = place.get_mut(i) {
-                *p = None;
-            }
             let at = own.len();
             append_growing(reader, &mut own, len as usize, own_total, "body").await?;
             spans.push(Some(at..own.len()));
