@@ -247,19 +247,36 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .enable_all()
             .build()
             .map_err(|e| Error::internal("cannot start the runtime").with_source(e))?;
-        let (lat, floor, woken) = single.block_on(async {
-            let client = match &servers {
-                Some(s) => Client::connect_with(&s.controller, config.clone()).await?,
-                None => tq.clone(),
+        let (lat, uncached, floor, woken) = single.block_on(async {
+            let (client, uncached) = match &servers {
+                Some(s) => {
+                    // The same round without the key cache, so its gain shows in one run.
+                    let mut plain = config.clone();
+                    plain.net.key_cache_entries = 0;
+                    let plain = Client::connect_with(&s.controller, plain).await?;
+                    let client = Client::connect_with(&s.controller, config.clone()).await?;
+                    let _ = latency::put_get(&client, rounds).await?;
+                    let uncached =
+                        latency::Percentiles::of(latency::put_get(&plain, rounds).await?);
+                    (client, Some(uncached))
+                }
+                None => (tq.clone(), None),
             };
             let lat = latency::Percentiles::of(latency::put_get(&client, rounds).await?);
             let floor = latency::Percentiles::of(baseline::tcp_ping_pong(4096, rounds).await?);
             let woken =
                 latency::Percentiles::of(baseline::tcp_ping_pong_cross_thread(4096, rounds).await?);
-            Ok::<_, Error>((lat, floor, woken))
+            Ok::<_, Error>((lat, uncached, floor, woken))
         })?;
+        let uncached = uncached.map_or(String::new(), |u| {
+            format!(
+                " (without the key cache: p50 {} µs, p99 {} µs)",
+                us(u.p50),
+                us(u.p99)
+            )
+        });
         println!();
-        println!("Latency, {rounds} rounds of kv_put (4 KiB) + kv_batch_get: p50 {} µs, p99 {} µs, max {} µs; raw TCP 4 KiB ping-pong on one thread: p50 {} µs, p99 {} µs; to an echo thread that sleeps between messages: p50 {} µs, p99 {} µs.",
+        println!("Latency, {rounds} rounds of kv_put (4 KiB) + kv_batch_get: p50 {} µs, p99 {} µs, max {} µs{uncached}; raw TCP 4 KiB ping-pong on one thread: p50 {} µs, p99 {} µs; to an echo thread that sleeps between messages: p50 {} µs, p99 {} µs.",
             us(lat.p50), us(lat.p99), us(lat.max), us(floor.p50), us(floor.p99), us(woken.p50), us(woken.p99));
         drop(tq);
         drop(servers);

@@ -577,3 +577,78 @@ async fn storage_units_can_offload_to_ssd() {
     assert!(dir.exists(), "the user's directory stays");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn first_i64(b: &Batch, field: &str) -> i64 {
+    let Column::Dense(t) = b.column(field).expect("field") else {
+        panic!("dense")
+    };
+    t.to_vec::<i64>().unwrap()[0]
+}
+
+/// A remote client reads storage in parallel with the key lookup for keys it knows (key cache);
+/// whatever another process did to those keys meanwhile, it answers what the controller says now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_cache_speculation_never_answers_stale_metadata() {
+    let (_tq, url) = serve(2, &[]);
+    let a = Client::connect_with(&url, config(10_000)).await.unwrap();
+    let mut plain = config(10_000);
+    plain.net.key_cache_entries = 0;
+    let b = Client::connect_with(&url, plain).await.unwrap();
+    assert_eq!(b.key_cache_stats(), None, "0 turns the cache off");
+    let stats = |c: &Client| c.key_cache_stats().expect("cache on by default");
+
+    // Read-your-writes: the put remembered the key, the get's early read is confirmed.
+    a.kv_put("kc", "k", Some(&rows(1, 0)), None).await.unwrap();
+    assert_eq!(
+        a.kv_batch_get("kc", &["k"], None).await.unwrap(),
+        rows(1, 0)
+    );
+    assert_eq!((stats(&a).hits, stats(&a).misses), (1, 0));
+
+    // Another process rewrites the bytes (same metadata): the answer has the new bytes.
+    b.kv_put("kc", "k", Some(&rows(1, 100)), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        a.kv_batch_get("kc", &["k"], None).await.unwrap(),
+        rows(1, 100)
+    );
+    assert_eq!(stats(&a).hits, 2);
+
+    // Another process adds a field: the early read (one field) is dropped, both come back.
+    let y = Batch::from_columns([(
+        "y",
+        Column::Dense(Tensor::from_slice(vec![1, 2], &[7i64, 8]).unwrap()),
+    )])
+    .unwrap();
+    b.kv_put("kc", "k", Some(&y), None).await.unwrap();
+    let got = a.kv_batch_get("kc", &["k"], None).await.unwrap();
+    assert_eq!(got.field_names().collect::<Vec<_>>(), vec!["x", "y"]);
+    assert_eq!((first_i64(&got, "x"), first_i64(&got, "y")), (100, 7));
+    assert_eq!(stats(&a).misses, 1);
+    // ... and the fresh metadata is remembered: the next get is confirmed again.
+    a.kv_batch_get("kc", &["k"], Some(&["y"])).await.unwrap();
+    assert_eq!((stats(&a).hits, stats(&a).misses), (3, 1));
+
+    // Another process clears the key, gives its sample index to a new key (next generation)
+    // and writes the key again elsewhere: the answer is the key's new value, never the bytes
+    // of whichever sample now sits at the cached index.
+    b.kv_clear("kc", &["k"], None).await.unwrap();
+    b.kv_put("kc", "other", Some(&rows(1, 900)), None)
+        .await
+        .unwrap();
+    let wide = Batch::from_columns([(
+        "x",
+        Column::Dense(Tensor::from_slice(vec![1, 3], &[5i64, 6, 7]).unwrap()),
+    )])
+    .unwrap();
+    b.kv_put("kc", "k", Some(&wide), None).await.unwrap();
+    assert_eq!(a.kv_batch_get("kc", &["k"], None).await.unwrap(), wide);
+    assert_eq!(stats(&a).misses, 2);
+
+    // Cleared by another process: NotFound, not the remembered bytes.
+    b.kv_clear("kc", &["k", "other"], None).await.unwrap();
+    let e = a.kv_batch_get("kc", &["k"], None).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::NotFound, "{e}");
+    assert_eq!(stats(&a).hits, 3, "nothing stale was confirmed");
+}

@@ -1,6 +1,9 @@
 //! The client: one implementation of every operation over a [`ControlPlane`] handle and a
 //! [`StorageManager`]; embedded and remote deployments differ only in the handles plugged in.
 
+use crate::key_cache::{
+    tensor_bytes, KeyCache, KeyCacheStats, SPECULATE_MAX_BYTES, SPECULATE_MAX_KEYS,
+};
 use crate::Config;
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -30,6 +33,8 @@ pub struct Client {
     control: Arc<dyn ControlPlane>,
     storage: Arc<dyn StorageManager>,
     config: Arc<Config>,
+    /// Remote clients only (see [`Client::with_key_cache`]).
+    key_cache: Option<Arc<KeyCache>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -122,7 +127,24 @@ impl Client {
             control,
             storage,
             config: Arc::new(config),
+            key_cache: None,
         }
+    }
+
+    /// Remembers the metadata of up to `entries` keys, so that a small `kv_batch_get` (up to 64
+    /// keys, 1 MiB) of keys this client has written or read before reads storage in parallel
+    /// with the controller's key lookup, and uses that read only if the lookup confirms the
+    /// metadata it was made with (module `key_cache`). Saves one round trip per get when the
+    /// controller is remote; pointless in-process. `0` turns it off. [`Client::connect`] sets
+    /// it from `net.key_cache_entries`.
+    pub fn with_key_cache(mut self, entries: usize) -> Client {
+        self.key_cache = (entries > 0).then(|| Arc::new(KeyCache::new(entries)));
+        self
+    }
+
+    /// How many speculative reads were confirmed and dropped; `None` without a key cache.
+    pub fn key_cache_stats(&self) -> Option<KeyCacheStats> {
+        self.key_cache.as_ref().map(|c| c.stats())
     }
 
     pub fn control(&self) -> &Arc<dyn ControlPlane> {
@@ -280,6 +302,9 @@ impl Client {
     /// Clears every sample of `partition` and removes the partition (with its completion mark
     /// and sampler state).
     pub async fn clear_partition(&self, partition: &str) -> Result<()> {
+        if let Some(cache) = &self.key_cache {
+            cache.forget(partition, None);
+        }
         self.clear(partition, None).await?;
         self.control.drop_partition(partition).await
     }
@@ -404,10 +429,21 @@ impl Client {
         let mut field_set: BTreeSet<FieldName> = meta.field_names().map(str::to_string).collect();
         match fields {
             Some(batch) => {
-                if let Err(e) = self.store_and_publish(&meta, batch, false).await {
-                    self.remove_created(partition, &meta, &kv.missing, &keys)
-                        .await;
-                    return Err(e);
+                // The receipt is only needed to remember what the keys now hold.
+                let remember = self.key_cache.is_some() && keys.len() <= SPECULATE_MAX_KEYS;
+                let receipt = match self.store_and_publish(&meta, batch, remember).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        self.remove_created(partition, &meta, &kv.missing, &keys)
+                            .await;
+                        return Err(e);
+                    }
+                };
+                if let (Some(receipt), Some(cache)) = (receipt, &self.key_cache) {
+                    let mut now = meta.clone();
+                    now.tags_mut().clone_from_slice(&merged);
+                    now.add_fields(receipt.schemas, receipt.backend_meta)?;
+                    cache.remember(partition, &keys, &now);
                 }
                 field_set.extend(batch.field_names().map(str::to_string));
             }
@@ -462,15 +498,28 @@ impl Client {
     ) -> Result<Batch> {
         let keys = owned_keys(partition, keys)?;
         let wanted = fields.map(|f| owned_fields(partition, f)).transpose()?;
-        let kv = self
-            .control
-            .kv_retrieve_meta(partition, &keys, false)
-            .await?;
+        let lookup = self.control.kv_retrieve_meta(partition, &keys, false);
+        // With a key cache, storage is read in parallel with the lookup, using what the cache
+        // says the lookup will return; the read counts only if the lookup agrees (key_cache.rs).
+        let (kv, early) = match self.speculation(partition, &keys, wanted.as_deref()) {
+            Some(guess) => {
+                let (kv, read) = futures::join!(lookup, self.get_data(&guess));
+                (kv, Some((guess, read)))
+            }
+            None => (lookup.await, None),
+        };
+        let kv = kv?;
         if !kv.missing.is_empty() {
+            if let Some(cache) = &self.key_cache {
+                cache.forget(partition, Some(&kv.missing));
+            }
             return Err(Error::not_found(format!(
                 "partition `{partition}`: keys not found: {:?}",
                 kv.missing
             )));
+        }
+        if let Some(cache) = &self.key_cache {
+            cache.remember(partition, &kv.keys, &kv.meta);
         }
         let meta = match wanted {
             Some(f) => {
@@ -488,7 +537,33 @@ impl Client {
             }
             None => kv.meta,
         };
+        if let (Some((guess, read)), Some(cache)) = (early, &self.key_cache) {
+            let confirmed = guess == meta && read.is_ok();
+            cache.record(confirmed);
+            if confirmed {
+                return read;
+            }
+            if let Err(e) = read {
+                tracing::debug!(partition, error = %e, "speculative read dropped");
+            }
+        }
         self.get_data(&meta).await
+    }
+
+    /// The metadata to read storage with before the key lookup answers: the key cache's guess
+    /// for a small request whose every key it knows; `None` means do not speculate.
+    fn speculation(
+        &self,
+        partition: &str,
+        keys: &[String],
+        wanted: Option<&[FieldName]>,
+    ) -> Option<BatchMeta> {
+        let guess = self.key_cache.as_ref()?.guess(partition, keys)?;
+        let guess = match wanted {
+            Some(f) => guess.select_fields(f).ok()?,
+            None => guess,
+        };
+        (!guess.fields().is_empty() && tensor_bytes(&guess) <= SPECULATE_MAX_BYTES).then_some(guess)
     }
 
     /// Keys and tags of `partition`, or of every partition. A missing partition lists nothing.
@@ -507,6 +582,9 @@ impl Client {
     ) -> Result<()> {
         let keys = owned_keys(partition, keys)?;
         let fields = fields.map(|f| owned_fields(partition, f)).transpose()?;
+        if let Some(cache) = &self.key_cache {
+            cache.forget(partition, Some(&keys));
+        }
         let kv = self
             .control
             .kv_retrieve_meta(partition, &keys, false)

@@ -31,6 +31,7 @@
 //! token = "..."                    # shared secret (better: TQ_NET_TOKEN)
 //! request_timeout_ms = 30000
 //! connect_timeout_ms = 5000
+//! key_cache_entries = 16384        # remote clients: overlap small gets with the key lookup
 //! ```
 //!
 //! Every key can be overridden by an environment variable named `TQ_<SECTION>_<KEY>` in upper
@@ -63,6 +64,9 @@ pub struct NetSection {
     /// Deadline of connecting to a peer, and of waiting for every storage unit to register
     /// when a client connects, in milliseconds.
     pub connect_timeout_ms: u64,
+    /// Keys whose metadata a remote client remembers so that small gets of them overlap the
+    /// storage read with the key lookup (see `Client::with_key_cache`); `0` turns it off.
+    pub key_cache_entries: usize,
 }
 
 impl Default for NetSection {
@@ -71,6 +75,7 @@ impl Default for NetSection {
             token: None,
             request_timeout_ms: 30_000,
             connect_timeout_ms: 5_000,
+            key_cache_entries: 16_384,
         }
     }
 }
@@ -211,6 +216,9 @@ impl Config {
         }
         if let Some(v) = get("TQ_NET_CONNECT_TIMEOUT_MS") {
             self.net.connect_timeout_ms = parse("TQ_NET_CONNECT_TIMEOUT_MS", &v)?;
+        }
+        if let Some(v) = get("TQ_NET_KEY_CACHE_ENTRIES") {
+            self.net.key_cache_entries = parse("TQ_NET_KEY_CACHE_ENTRIES", &v)?;
         }
         if let Some(v) = get("TQ_STORAGE_COMPACTION_THRESHOLD") {
             self.storage.compaction_threshold = parse("TQ_STORAGE_COMPACTION_THRESHOLD", &v)?;

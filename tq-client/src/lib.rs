@@ -30,6 +30,7 @@ mod backends;
 mod blocking;
 mod client;
 mod config;
+mod key_cache;
 #[cfg(feature = "remote")]
 mod remote;
 mod shared;
@@ -38,6 +39,7 @@ mod stream;
 pub use blocking::BlockingClient;
 pub use client::{Client, KvBatchMeta};
 pub use config::{Backend, Config, ControllerSection, NetSection, StorageSection};
+pub use key_cache::KeyCacheStats;
 #[cfg(feature = "remote")]
 pub use remote::pool_config;
 pub use shared::LinkOptions;

@@ -61,10 +61,10 @@ impl Client {
             })
             .collect::<Result<Vec<_>>>()?;
         let storage = SimpleStorage::new(units)?;
-        Ok(Client::from_parts(
-            Arc::new(control),
-            Arc::new(storage),
-            config,
-        ))
+        let key_cache = config.net.key_cache_entries;
+        Ok(
+            Client::from_parts(Arc::new(control), Arc::new(storage), config)
+                .with_key_cache(key_cache),
+        )
     }
 }
