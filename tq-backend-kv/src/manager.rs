@@ -4,12 +4,14 @@ use crate::codec::{decode_generation, decode_value, encode_generation, encode_he
 use crate::store::{KvStore, KvStoreExt, KvValue};
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::TryStreamExt;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tq_core::{
-    apply_merge, BackendMeta, Batch, BatchMeta, Capabilities, Column, Error, FieldFilter, MergeOp,
-    MergeRegistry, PutReceipt, Result, SampleId, StorageManager, Value,
+    apply_merge, BackendMeta, Batch, BatchMeta, Capabilities, Column, DType, Error, FieldFilter,
+    FieldKind, FieldSchema, MergeOp, MergeRegistry, PutReceipt, Result, SampleId, StorageManager,
+    Tensor, Value,
 };
 
 /// How long a cleared key lives on when clear expires instead of deleting (upstream's
@@ -107,6 +109,62 @@ impl Plan {
     fn push(&mut self, store: usize, key: String, slot: usize) {
         self.keys[store].push(key);
         self.slots[store].push(slot);
+    }
+}
+
+/// The column of a field the metadata declares dense, filled row by row as values arrive.
+/// Any row whose value is not a tensor of the declared dtype and shape spoils it, and the
+/// column is then built from the values instead.
+struct DenseSink {
+    dtype: DType,
+    shape: Vec<usize>,
+    rows: usize,
+    row_bytes: usize,
+    buf: Vec<u8>,
+    spoiled: bool,
+}
+
+impl DenseSink {
+    fn for_field(schema: &FieldSchema, rows: usize) -> Option<DenseSink> {
+        if schema.kind != FieldKind::Dense {
+            return None;
+        }
+        let (dtype, shape) = (schema.dtype?, schema.sample_shape.clone()?);
+        let row_bytes = shape.iter().product::<usize>().checked_mul(dtype.size())?;
+        Some(DenseSink {
+            dtype,
+            shape,
+            rows,
+            row_bytes,
+            // Every row is written before use.
+            buf: tq_core::buffer::zeroed(row_bytes.checked_mul(rows)?),
+            spoiled: false,
+        })
+    }
+
+    fn copy_row(&mut self, row: usize, raw: &Bytes) {
+        if self.spoiled {
+            return;
+        }
+        // Errors are reported by the fallback, which decodes again and names the key.
+        match decode_value("", raw.clone()) {
+            Ok(Value::Tensor(t)) if t.dtype() == self.dtype && t.shape() == self.shape => {
+                let at = row * self.row_bytes;
+                self.buf[at..at + self.row_bytes].copy_from_slice(t.data());
+            }
+            _ => self.spoiled = true,
+        }
+    }
+
+    /// The column, once every row was copied (the caller checked that every cell arrived).
+    fn finish(self) -> Option<Tensor> {
+        if self.spoiled {
+            return None;
+        }
+        let mut shape = Vec::with_capacity(self.shape.len() + 1);
+        shape.push(self.rows);
+        shape.extend_from_slice(&self.shape);
+        Tensor::new(self.dtype, shape, Bytes::from(self.buf)).ok()
     }
 }
 
@@ -319,18 +377,26 @@ impl KvStorageManager {
     }
 
     /// Reads the cells of `fields` for every sample of `meta`: values in field-major order
-    /// (`f * n + row`) and the store each came from.
+    /// (`f * n + row`) and the store each came from. `on_cell(position, value)` sees every value
+    /// as its call completes, while later calls are still in flight (get packs columns there);
+    /// a value it saw may be replaced by the same cell from a lower-numbered store, which it
+    /// then sees too. Nothing it saw counts unless this returns `Ok`.
     async fn read_cells(
         &self,
         meta: &BatchMeta,
         fields: &[&str],
+        on_cell: &mut (dyn FnMut(usize, &Bytes) + Send),
     ) -> Result<(Vec<Bytes>, Vec<usize>)> {
         let n = meta.len();
         let ks = KeyScheme::new(&self.options.namespace, meta.partition());
         let mut plan = Plan::new(self.stores.len());
         let mut tags = self.tags();
-        let mut names = vec![String::new(); fields.len() * n];
-        // Sample-major (see `KvStorageManager::put`); `f * n + r` is the cell's position.
+        let cell_count = fields.len() * n;
+        let mut names = vec![String::new(); cell_count];
+        // Sample-major (see `KvStorageManager::put`); `f * n + r` is the cell's position. Each
+        // sample's generation key (on the first store, position `cell_count + r`) follows its
+        // cells: it shares their hash slot, so on a cluster it rides in the sample's command
+        // instead of costing a command of its own.
         for (r, s) in meta.samples().iter().enumerate() {
             for (f, field) in fields.iter().enumerate() {
                 let key = ks.cell(*s, field);
@@ -344,29 +410,48 @@ impl KvStorageManager {
                     f * n + r,
                 )?;
             }
+            plan.push(0, ks.generation(s.index), cell_count + r);
         }
-        let reads = plan
-            .keys
-            .iter()
-            .enumerate()
-            .filter(|(_, k)| !k.is_empty())
-            .map(|(i, keys)| async move {
-                Ok::<_, Error>((i, self.stores[i].store.mget_all(keys).await?))
-            });
-        let (results, gens) = futures::future::try_join(
-            futures::future::try_join_all(reads),
-            self.generations(&ks, meta.samples()),
-        )
-        .await
-        .map_err(|e| e.context(self.ctx(meta)))?;
-        let mut cells: Vec<Option<(Bytes, usize)>> = vec![None; fields.len() * n];
-        for (i, values) in results {
-            for (slot, v) in plan.slots[i].iter().zip(values) {
-                if let (Some(v), None) = (v, &cells[*slot]) {
+        let mut cells: Vec<Option<(Bytes, usize)>> = vec![None; cell_count + n];
+        let mut arrivals = futures::stream::select_all(
+            plan.keys
+                .iter()
+                .enumerate()
+                .filter(|(_, k)| !k.is_empty())
+                .map(|(i, keys)| {
+                    self.stores[i]
+                        .store
+                        .mget_chunks(keys)
+                        .map_ok(move |(offset, values)| (i, offset, values))
+                }),
+        );
+        let receive = async {
+            while let Some((i, offset, values)) = arrivals.try_next().await? {
+                for (slot, v) in plan.slots[i][offset..].iter().zip(values) {
+                    let Some(v) = v else { continue };
+                    // With several candidate stores, the lowest-numbered one holding the
+                    // cell wins, whatever order the answers come in.
+                    if cells[*slot].as_ref().is_some_and(|(_, from)| *from < i) {
+                        continue;
+                    }
+                    if *slot < cell_count {
+                        on_cell(*slot, &v);
+                    }
                     cells[*slot] = Some((v, i));
                 }
             }
-        }
+            Ok::<_, Error>(())
+        };
+        receive.await.map_err(|e| e.context(self.ctx(meta)))?;
+        let gens = cells
+            .drain(cell_count..)
+            .zip(meta.samples())
+            .map(|(g, s)| {
+                g.map(|(raw, _)| decode_generation(&ks.generation(s.index), &raw))
+                    .transpose()
+            })
+            .collect::<Result<Vec<Option<u32>>>>()
+            .map_err(|e| e.context(self.ctx(meta)))?;
         for (r, (s, g)) in meta.samples().iter().zip(&gens).enumerate() {
             // The generation key is authoritative: a whole-sample clear deletes it at once
             // (even when the cells themselves only expire later).
@@ -612,21 +697,40 @@ impl StorageManager for KvStorageManager {
             return Ok(Batch::empty(meta.len()));
         }
         let fields: Vec<&str> = meta.field_names().collect();
-        let (raw, _) = self.read_cells(meta, &fields).await?;
-        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
         let n = meta.len();
+        // Rows of dense fields are copied into their column as each store call completes,
+        // overlapping the copy with the calls still in flight instead of packing at the end.
+        let mut sinks: Vec<Option<DenseSink>> = fields
+            .iter()
+            .map(|f| DenseSink::for_field(&meta.fields()[*f], n))
+            .collect();
+        let (raw, _) = self
+            .read_cells(meta, &fields, &mut |slot, value| {
+                if let Some(sink) = &mut sinks[slot / n] {
+                    sink.copy_row(slot % n, value);
+                }
+            })
+            .await?;
+        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
         let mut raw = raw.into_iter();
         let mut out = Batch::empty(n);
-        for field in fields {
-            let values = meta
-                .samples()
-                .iter()
-                .map(|s| {
-                    let cell = raw.next().expect("one value per cell");
-                    decode_value(&ks.cell(*s, field), cell)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            out.insert(field, Column::from_values(field, values)?)?;
+        for (field, sink) in fields.into_iter().zip(sinks) {
+            let cells: Vec<Bytes> = raw.by_ref().take(n).collect();
+            let column = match sink.and_then(DenseSink::finish) {
+                Some(tensor) => Column::Dense(tensor),
+                // Not dense in the metadata, or some row disagreed with it: infer the column
+                // from the values (with errors that name the cell), as the values decide.
+                None => {
+                    let values = meta
+                        .samples()
+                        .iter()
+                        .zip(cells)
+                        .map(|(s, cell)| decode_value(&ks.cell(*s, field), cell))
+                        .collect::<Result<Vec<_>>>()?;
+                    Column::from_values(field, values)?
+                }
+            };
+            out.insert(field, column)?;
         }
         Ok(out)
     }
@@ -641,7 +745,7 @@ impl StorageManager for KvStorageManager {
             return Ok(PutReceipt::default());
         }
         let fields: Vec<&str> = batch.field_names().collect();
-        let (raw, where_) = self.read_cells(meta, &fields).await?;
+        let (raw, where_) = self.read_cells(meta, &fields, &mut |_, _| {}).await?;
         let ks = KeyScheme::new(&self.options.namespace, meta.partition());
         let n = meta.len();
         let mut per_store: Vec<Vec<(String, KvValue)>> = vec![Vec::new(); self.stores.len()];

@@ -3,6 +3,7 @@
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use std::time::Duration;
 use tq_core::Result;
@@ -135,19 +136,36 @@ pub trait KvStoreExt: KvStore {
 
     /// [`KvStore::mget`] of any number of keys, in order.
     async fn mget_all(&self, keys: &[String]) -> Result<Vec<Option<Bytes>>> {
-        let caps = self.capabilities();
-        if keys.len() <= caps.max_keys_per_call {
+        if keys.len() <= self.capabilities().max_keys_per_call {
             return self.mget(keys).await;
         }
-        let calls: Vec<_> = keys
-            .chunks(caps.max_keys_per_call)
-            .map(|c| self.mget(c))
-            .collect();
-        let parts: Vec<Vec<Option<Bytes>>> = futures::stream::iter(calls)
-            .buffered(caps.max_concurrent_calls.max(1))
-            .try_collect()
-            .await?;
-        Ok(parts.into_iter().flatten().collect())
+        let mut out = vec![None; keys.len()];
+        let mut chunks = self.mget_chunks(keys);
+        while let Some((offset, values)) = chunks.try_next().await? {
+            for (slot, v) in out[offset..].iter_mut().zip(values) {
+                *slot = v;
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`KvStore::mget`] of any number of keys, split to the per-call limit with up to
+    /// `max_concurrent_calls` calls in flight, yielding each call's values with the position of
+    /// its first key as soon as the call completes (in completion order): a caller can work on
+    /// early values while later calls are still on the wire.
+    fn mget_chunks<'a>(
+        &'a self,
+        keys: &'a [String],
+    ) -> BoxStream<'a, Result<(usize, Vec<Option<Bytes>>)>> {
+        let caps = self.capabilities();
+        let per_call = caps.max_keys_per_call.max(1);
+        futures::stream::iter(
+            keys.chunks(per_call)
+                .enumerate()
+                .map(move |(i, chunk)| async move { Ok((i * per_call, self.mget(chunk).await?)) }),
+        )
+        .buffer_unordered(caps.max_concurrent_calls.max(1))
+        .boxed()
     }
 
     /// [`KvStore::delete`] of any number of keys.

@@ -289,7 +289,7 @@ impl SimpleStorage {
             .iter()
             .map(|plan| match plan {
                 Some((_, _, row)) => {
-                    let mut whole = BytesMut::zeroed(len * row);
+                    let mut whole = tq_core::buffer::zeroed_mut(len * row);
                     (0..len).map(|_| Some(whole.split_to(*row))).collect()
                 }
                 None => (0..len).map(|_| None).collect(),

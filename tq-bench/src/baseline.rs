@@ -62,7 +62,8 @@ pub async fn tcp(bytes: usize, streams: usize, reps: usize) -> Result<(Stats, St
         let t = Instant::now();
         let receives = conns.iter_mut().map(|(c, payload)| async move {
             c.write_all(b"R").await?;
-            let mut buf = vec![0u8; payload.len()];
+            // The same kind of fresh buffer tq reads a column into (huge pages when large).
+            let mut buf = tq_core::buffer::zeroed(payload.len());
             c.read_exact(&mut buf).await?;
             Ok::<_, std::io::Error>(std::hint::black_box(buf))
         });
@@ -93,6 +94,9 @@ async fn echo_peer(mut s: TcpStream, len: usize) -> std::io::Result<()> {
             return Ok(());
         }
         if op[0] == b'S' {
+            // A plain fresh buffer, as a storage unit receives a put into (tq-net grows its
+            // receive buffer by doubling instead of trusting the claimed size; see
+            // docs/benchmarks.md on huge pages).
             let mut buf = vec![0u8; len];
             s.read_exact(&mut buf).await?;
             std::hint::black_box(&buf);

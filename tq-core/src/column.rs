@@ -1,7 +1,7 @@
 //! Columns (one field over a batch) and batches (the TensorDict of tq).
 
 use crate::{DType, Error, FieldSchema, Result, Tensor, Value};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use std::collections::BTreeMap;
 
 /// Field names are plain strings.
@@ -193,12 +193,8 @@ fn is_contiguous_run(positions: &[usize]) -> bool {
 
 /// Copies equal-shaped tensor cells into one tensor of `shape` (the batch shape).
 fn pack_dense(dtype: DType, shape: Vec<usize>, rows: &[Value]) -> Tensor {
-    let total: usize = rows.iter().map(Value::nbytes).sum();
-    let mut buf = BytesMut::with_capacity(total);
-    for r in rows {
-        buf.extend_from_slice(r.bytes());
-    }
-    Tensor::new(dtype, shape, buf.freeze()).expect("rows were checked to share dtype and shape")
+    let buf = crate::buffer::concatenated(rows.iter().map(|r| &r.bytes()[..]));
+    Tensor::new(dtype, shape, buf).expect("rows were checked to share dtype and shape")
 }
 
 /// A batch of samples: named columns of equal length. The TensorDict of tq.

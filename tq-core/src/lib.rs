@@ -7,8 +7,9 @@
 //!   suite every backend runs.
 //! - [`Error`] / [`ErrorKind`]: the one public error type.
 //!
-//! This crate does no I/O.
+//! This crate does no I/O ([`buffer`] only advises the kernel how to back large buffers).
 
+pub mod buffer;
 mod column;
 mod dtype;
 mod error;
