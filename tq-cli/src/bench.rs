@@ -248,21 +248,26 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .build()
             .map_err(|e| Error::internal("cannot start the runtime").with_source(e))?;
         let (lat, uncached, floor, woken) = single.block_on(async {
-            let (client, uncached) = match &servers {
+            let (cached, uncached) = match &servers {
                 Some(s) => {
-                    // The same round without the key cache, so its gain shows in one run.
+                    // The same rounds without the key cache, so its gain shows in one run;
+                    // blocks of rounds alternate between the two clients, so a noisy stretch of
+                    // the machine does not land on one of them only.
                     let mut plain = config.clone();
                     plain.net.key_cache_entries = 0;
                     let plain = Client::connect_with(&s.controller, plain).await?;
                     let client = Client::connect_with(&s.controller, config.clone()).await?;
-                    let _ = latency::put_get(&client, rounds).await?;
-                    let uncached =
-                        latency::Percentiles::of(latency::put_get(&plain, rounds).await?);
-                    (client, Some(uncached))
+                    let (mut with, mut without) = (Vec::new(), Vec::new());
+                    let block = rounds.min(100);
+                    for _ in 0..rounds.div_ceil(block) {
+                        without.extend(latency::put_get(&plain, block).await?);
+                        with.extend(latency::put_get(&client, block).await?);
+                    }
+                    (with, Some(latency::Percentiles::of(without)))
                 }
-                None => (tq.clone(), None),
+                None => (latency::put_get(&tq, rounds).await?, None),
             };
-            let lat = latency::Percentiles::of(latency::put_get(&client, rounds).await?);
+            let lat = latency::Percentiles::of(cached);
             let floor = latency::Percentiles::of(baseline::tcp_ping_pong(4096, rounds).await?);
             let woken =
                 latency::Percentiles::of(baseline::tcp_ping_pong_cross_thread(4096, rounds).await?);
