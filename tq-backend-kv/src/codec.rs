@@ -61,19 +61,22 @@ fn dtype_code(d: DType) -> u8 {
 pub fn encode_header(value: &Value) -> Bytes {
     match value {
         Value::Object(_) => Bytes::from_static(&[b'T', b'Q', VERSION, KIND_OBJECT, 0, 0]),
-        Value::Tensor(t) => {
-            let mut h = Vec::with_capacity(FIXED_HEADER + 8 * t.shape().len());
-            h.extend_from_slice(MAGIC);
-            h.put_u8(VERSION);
-            h.put_u8(KIND_TENSOR);
-            h.put_u8(dtype_code(t.dtype()));
-            h.put_u8(t.shape().len() as u8);
-            for &d in t.shape() {
-                h.put_u64_le(d as u64);
-            }
-            Bytes::from(h)
-        }
+        Value::Tensor(t) => encode_tensor_header(t.dtype(), t.shape()),
     }
+}
+
+/// The header of a tensor cell of `dtype` and `shape`.
+pub fn encode_tensor_header(dtype: DType, shape: &[usize]) -> Bytes {
+    let mut h = Vec::with_capacity(FIXED_HEADER + 8 * shape.len());
+    h.extend_from_slice(MAGIC);
+    h.put_u8(VERSION);
+    h.put_u8(KIND_TENSOR);
+    h.put_u8(dtype_code(dtype));
+    h.put_u8(shape.len() as u8);
+    for &d in shape {
+        h.put_u64_le(d as u64);
+    }
+    Bytes::from(h)
 }
 
 /// Decodes a stored cell; `key` names it in errors. The payload shares `raw`'s buffer.

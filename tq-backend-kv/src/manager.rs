@@ -1,6 +1,9 @@
 //! [`KvStorageManager`]: [`StorageManager`] over one or more [`KvStore`]s.
 
-use crate::codec::{decode_generation, decode_value, encode_generation, encode_header, KeyScheme};
+use crate::codec::{
+    decode_generation, decode_value, encode_generation, encode_header, encode_tensor_header,
+    KeyScheme,
+};
 use crate::store::{KvStore, KvStoreExt, KvValue};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -119,6 +122,9 @@ struct DenseSink {
     dtype: DType,
     shape: Vec<usize>,
     rows: usize,
+    /// The header every row's value must start with (codec): comparing bytes is all the
+    /// decoding a matching row needs.
+    head: Bytes,
     row_bytes: usize,
     buf: Vec<u8>,
     spoiled: bool,
@@ -132,6 +138,7 @@ impl DenseSink {
         let (dtype, shape) = (schema.dtype?, schema.sample_shape.clone()?);
         let row_bytes = shape.iter().product::<usize>().checked_mul(dtype.size())?;
         Some(DenseSink {
+            head: encode_tensor_header(dtype, &shape),
             dtype,
             shape,
             rows,
@@ -146,14 +153,14 @@ impl DenseSink {
         if self.spoiled {
             return;
         }
-        // Errors are reported by the fallback, which decodes again and names the key.
-        match decode_value("", raw.clone()) {
-            Ok(Value::Tensor(t)) if t.dtype() == self.dtype && t.shape() == self.shape => {
-                let at = row * self.row_bytes;
-                self.buf[at..at + self.row_bytes].copy_from_slice(t.data());
-            }
-            _ => self.spoiled = true,
+        // Anything else (another shape or dtype, a damaged cell) is left to the fallback,
+        // which decodes every value and names the key of a bad one.
+        if raw.len() != self.head.len() + self.row_bytes || !raw.starts_with(&self.head) {
+            self.spoiled = true;
+            return;
         }
+        let at = row * self.row_bytes;
+        self.buf[at..at + self.row_bytes].copy_from_slice(&raw[self.head.len()..]);
     }
 
     /// The column, once every row was copied (the caller checked that every cell arrived).
@@ -392,7 +399,6 @@ impl KvStorageManager {
         let mut plan = Plan::new(self.stores.len());
         let mut tags = self.tags();
         let cell_count = fields.len() * n;
-        let mut names = vec![String::new(); cell_count];
         // Sample-major (see `KvStorageManager::put`); `f * n + r` is the cell's position. Each
         // sample's generation key (on the first store, position `cell_count + r`) follows its
         // cells: it shares their hash slot, so on a cluster it rides in the sample's command
@@ -400,7 +406,6 @@ impl KvStorageManager {
         for (r, s) in meta.samples().iter().enumerate() {
             for (f, field) in fields.iter().enumerate() {
                 let key = ks.cell(*s, field);
-                names[f * n + r] = key.clone();
                 self.plan_existing(
                     &mut plan,
                     &mut tags,
@@ -477,7 +482,7 @@ impl KvStorageManager {
             return Err(Error::data_lost(format!(
                 "{}: cell `{}` (sample {}, field `{}`) is missing from the kv store{}",
                 self.ctx(meta),
-                names[first],
+                ks.cell(meta.samples()[r], fields[f]),
                 meta.samples()[r],
                 fields[f],
                 if missing.len() > 1 {
