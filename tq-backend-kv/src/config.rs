@@ -12,6 +12,10 @@
 //!   { name = "large", url = "file:///var/lib/tq" },
 //! ]
 //! routing = { kind = "by-size", threshold = 65536, small = "small", large = "large" }
+//!
+//! [storage.kv.redis]             # Redis stores only
+//! delete = "unlink"              # or "del"
+//! expire = "pipeline"            # or "script" (one EVAL per call: less client CPU, more server)
 //! ```
 //!
 //! Store URLs: `memory://`, `redis://host:port[/db]`, `rediss://…` (feature `redis-tls`),
@@ -51,6 +55,36 @@ pub enum RoutingConfig {
     },
 }
 
+/// How Redis stores remove keys (`RedisOptions::delete`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RedisDelete {
+    /// `UNLINK`: memory is freed in the server's background thread.
+    #[default]
+    Unlink,
+    /// `DEL`: synchronous.
+    Del,
+}
+
+/// How Redis stores set deadlines (`RedisOptions::expire`; see `ExpireCommand`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RedisExpire {
+    /// One pipelined `PEXPIRE` per key (the faster on the machines we measured).
+    #[default]
+    Pipeline,
+    /// One `EVAL` of a Lua loop per call: less client CPU, more server CPU.
+    Script,
+}
+
+/// The `[storage.kv.redis]` table: settings of every Redis store (other stores ignore it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    pub delete: RedisDelete,
+    pub expire: RedisExpire,
+}
+
 /// The `[storage.kv]` configuration section.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -61,6 +95,7 @@ pub struct KvConfig {
     pub clear_expire_after_ms: u64,
     pub op_timeout_ms: u64,
     pub routing: RoutingConfig,
+    pub redis: RedisConfig,
 }
 
 impl Default for KvConfig {
@@ -75,6 +110,7 @@ impl Default for KvConfig {
             clear_expire_after_ms: DEFAULT_CLEAR_EXPIRE_AFTER.as_millis() as u64,
             op_timeout_ms: 10_000,
             routing: RoutingConfig::First,
+            redis: RedisConfig::default(),
         }
     }
 }
@@ -119,6 +155,14 @@ impl KvConfig {
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
                 let options = crate::RedisOptions {
                     op_timeout: Duration::from_millis(self.op_timeout_ms),
+                    delete: match self.redis.delete {
+                        RedisDelete::Unlink => crate::DeleteCommand::Unlink,
+                        RedisDelete::Del => crate::DeleteCommand::Del,
+                    },
+                    expire: match self.redis.expire {
+                        RedisExpire::Pipeline => crate::ExpireCommand::Pipeline,
+                        RedisExpire::Script => crate::ExpireCommand::Script,
+                    },
                     ..Default::default()
                 };
                 Ok(Arc::new(crate::RedisStore::from_url(url, options)?))

@@ -31,7 +31,7 @@ mod objstore;
 mod redis_store;
 mod store;
 
-pub use config::{KvConfig, RoutingConfig, StoreConfig};
+pub use config::{KvConfig, RedisConfig, RedisDelete, RedisExpire, RoutingConfig, StoreConfig};
 pub use manager::{KvOptions, KvStorageManager, Routing, DEFAULT_CLEAR_EXPIRE_AFTER};
 pub use memory::{MemoryKvStore, DEFAULT_SWEEP_INTERVAL};
 #[cfg(feature = "object-store")]

@@ -526,3 +526,75 @@ async fn redis_cluster_refused_write_is_an_error() {
         .expect_err("put over maxmemory");
     assert_eq!(e.kind(), &ErrorKind::CapacityExceeded, "{e}");
 }
+
+/// Calls of `command` the server at `port` has run (`INFO commandstats`).
+fn command_calls(port: u16, command: &str) -> u64 {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "info", "commandstats"])
+        .output()
+        .expect("run redis-cli");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let prefix = format!("cmdstat_{command}:calls=");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("calls"))
+}
+
+/// `[storage.kv.redis]` reaches the store: the commands a TTL clear and a plain clear send are
+/// the ones the configuration names.
+#[tokio::test]
+async fn redis_commands_follow_the_configuration() {
+    if !common::redis_available("redis_commands_follow_the_configuration") {
+        return;
+    }
+    let server = common::RedisServer::start();
+    let batch = sample_batch(4, 1);
+    let samples: Vec<SampleId> = (0..4).map(|i| SampleId::new(i, 1)).collect();
+    for (delete, expire, ttl) in [
+        ("unlink", "pipeline", None),
+        ("del", "script", None),
+        ("unlink", "script", Some(60_000)),
+        ("del", "pipeline", Some(60_000)),
+    ] {
+        let config: tq_backend_kv::KvConfig = toml::from_str(&format!(
+            "namespace = \"{}\"\nstores = [{{ url = \"{}\" }}]\n{}\n[redis]\ndelete = \"{delete}\"\nexpire = \"{expire}\"\n",
+            common::unique("cfg"),
+            server.url(),
+            ttl.map_or(String::new(), |t| format!("data_ttl_ms = {t}")),
+        ))
+        .expect("config");
+        let m = config.build().expect("build");
+        let before: Vec<u64> = ["unlink", "del", "eval", "pexpire"]
+            .iter()
+            .map(|c| command_calls(server.port, c))
+            .collect();
+        let meta = meta(samples.clone(), &batch);
+        m.put(&meta, &batch).await.expect("put");
+        m.clear(&meta, &FieldFilter::All).await.expect("clear");
+        let ran: Vec<&str> = ["unlink", "del", "eval", "pexpire"]
+            .iter()
+            .zip(&before)
+            .filter(|(c, b)| command_calls(server.port, c) > **b)
+            .map(|(c, _)| *c)
+            .collect();
+        // A whole-sample clear always removes the generation keys with the delete command;
+        // with a TTL the cells expire by the configured means (the script's own `PEXPIRE`s
+        // count too), without one they are deleted.
+        let want: Vec<&str> = match (ttl, expire) {
+            (None, _) => vec![delete],
+            (Some(_), "script") => vec![delete, "eval", "pexpire"],
+            (Some(_), _) => vec![delete, "pexpire"],
+        };
+        let mut want = want;
+        want.sort_by_key(|c| {
+            ["unlink", "del", "eval", "pexpire"]
+                .iter()
+                .position(|x| x == c)
+        });
+        assert_eq!(
+            ran, want,
+            "delete = {delete}, expire = {expire}, ttl = {ttl:?}"
+        );
+    }
+}

@@ -305,6 +305,17 @@ mod tests {
         assert_eq!(c.storage.backend, Backend::Kv);
         assert_eq!(c.storage.kv.data_ttl_ms, Some(5000));
         assert_eq!(c.storage.kv.stores.len(), 2);
+        assert_eq!(c.storage.kv.redis, tq_backend_kv::RedisConfig::default());
+        let c = Config::from_toml(
+            "[storage]\nbackend = \"kv\"\n[storage.kv.redis]\ndelete = \"del\"\nexpire = \"script\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.storage.kv.redis.delete, tq_backend_kv::RedisDelete::Del);
+        assert_eq!(
+            c.storage.kv.redis.expire,
+            tq_backend_kv::RedisExpire::Script
+        );
+        assert!(Config::from_toml("[storage.kv.redis]\nexpire = \"lua\"\n").is_err());
         assert!(Config::from_toml(
             "[storage]\nbackend = \"kv\"\n[storage.kv]\nstores = [{ url = \"nope://x\" }]\n"
         )
