@@ -318,3 +318,46 @@ async fn seqlen_balanced_ranks_get_disjoint_balanced_shares() {
         .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Closed);
 }
+
+/// The rest of a complete partition, smaller than a global batch, is streamed too: the ranks'
+/// streams end because the partition is finished, not at their idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seqlen_balanced_streams_drain_a_last_partial_batch() {
+    let tq = client_with(&[("balanced", "seqlen-balanced:2")]);
+    // 4 per rank, 2 ranks: 2 full global batches of 8 and a rest of 5.
+    produce(&tq, "p", 21, 7).await;
+    let started = std::time::Instant::now();
+    let mut per_rank = Vec::new();
+    for rank in 0..2 {
+        let tq = tq.clone();
+        per_rank.push(tokio::spawn(async move {
+            let mut s = tq
+                .stream(
+                    StreamConfig::new("p", "t", &["id"], 4)
+                        .sampler("balanced")
+                        .dp_rank(rank)
+                        .idle_timeout(Duration::from_secs(60)),
+                )
+                .unwrap();
+            let mut got = Vec::new();
+            while let Some(item) = s.next().await {
+                got.extend(values(&item.unwrap()));
+            }
+            got
+        }));
+    }
+    let r0 = per_rank.remove(0).await.unwrap();
+    let r1 = per_rank.remove(0).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the streams waited for their idle timeout ({:?})",
+        started.elapsed()
+    );
+    let mut all: Vec<i64> = r0.iter().chain(&r1).copied().collect();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..21).collect::<Vec<_>>(),
+        "every sample to exactly one rank"
+    );
+}

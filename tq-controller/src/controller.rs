@@ -310,18 +310,19 @@ impl Controller {
         let Some(fids) = p.known_fields(&req.fields) else {
             return Ok(Attempt::not_ready(p, task, next_expiry));
         };
+        let ready = p.ready(&fids, task);
+        // Nothing else can become ready for this task: the last, smaller batch may go out.
+        let draining = p.complete && !ready.is_empty() && p.unconsumed(task) == ready.len();
         let ctx = SamplerContext {
             partition: &req.partition,
             task,
             dp_rank: req.dp_rank,
             batch_index: req.batch_index,
+            draining,
         };
-        let ready = p.ready(&fids, task);
         let cached = sampler.has_cached(&ctx);
         let mut want = batch_size;
         if ready.len() < batch_size && !cached {
-            // The last, smaller batch of a complete partition: nothing else can become ready.
-            let draining = p.complete && !ready.is_empty() && p.unconsumed(task) == ready.len();
             if !draining {
                 return Ok(Attempt::not_ready(p, task, next_expiry));
             }
@@ -333,10 +334,28 @@ impl Controller {
             Err(_) if want < batch_size => return Ok(Attempt::not_ready(p, task, next_expiry)),
             Err(e) => return Err(e),
         };
+        let ready_ids: HashSet<SampleId> = ready.iter().map(|c| c.id).collect();
         if picked.sampled.is_empty() {
+            // A rank whose share of a partition's last batch is empty (seqlen-balanced): the
+            // other ranks' shares are reserved all the same, as on any first call, so that no
+            // other batch takes them; this rank has nothing (and is finished when they are).
+            if !cached && !picked.consumed.is_empty() {
+                if let Some(bad) = picked.consumed.iter().find(|id| !ready_ids.contains(id)) {
+                    return Err(Error::internal(format!(
+                        "partition `{}`: sampler marked sample {bad} consumed, which was not ready",
+                        req.partition
+                    )));
+                }
+                match lease {
+                    None => p.mark_consumed(task, &picked.consumed),
+                    Some(d) => {
+                        st.next_lease += 1;
+                        p.lease(task, &picked.consumed, st.next_lease, now + d);
+                    }
+                }
+            }
             return Ok(Attempt::not_ready(p, task, next_expiry));
         }
-        let ready_ids: HashSet<SampleId> = ready.iter().map(|c| c.id).collect();
         // A fresh answer may only hand out ready samples; a cached one (rank-aware sampling)
         // names samples another rank of the group already took.
         if !cached {

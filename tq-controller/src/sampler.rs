@@ -37,6 +37,10 @@ pub struct SamplerContext<'a> {
     pub task: &'a str,
     pub dp_rank: Option<u32>,
     pub batch_index: Option<u64>,
+    /// The partition is complete and `ready` is everything the task has left: nothing else
+    /// will become ready, so a sampler that waits for more would wait forever. (The fetch then
+    /// asks for at most what is ready.)
+    pub draining: bool,
 }
 
 /// The sampler's answer.
@@ -199,6 +203,20 @@ impl GrpoGroupNSampler {
     /// Positions in `ready` of the first `groups_wanted` complete groups, each group's `n`
     /// members consecutive in the answer; empty when fewer groups are complete.
     fn complete_groups(&self, ready: &[Candidate<'_>], groups_wanted: usize) -> Vec<usize> {
+        let mut out = self.groups_up_to(ready, groups_wanted);
+        if out.len() < groups_wanted * self.n {
+            out.clear();
+        }
+        out
+    }
+
+    /// Positions in `ready` of every complete group, as [`Self::complete_groups`] orders them.
+    fn all_complete_groups(&self, ready: &[Candidate<'_>]) -> Vec<usize> {
+        self.groups_up_to(ready, ready.len() / self.n)
+    }
+
+    /// Up to `groups_wanted` complete groups (fewer when fewer are complete).
+    fn groups_up_to(&self, ready: &[Candidate<'_>], groups_wanted: usize) -> Vec<usize> {
         let n = self.n;
         let mut out = Vec::with_capacity(groups_wanted * n);
         match &self.group_tag {
@@ -244,9 +262,6 @@ impl GrpoGroupNSampler {
                     }
                 }
             }
-        }
-        if out.len() < groups_wanted * n {
-            out.clear();
         }
         out
     }
@@ -318,6 +333,7 @@ mod tests {
         task: "t",
         dp_rank: None,
         batch_index: None,
+        draining: false,
     };
 
     #[test]

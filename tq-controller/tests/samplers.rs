@@ -197,3 +197,60 @@ fn samplers_by_name() {
     })
     .is_ok());
 }
+
+/// A complete partition whose rest is smaller than a full global batch still goes out: every
+/// complete group left, whole groups per rank, every rank's share reserved by the first call;
+/// a rank left without a group is told the partition is finished.
+#[tokio::test]
+async fn seqlen_balanced_hands_out_the_last_batch_of_a_complete_partition() {
+    let c = controller();
+    // Groups of 2, 2 ranks, 4 per rank: a full global batch is 4 groups.
+    c.register_sampler("sb", Arc::new(SeqlenBalancedSampler::new(2, 2).unwrap()));
+    let ids = insert(&c, "p", 6).await;
+    let lengths = [50, 50, 10, 10, 30, 30];
+    produce(&c, "p", &ids, Some(&lengths)).await;
+    // Not complete yet: 3 groups are not a batch, more may come.
+    assert!(fetch(&c, "sb", 1, 0, 4).await.unwrap().is_empty());
+    assert_eq!(consumed(&c).await, 0);
+    c.mark_complete("p").await.unwrap();
+
+    // Rank 1 asks first: all 3 groups are shared out, whole, and all are reserved.
+    let r1 = fetch(&c, "sb", 1, 0, 4).await.unwrap();
+    assert_eq!(consumed(&c).await, 6);
+    let r0 = fetch(&c, "sb", 0, 0, 4).await.unwrap();
+    let mut all: Vec<u32> = r0.iter().chain(&r1).copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, vec![0, 1, 2, 3, 4, 5], "r0 {r0:?} r1 {r1:?}");
+    for share in [&r0, &r1] {
+        for pair in [[0, 1], [2, 3], [4, 5]] {
+            assert!(
+                pair.iter().all(|i| share.contains(i)) || pair.iter().all(|i| !share.contains(i)),
+                "group {pair:?} straddles ranks: r0 {r0:?} r1 {r1:?}"
+            );
+        }
+    }
+    // Balanced by weight as whole groups allow: {0,1} = 100 against {2,3} + {4,5} = 80.
+    let weight = |share: &[u32]| -> i64 { share.iter().map(|&i| lengths[i as usize]).sum() };
+    let mut weights = [weight(&r0), weight(&r1)];
+    weights.sort_unstable();
+    assert_eq!(weights, [80, 100]);
+    let e = fetch(&c, "sb", 0, 1, 4).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Closed, "{e}");
+
+    // One group left for two ranks: the rank without a share is finished at once, and the
+    // group is reserved for the other rank (another batch cannot take it).
+    let more = insert(&c, "p", 2).await;
+    produce(&c, "p", &more, Some(&[5, 5])).await;
+    let first = fetch(&c, "sb", 1, 1, 4).await;
+    let second = fetch(&c, "sb", 0, 1, 4).await;
+    let (empty, got) = match (&first, &second) {
+        (Err(_), Ok(g)) => (first.as_ref().unwrap_err(), g.clone()),
+        (Ok(g), Err(_)) => (second.as_ref().unwrap_err(), g.clone()),
+        other => panic!("one rank gets the group, the other is finished: {other:?}"),
+    };
+    assert_eq!(empty.kind(), &ErrorKind::Closed, "{empty}");
+    let mut got = got;
+    got.sort_unstable();
+    assert_eq!(got, more.iter().map(|s| s.index).collect::<Vec<_>>());
+    assert_eq!(consumed(&c).await, 8);
+}

@@ -96,6 +96,7 @@ mod tests {
             task,
             dp_rank: Some(rank),
             batch_index: Some(batch),
+            draining: false,
         }
     }
 
@@ -179,6 +180,7 @@ mod tests {
                 task: "t",
                 dp_rank,
                 batch_index,
+                draining: false,
             };
             let e = s.sample(&ready, 2, &c).unwrap_err();
             assert_eq!(e.kind(), &ErrorKind::Invalid);

@@ -35,8 +35,10 @@ type BalancedKey = (String, String, u64);
 ///
 /// Both `dp_rank` (`< dp_size`) and `batch_index` are required (`Invalid` otherwise; the
 /// original defaulted both to 0, which silently hands the same batch out forever). Too few
-/// complete groups → nothing handed out, nothing cached. Cached shares are dropped only by
-/// [`Sampler::clear_partition`].
+/// complete groups → nothing handed out, nothing cached, unless the controller is draining a
+/// complete partition ([`SamplerContext::draining`]): then every complete group left is shared
+/// out as whole groups, balanced as far as whole groups allow (shares may differ in size, and a
+/// rank may get none). Cached shares are dropped only by [`Sampler::clear_partition`].
 pub struct SeqlenBalancedSampler {
     grpo: GrpoGroupNSampler,
     dp_size: usize,
@@ -143,6 +145,22 @@ impl SeqlenBalancedSampler {
             karmarkar_karp(weights, k, false)
         }
     }
+
+    /// Splits `weights` (groups of `n` consecutive) into `dp_size` parts of whole groups, the
+    /// parts' sizes free to differ: for a last batch too small for equal shares.
+    fn split_groups(&self, weights: &[f64]) -> Vec<Vec<usize>> {
+        let n = self.n();
+        let group_weights: Vec<f64> = weights.chunks(n).map(|g| g.iter().sum()).collect();
+        karmarkar_karp(&group_weights, self.dp_size, false)
+            .into_iter()
+            .map(|groups| {
+                groups
+                    .into_iter()
+                    .flat_map(|g| g * n..(g + 1) * n)
+                    .collect()
+            })
+            .collect()
+    }
 }
 
 impl Sampler for SeqlenBalancedSampler {
@@ -170,8 +188,19 @@ impl Sampler for SeqlenBalancedSampler {
                      per group",
                     self.dp_size
                 ))
-            })?;
-        let picked = self.grpo.complete_groups(ready, total / n);
+            });
+        let full = match total {
+            Ok(total) => self.grpo.complete_groups(ready, total / n),
+            Err(_) if ctx.draining => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        // The last batch of a complete partition: every complete group left, shared out as
+        // evenly as groups allow (some ranks may get fewer samples, or none).
+        let (picked, last) = if full.is_empty() && ctx.draining {
+            (self.grpo.all_complete_groups(ready), true)
+        } else {
+            (full, false)
+        };
         if picked.is_empty() {
             return Ok(Sampled::default());
         }
@@ -179,8 +208,12 @@ impl Sampler for SeqlenBalancedSampler {
             .iter()
             .map(|&i| self.weight(&ready[i]))
             .collect::<Result<Vec<f64>>>()?;
-        let mut shares: Vec<Vec<&Candidate<'_>>> = self
-            .split(&weights)
+        let parts = if last {
+            self.split_groups(&weights)
+        } else {
+            self.split(&weights)
+        };
+        let mut shares: Vec<Vec<&Candidate<'_>>> = parts
             .into_iter()
             .map(|part| {
                 let mut share: Vec<&Candidate<'_>> =
@@ -248,6 +281,7 @@ mod tests {
             task: "t",
             dp_rank: Some(rank),
             batch_index: Some(batch),
+            draining: false,
         }
     }
 
@@ -259,6 +293,49 @@ mod tests {
         ids.iter()
             .map(|i| weights[i.index as usize].unwrap_or(1.0))
             .sum()
+    }
+
+    #[test]
+    fn draining_shares_out_every_complete_group_left() {
+        // Groups of 4, one rank: {0..3} is complete, {4, 5} is not.
+        let t = tags(&[None; 6]);
+        let ready = cands(&t);
+        let s = SeqlenBalancedSampler::new(4, 1).unwrap();
+        // A fetch of the 6 ready samples is not a whole number of groups: refused normally.
+        let e = s.sample(&ready, 6, &ctx("p", 0, 0)).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Invalid);
+        let draining = SamplerContext {
+            draining: true,
+            ..ctx("p", 0, 0)
+        };
+        let got = s.sample(&ready, 6, &draining).unwrap();
+        assert_eq!(idx(&got.sampled), vec![0, 1, 2, 3]);
+        assert_eq!(idx(&got.consumed), vec![0, 1, 2, 3]);
+        // Two ranks, one complete group: one share holds it, the other is empty, and both
+        // calls name the group as consumed.
+        let s = SeqlenBalancedSampler::new(4, 2).unwrap();
+        let first = s.sample(
+            &ready,
+            6,
+            &SamplerContext {
+                draining: true,
+                ..ctx("p", 1, 0)
+            },
+        );
+        let first = first.unwrap();
+        assert!(first.sampled.is_empty());
+        assert_eq!(idx(&first.consumed), vec![0, 1, 2, 3]);
+        let other = s
+            .sample(
+                &ready,
+                6,
+                &SamplerContext {
+                    draining: true,
+                    ..ctx("p", 0, 0)
+                },
+            )
+            .unwrap();
+        assert_eq!(idx(&other.sampled), vec![0, 1, 2, 3]);
     }
 
     #[test]
@@ -447,6 +524,7 @@ mod tests {
                 task: "t",
                 dp_rank,
                 batch_index,
+                draining: false,
             };
             assert_eq!(
                 s.sample(&ready, 1, &c).unwrap_err().kind(),
