@@ -255,13 +255,15 @@ impl SimpleStorage {
     }
 
     /// A get from units that [read into buffers](StorageUnit::reads_into_buffers) (remote
-    /// units): every dense field with rows of at least [`PLACE_MIN_ROW_BYTES`] gets its final
-    /// column buffer up front, split into one piece per row, and each unit's answer lands
-    /// straight in the pieces of its rows; joining the pieces back is free because they are
-    /// adjacent parts of one allocation. This saves the copy that packing received rows into a
-    /// column would make (a second pass over every byte, and on fresh memory a second round of
-    /// page faults). A field whose cells do not come back as planned (another dtype or shape
-    /// than the metadata says, a retried answer) is packed from the values as usual.
+    /// units): every tensor field whose rows are all at least [`PLACE_MIN_ROW_BYTES`] (dense, or
+    /// ragged with per-row shapes in the metadata) gets one buffer for all its rows up front,
+    /// split into one piece per row, and each unit's answer lands straight in the pieces of its
+    /// rows. A dense column joins its pieces back for free (adjacent parts of one allocation);
+    /// a ragged column keeps one tensor per piece. This saves the copy that packing received
+    /// rows would make (a second pass over every byte, and on fresh memory a second round of
+    /// page faults), and the one buffer can use huge pages (`tq_core::buffer`). A field whose
+    /// cells do not come back as planned (another dtype or shape than the metadata says, a
+    /// retried answer) is built from the values as usual.
     ///
     /// `None` when nothing would be placed (in-process units, linked rows, small rows).
     async fn get_placed(&self, meta: &BatchMeta, fields: &[FieldName]) -> Result<Option<Batch>> {
@@ -269,18 +271,9 @@ impl SimpleStorage {
             return Ok(None);
         }
         let len = meta.len();
-        let plans: Vec<Option<(DType, Vec<usize>, usize)>> = fields
+        let plans: Vec<Option<Placement>> = fields
             .iter()
-            .map(|f| {
-                let schema = meta.fields().get(f)?;
-                if schema.kind != FieldKind::Dense {
-                    return None;
-                }
-                let dtype = schema.dtype?;
-                let shape = schema.sample_shape.clone()?;
-                let row = dtype.size() * shape.iter().product::<usize>();
-                (row >= PLACE_MIN_ROW_BYTES).then_some((dtype, shape, row))
-            })
+            .map(|f| Placement::plan(meta.fields().get(f)?, len))
             .collect();
         if plans.iter().all(Option::is_none) {
             return Ok(None);
@@ -288,9 +281,12 @@ impl SimpleStorage {
         let mut pieces: Vec<Vec<Option<BytesMut>>> = plans
             .iter()
             .map(|plan| match plan {
-                Some((_, _, row)) => {
-                    let mut whole = tq_core::buffer::zeroed_mut(len * row);
-                    (0..len).map(|_| Some(whole.split_to(*row))).collect()
+                Some(plan) => {
+                    let mut whole = tq_core::buffer::zeroed_mut(plan.row_bytes.iter().sum());
+                    plan.row_bytes
+                        .iter()
+                        .map(|&n| Some(whole.split_to(n)))
+                        .collect()
                 }
                 None => (0..len).map(|_| None).collect(),
             })
@@ -331,13 +327,14 @@ impl SimpleStorage {
                 .into_iter()
                 .map(|c| c.expect("every position is routed to exactly one unit"))
                 .collect();
-            let as_planned = plan.as_ref().filter(|(dtype, shape, _)| {
-                column.iter().all(|c| {
-                    matches!(c, Fetched::Placed { dtype: d, shape: s, .. } if d == dtype && s == shape)
+            let as_planned = plan.as_ref().filter(|plan| {
+                column.iter().enumerate().all(|(r, c)| {
+                    matches!(c, Fetched::Placed { dtype, shape, .. }
+                        if *dtype == plan.dtype && shape.as_slice() == plan.row_shape(r))
                 })
             });
             let column = match as_planned {
-                Some((dtype, shape, _)) => {
+                Some(plan) if plan.ragged.is_none() => {
                     let mut whole = BytesMut::new();
                     for cell in column {
                         if let Fetched::Placed { bytes, .. } = cell {
@@ -345,11 +342,22 @@ impl SimpleStorage {
                             whole.unsplit(bytes);
                         }
                     }
-                    let mut full = Vec::with_capacity(shape.len() + 1);
+                    let mut full = Vec::with_capacity(plan.shape.len() + 1);
                     full.push(len);
-                    full.extend_from_slice(shape);
-                    Column::Dense(Tensor::new(*dtype, full, whole.freeze())?)
+                    full.extend_from_slice(&plan.shape);
+                    Column::Dense(Tensor::new(plan.dtype, full, whole.freeze())?)
                 }
+                Some(plan) => Column::Ragged(
+                    column
+                        .into_iter()
+                        .map(|cell| match cell {
+                            Fetched::Placed { shape, bytes, .. } => {
+                                Tensor::new(plan.dtype, shape, bytes.freeze())
+                            }
+                            Fetched::Value(_) => unreachable!("checked: every cell was placed"),
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                ),
                 None => {
                     let values = column
                         .into_iter()
@@ -646,5 +654,61 @@ impl StorageManager for SimpleStorage {
         // indexes of samples whose data may still be stored.
         self.collect("clear", meta, join_all(calls).await)?;
         Ok(())
+    }
+}
+
+/// How [`SimpleStorage::get_placed`] receives one field: the dtype, the rows' shapes (one shape
+/// for a dense field, one per row for a ragged one) and the bytes of each row.
+struct Placement {
+    dtype: DType,
+    /// The per-sample shape of a dense field.
+    shape: Vec<usize>,
+    /// The per-row shapes of a ragged field.
+    ragged: Option<Vec<Vec<usize>>>,
+    row_bytes: Vec<usize>,
+}
+
+impl Placement {
+    /// A plan for a tensor field of `rows` rows whose every row is at least
+    /// [`PLACE_MIN_ROW_BYTES`]; `None` otherwise.
+    fn plan(schema: &FieldSchema, rows: usize) -> Option<Placement> {
+        let dtype = schema.dtype?;
+        let bytes = |shape: &[usize]| dtype.size() * shape.iter().product::<usize>();
+        let plan = match schema.kind {
+            FieldKind::Dense => {
+                let shape = schema.sample_shape.clone()?;
+                Placement {
+                    dtype,
+                    row_bytes: vec![bytes(&shape); rows],
+                    shape,
+                    ragged: None,
+                }
+            }
+            FieldKind::Ragged => {
+                let shapes = schema.per_sample_shapes.clone()?;
+                if shapes.len() != rows {
+                    return None;
+                }
+                Placement {
+                    dtype,
+                    row_bytes: shapes.iter().map(|s| bytes(s)).collect(),
+                    shape: Vec::new(),
+                    ragged: Some(shapes),
+                }
+            }
+            FieldKind::Object => return None,
+        };
+        plan.row_bytes
+            .iter()
+            .all(|&n| n >= PLACE_MIN_ROW_BYTES)
+            .then_some(plan)
+    }
+
+    /// The shape row `r` must come back with.
+    fn row_shape(&self, r: usize) -> &[usize] {
+        match &self.ragged {
+            Some(shapes) => &shapes[r],
+            None => &self.shape,
+        }
     }
 }

@@ -171,3 +171,43 @@ async fn get_into_fills_the_buffers_that_fit_and_returns_the_rest() {
     // In-process units never place.
     assert!(!unit.reads_into_buffers());
 }
+
+/// Ragged rows that are all large are read into one buffer too (one piece per row); rows the
+/// metadata describes wrongly come back from the values, unchanged.
+#[tokio::test]
+async fn large_ragged_rows_are_read_into_one_buffer() {
+    let (_servers, storage) = remote_storage().await;
+    let rows = 5;
+    let ragged: Vec<Tensor> = (0..rows)
+        .map(|r| pattern(1, PLACE_MIN_ROW_BYTES + 24 * r, r as u8).row(0))
+        .collect();
+    let batch = Batch::from_columns([("r", Column::Ragged(ragged.clone()))]).unwrap();
+    let samples: Vec<SampleId> = [4u32, 1, 2, 7, 0]
+        .iter()
+        .map(|&i| SampleId::new(i, 0))
+        .collect();
+    let meta = BatchMeta::new("p", samples.clone())
+        .with_fields(batch.schemas())
+        .unwrap();
+    storage.put(&meta, &batch).await.unwrap();
+    let back = storage.get(&meta).await.unwrap();
+    assert_eq!(back, batch);
+    let Some(Column::Ragged(got)) = back.column("r") else {
+        panic!("r is not ragged: {:?}", back.column("r"));
+    };
+    // Placed rows are consecutive pieces of one allocation, in row order.
+    for pair in got.windows(2) {
+        let end = pair[0].data().as_ptr() as usize + pair[0].data().len();
+        assert_eq!(
+            pair[1].data().as_ptr() as usize,
+            end,
+            "rows share one buffer"
+        );
+    }
+    // Metadata claiming other per-row shapes: the values decide.
+    let mut schemas = batch.schemas();
+    let swapped: Vec<Vec<usize>> = ragged.iter().rev().map(|t| t.shape().to_vec()).collect();
+    schemas.insert("r".into(), FieldSchema::from_shapes(DType::U8, swapped));
+    let lying = BatchMeta::new("p", samples).with_fields(schemas).unwrap();
+    assert_eq!(storage.get(&lying).await.unwrap(), batch);
+}
