@@ -68,6 +68,37 @@ fn values(item: &StreamItem) -> Vec<i64> {
     t.to_vec::<i64>().unwrap()
 }
 
+/// Streams partition `p` for task `t` as ranks 0 and 1 of sampler `balanced`, 4 per rank,
+/// concurrently; returns each rank's batches.
+async fn balanced_rank_streams(tq: &Client, idle: Duration) -> (Vec<Vec<i64>>, Vec<Vec<i64>>) {
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let tq = tq.clone();
+            tokio::spawn(async move {
+                let mut s = tq
+                    .stream(
+                        StreamConfig::new("p", "t", &["id"], 4)
+                            .sampler("balanced")
+                            .dp_rank(rank)
+                            .idle_timeout(idle),
+                    )
+                    .unwrap();
+                let mut batches = Vec::new();
+                while let Some(item) = s.next().await {
+                    batches.push(values(&item.unwrap()));
+                }
+                batches
+            })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for r in ranks {
+        got.push(r.await.unwrap());
+    }
+    let r1 = got.pop().expect("rank 1");
+    (got.pop().expect("rank 0"), r1)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_most_once_stream_ends_when_the_partition_is_complete() {
     let tq = client_with(&[]);
@@ -275,27 +306,7 @@ async fn seqlen_balanced_ranks_get_disjoint_balanced_shares() {
     tq.put(&meta, &b).await.unwrap();
     tq.complete_partition("p").await.unwrap();
     let weight: HashMap<i64, i64> = (0..32).map(|i| (i, 10 + (i % 7) * 13)).collect();
-    let mut per_rank = Vec::new();
-    for rank in 0..2 {
-        let tq = tq.clone();
-        per_rank.push(tokio::spawn(async move {
-            let mut s = tq
-                .stream(
-                    StreamConfig::new("p", "t", &["id"], 4)
-                        .sampler("balanced")
-                        .dp_rank(rank)
-                        .idle_timeout(Duration::from_secs(5)),
-                )
-                .unwrap();
-            let mut batches = Vec::new();
-            while let Some(item) = s.next().await {
-                batches.push(values(&item.unwrap()));
-            }
-            batches
-        }));
-    }
-    let r0 = per_rank.remove(0).await.unwrap();
-    let r1 = per_rank.remove(0).await.unwrap();
+    let (r0, r1) = balanced_rank_streams(&tq, Duration::from_secs(5)).await;
     assert_eq!(r0.len(), r1.len());
     let mut all: Vec<i64> = r0.iter().chain(&r1).flatten().copied().collect();
     all.sort_unstable();
@@ -327,33 +338,13 @@ async fn seqlen_balanced_streams_drain_a_last_partial_batch() {
     // 4 per rank, 2 ranks: 2 full global batches of 8 and a rest of 5.
     produce(&tq, "p", 21, 7).await;
     let started = std::time::Instant::now();
-    let mut per_rank = Vec::new();
-    for rank in 0..2 {
-        let tq = tq.clone();
-        per_rank.push(tokio::spawn(async move {
-            let mut s = tq
-                .stream(
-                    StreamConfig::new("p", "t", &["id"], 4)
-                        .sampler("balanced")
-                        .dp_rank(rank)
-                        .idle_timeout(Duration::from_secs(60)),
-                )
-                .unwrap();
-            let mut got = Vec::new();
-            while let Some(item) = s.next().await {
-                got.extend(values(&item.unwrap()));
-            }
-            got
-        }));
-    }
-    let r0 = per_rank.remove(0).await.unwrap();
-    let r1 = per_rank.remove(0).await.unwrap();
+    let (r0, r1) = balanced_rank_streams(&tq, Duration::from_secs(60)).await;
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "the streams waited for their idle timeout ({:?})",
         started.elapsed()
     );
-    let mut all: Vec<i64> = r0.iter().chain(&r1).copied().collect();
+    let mut all: Vec<i64> = r0.iter().chain(&r1).flatten().copied().collect();
     all.sort_unstable();
     assert_eq!(
         all,
