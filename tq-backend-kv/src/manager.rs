@@ -717,10 +717,9 @@ impl StorageManager for KvStorageManager {
             })
             .await?;
         let ks = KeyScheme::new(&self.options.namespace, meta.partition());
-        let mut raw = raw.into_iter();
         let mut out = Batch::empty(n);
-        for (field, sink) in fields.into_iter().zip(sinks) {
-            let cells: Vec<Bytes> = raw.by_ref().take(n).collect();
+        // `raw` is field-major: field `f`'s cells are `raw[f * n..(f + 1) * n]`.
+        for ((field, sink), cells) in fields.into_iter().zip(sinks).zip(raw.chunks(n)) {
             let column = match sink.and_then(DenseSink::finish) {
                 Some(tensor) => Column::Dense(tensor),
                 // Not dense in the metadata, or some row disagreed with it: infer the column
@@ -730,7 +729,7 @@ impl StorageManager for KvStorageManager {
                         .samples()
                         .iter()
                         .zip(cells)
-                        .map(|(s, cell)| decode_value(&ks.cell(*s, field), cell))
+                        .map(|(s, cell)| decode_value(&ks.cell(*s, field), cell.clone()))
                         .collect::<Result<Vec<_>>>()?;
                     Column::from_values(field, values)?
                 }

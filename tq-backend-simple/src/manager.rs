@@ -334,7 +334,11 @@ impl SimpleStorage {
                 })
             });
             let column = match as_planned {
-                Some(plan) if plan.ragged.is_none() => {
+                Some(Placement {
+                    dtype,
+                    shapes: RowShapes::Dense(shape),
+                    ..
+                }) => {
                     let mut whole = BytesMut::new();
                     for cell in column {
                         if let Fetched::Placed { bytes, .. } = cell {
@@ -342,10 +346,10 @@ impl SimpleStorage {
                             whole.unsplit(bytes);
                         }
                     }
-                    let mut full = Vec::with_capacity(plan.shape.len() + 1);
+                    let mut full = Vec::with_capacity(shape.len() + 1);
                     full.push(len);
-                    full.extend_from_slice(&plan.shape);
-                    Column::Dense(Tensor::new(plan.dtype, full, whole.freeze())?)
+                    full.extend_from_slice(shape);
+                    Column::Dense(Tensor::new(*dtype, full, whole.freeze())?)
                 }
                 Some(plan) => Column::Ragged(
                     column
@@ -657,15 +661,18 @@ impl StorageManager for SimpleStorage {
     }
 }
 
-/// How [`SimpleStorage::get_placed`] receives one field: the dtype, the rows' shapes (one shape
-/// for a dense field, one per row for a ragged one) and the bytes of each row.
+/// How [`SimpleStorage::get_placed`] receives one field: the dtype, the rows' shapes and the
+/// bytes of each row.
 struct Placement {
     dtype: DType,
-    /// The per-sample shape of a dense field.
-    shape: Vec<usize>,
-    /// The per-row shapes of a ragged field.
-    ragged: Option<Vec<Vec<usize>>>,
+    shapes: RowShapes,
     row_bytes: Vec<usize>,
+}
+
+/// One shape for every row of a dense field, one per row of a ragged one.
+enum RowShapes {
+    Dense(Vec<usize>),
+    Ragged(Vec<Vec<usize>>),
 }
 
 impl Placement {
@@ -674,41 +681,37 @@ impl Placement {
     fn plan(schema: &FieldSchema, rows: usize) -> Option<Placement> {
         let dtype = schema.dtype?;
         let bytes = |shape: &[usize]| dtype.size() * shape.iter().product::<usize>();
-        let plan = match schema.kind {
+        let (shapes, row_bytes) = match schema.kind {
             FieldKind::Dense => {
                 let shape = schema.sample_shape.clone()?;
-                Placement {
-                    dtype,
-                    row_bytes: vec![bytes(&shape); rows],
-                    shape,
-                    ragged: None,
-                }
+                let row_bytes = vec![bytes(&shape); rows];
+                (RowShapes::Dense(shape), row_bytes)
             }
             FieldKind::Ragged => {
                 let shapes = schema.per_sample_shapes.clone()?;
                 if shapes.len() != rows {
                     return None;
                 }
-                Placement {
-                    dtype,
-                    row_bytes: shapes.iter().map(|s| bytes(s)).collect(),
-                    shape: Vec::new(),
-                    ragged: Some(shapes),
-                }
+                let row_bytes = shapes.iter().map(|s| bytes(s)).collect();
+                (RowShapes::Ragged(shapes), row_bytes)
             }
             FieldKind::Object => return None,
         };
-        plan.row_bytes
+        row_bytes
             .iter()
             .all(|&n| n >= PLACE_MIN_ROW_BYTES)
-            .then_some(plan)
+            .then_some(Placement {
+                dtype,
+                shapes,
+                row_bytes,
+            })
     }
 
     /// The shape row `r` must come back with.
     fn row_shape(&self, r: usize) -> &[usize] {
-        match &self.ragged {
-            Some(shapes) => &shapes[r],
-            None => &self.shape,
+        match &self.shapes {
+            RowShapes::Dense(shape) => shape,
+            RowShapes::Ragged(shapes) => &shapes[r],
         }
     }
 }

@@ -5,7 +5,7 @@
 use crate::allocator::IndexAllocator;
 use crate::api::*;
 use crate::partition::{check_unique_ids, is_public, Partition, Production, PUBLIC_PARTITION};
-use crate::sampler::{GrpoGroupNSampler, Sampler, SamplerContext, SequentialSampler};
+use crate::sampler::{GrpoGroupNSampler, Sampled, Sampler, SamplerContext, SequentialSampler};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -335,27 +335,6 @@ impl Controller {
             Err(e) => return Err(e),
         };
         let ready_ids: HashSet<SampleId> = ready.iter().map(|c| c.id).collect();
-        if picked.sampled.is_empty() {
-            // A rank whose share of a partition's last batch is empty (seqlen-balanced): the
-            // other ranks' shares are reserved all the same, as on any first call, so that no
-            // other batch takes them; this rank has nothing (and is finished when they are).
-            if !cached && !picked.consumed.is_empty() {
-                if let Some(bad) = picked.consumed.iter().find(|id| !ready_ids.contains(id)) {
-                    return Err(Error::internal(format!(
-                        "partition `{}`: sampler marked sample {bad} consumed, which was not ready",
-                        req.partition
-                    )));
-                }
-                match lease {
-                    None => p.mark_consumed(task, &picked.consumed),
-                    Some(d) => {
-                        st.next_lease += 1;
-                        p.lease(task, &picked.consumed, st.next_lease, now + d);
-                    }
-                }
-            }
-            return Ok(Attempt::not_ready(p, task, next_expiry));
-        }
         // A fresh answer may only hand out ready samples; a cached one (rank-aware sampling)
         // names samples another rank of the group already took.
         if !cached {
@@ -366,11 +345,6 @@ impl Controller {
                 )));
             }
         }
-        let slots = match p.slots_of(&picked.sampled) {
-            Ok(s) => s,
-            // A cached answer may name samples cleared since; treat as not ready.
-            Err(_) => return Ok(Attempt::NotReady { next_expiry }),
-        };
         if let Some(bad) = picked
             .consumed
             .iter()
@@ -381,25 +355,21 @@ impl Controller {
                 req.partition
             )));
         }
-        let lease_id = match lease {
-            None => {
-                p.mark_consumed(task, &picked.consumed);
-                None
+        if picked.sampled.is_empty() {
+            // A rank whose share of a partition's last batch is empty (seqlen-balanced): the
+            // other ranks' shares are reserved all the same, as on any first call, so that no
+            // other batch takes them; this rank has nothing (and is finished when they are).
+            if !cached && !picked.consumed.is_empty() {
+                reserve(p, &mut st.next_lease, task, &picked, lease, now);
             }
-            Some(d) => {
-                // Ranks of one group share the lease of the first hand-out of a cached batch.
-                let id = picked
-                    .sampled
-                    .first()
-                    .and_then(|&s| p.lease_of(task, s))
-                    .unwrap_or_else(|| {
-                        st.next_lease += 1;
-                        st.next_lease
-                    });
-                p.lease(task, &picked.consumed, id, now + d);
-                Some(id)
-            }
+            return Ok(Attempt::not_ready(p, task, next_expiry));
+        }
+        let slots = match p.slots_of(&picked.sampled) {
+            Ok(s) => s,
+            // A cached answer may name samples cleared since; treat as not ready.
+            Err(_) => return Ok(Attempt::NotReady { next_expiry }),
         };
+        let lease_id = reserve(p, &mut st.next_lease, task, &picked, lease, now);
         Ok(Attempt::Got(
             p.build_meta(&slots, &fids, Production::AllReady)
                 .with_lease(lease_id),
@@ -476,6 +446,33 @@ impl Controller {
             }
         }
     }
+}
+
+/// Takes `picked.consumed` for `task`: marks it consumed, or leases it until `now + lease`.
+/// Ranks of one group share the lease of the first hand-out of a cached batch; otherwise the
+/// lease is new. Returns the lease.
+fn reserve(
+    p: &mut Partition,
+    next_lease: &mut LeaseId,
+    task: &str,
+    picked: &Sampled,
+    lease: Option<Duration>,
+    now: Instant,
+) -> Option<LeaseId> {
+    let Some(d) = lease else {
+        p.mark_consumed(task, &picked.consumed);
+        return None;
+    };
+    let id = picked
+        .sampled
+        .first()
+        .and_then(|&s| p.lease_of(task, s))
+        .unwrap_or_else(|| {
+            *next_lease += 1;
+            *next_lease
+        });
+    p.lease(task, &picked.consumed, id, now + d);
+    Some(id)
 }
 
 /// The outcome of one fetch attempt.

@@ -131,27 +131,19 @@ impl SeqlenBalancedSampler {
     fn split(&self, weights: &[f64]) -> Vec<Vec<usize>> {
         let (n, k) = (self.n(), self.dp_size);
         if weights.len() % n == 0 && (weights.len() / n) % k == 0 {
-            let group_weights: Vec<f64> = weights.chunks(n).map(|g| g.iter().sum()).collect();
-            karmarkar_karp(&group_weights, k, true)
-                .into_iter()
-                .map(|groups| {
-                    groups
-                        .into_iter()
-                        .flat_map(|g| g * n..(g + 1) * n)
-                        .collect()
-                })
-                .collect()
+            self.split_groups(weights, true)
         } else {
             karmarkar_karp(weights, k, false)
         }
     }
 
-    /// Splits `weights` (groups of `n` consecutive) into `dp_size` parts of whole groups, the
-    /// parts' sizes free to differ: for a last batch too small for equal shares.
-    fn split_groups(&self, weights: &[f64]) -> Vec<Vec<usize>> {
+    /// Splits `weights` (groups of `n` consecutive) into `dp_size` parts of whole groups: with
+    /// `equal_size` the same number of groups per part, otherwise the parts' sizes may differ
+    /// (a last batch too small for equal shares).
+    fn split_groups(&self, weights: &[f64], equal_size: bool) -> Vec<Vec<usize>> {
         let n = self.n();
         let group_weights: Vec<f64> = weights.chunks(n).map(|g| g.iter().sum()).collect();
-        karmarkar_karp(&group_weights, self.dp_size, false)
+        karmarkar_karp(&group_weights, self.dp_size, equal_size)
             .into_iter()
             .map(|groups| {
                 groups
@@ -209,7 +201,7 @@ impl Sampler for SeqlenBalancedSampler {
             .map(|&i| self.weight(&ready[i]))
             .collect::<Result<Vec<f64>>>()?;
         let parts = if last {
-            self.split_groups(&weights)
+            self.split_groups(&weights, false)
         } else {
             self.split(&weights)
         };
