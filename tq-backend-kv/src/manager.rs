@@ -526,6 +526,53 @@ impl KvStorageManager {
         futures::future::try_join_all(writes).await.map(|_| ())
     }
 
+    /// With a TTL configured: the keys of every cell a sample of `meta` holds (its backend meta
+    /// lists them) that this write does not rewrite, so their deadline can be re-armed with the
+    /// written ones. A sample being written must not lose a field it wrote earlier to expiry.
+    fn rearm_plan(&self, meta: &BatchMeta, written: &[&str]) -> Result<Option<Plan>> {
+        if self.options.data_ttl.is_none() {
+            return Ok(None);
+        }
+        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let mut plan = Plan::new(self.stores.len());
+        let mut tags = self.tags();
+        let mut any = false;
+        for (s, row) in meta.samples().iter().zip(meta.backend_meta()) {
+            for field in row.keys().filter(|f| !written.contains(&f.as_str())) {
+                self.plan_existing(
+                    &mut plan,
+                    &mut tags,
+                    Some(row),
+                    field,
+                    ks.cell(*s, field),
+                    0,
+                )?;
+                any = true;
+            }
+        }
+        Ok(any.then_some(plan))
+    }
+
+    /// Writes `per_store` and re-arms the deadlines of `rearm` (see [`Self::rearm_plan`]).
+    async fn write_rearming(
+        &self,
+        per_store: Vec<Vec<(String, KvValue)>>,
+        rearm: Option<Plan>,
+    ) -> Result<()> {
+        let Some((plan, ttl)) = rearm.zip(self.options.data_ttl) else {
+            return self.write(per_store).await;
+        };
+        let rearms = plan
+            .keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| !k.is_empty())
+            .map(|(i, keys)| self.stores[i].store.expire_all(keys, ttl));
+        futures::future::try_join(self.write(per_store), futures::future::try_join_all(rearms))
+            .await
+            .map(|_| ())
+    }
+
     /// Removes keys: deletes them, or with `expire` marks them to disappear shortly.
     async fn remove(&self, plan: &Plan, expire: bool) -> Result<()> {
         let after = self.options.clear_expire_after;
@@ -688,7 +735,9 @@ impl StorageManager for KvStorageManager {
                 ));
             }
         }
-        self.write(per_store)
+        let written: Vec<&str> = batch.field_names().collect();
+        let rearm = self.rearm_plan(meta, &written)?;
+        self.write_rearming(per_store, rearm)
             .await
             .map_err(|e| e.context(self.ctx(meta)))?;
         Ok(PutReceipt {
@@ -777,7 +826,8 @@ impl StorageManager for KvStorageManager {
                 backend_meta[r].insert(field.clone(), self.stores[i].tag.clone());
             }
         }
-        self.write(per_store)
+        let rearm = self.rearm_plan(meta, &fields)?;
+        self.write_rearming(per_store, rearm)
             .await
             .map_err(|e| e.context(self.ctx(meta)))?;
         Ok(PutReceipt {

@@ -1,6 +1,7 @@
 //! The client: one implementation of every operation over a [`ControlPlane`] handle and a
 //! [`StorageManager`]; embedded and remote deployments differ only in the handles plugged in.
 
+use crate::clear::UnfinishedClears;
 use crate::key_cache::{
     tensor_bytes, KeyCache, KeyCacheStats, SPECULATE_MAX_BYTES, SPECULATE_MAX_KEYS,
 };
@@ -12,8 +13,7 @@ use tq_controller::{
     KeyListing, ProductionNotice, ProductionStatus, Wait,
 };
 use tq_core::{
-    Batch, BatchMeta, Error, FieldFilter, FieldName, PutReceipt, Result, SampleId, StorageManager,
-    Tags,
+    Batch, BatchMeta, Error, FieldFilter, FieldName, PutReceipt, Result, StorageManager, Tags,
 };
 
 /// What a KV write returns.
@@ -35,6 +35,8 @@ pub struct Client {
     config: Arc<Config>,
     /// Remote clients only (see [`Client::with_key_cache`]).
     key_cache: Option<Arc<KeyCache>>,
+    /// Clears whose storage step failed, retried in the background (`clear.rs`).
+    unfinished: Arc<UnfinishedClears>,
 }
 
 impl std::fmt::Debug for Client {
@@ -128,6 +130,7 @@ impl Client {
             storage,
             config: Arc::new(config),
             key_cache: None,
+            unfinished: Arc::default(),
         }
     }
 
@@ -155,6 +158,15 @@ impl Client {
     }
     pub fn config(&self) -> &Config {
         &self.config
+    }
+    pub(crate) fn unfinished(&self) -> &UnfinishedClears {
+        &self.unfinished
+    }
+    /// Drops what the key cache knows of `keys` (every key of `partition` with `None`).
+    pub(crate) fn forget_cached(&self, partition: &str, keys: Option<&[String]>) {
+        if let Some(cache) = &self.key_cache {
+            cache.forget(partition, keys);
+        }
     }
 
     // ----------------------------------------------------------------------------------------
@@ -195,8 +207,21 @@ impl Client {
                 batch_index: None,
             })
             .await?;
-        match self.put(&meta, batch).await {
-            Ok(m) => Ok(m),
+        // Fresh samples hold nothing a refused write could overwrite: no check needed first.
+        let published = match check_put(&meta, batch) {
+            Ok(()) => {
+                self.store_and_publish(&meta, meta.tags().to_vec(), batch, true)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match published {
+            Ok(receipt) => {
+                let mut out = meta;
+                let receipt = receipt.expect("the receipt is kept when asked for");
+                out.add_fields(receipt.schemas, receipt.backend_meta)?;
+                Ok(out)
+            }
             Err(e) => {
                 if let Err(cleanup) = self.clear_samples(&meta).await {
                     tracing::warn!(partition, error = %cleanup, "could not remove samples of a failed put");
@@ -208,9 +233,18 @@ impl Client {
 
     /// Writes `batch` (rows aligned with `meta`'s samples) to storage, then publishes the cells
     /// with `meta`'s tags in one controller message. Returns `meta` with the new fields, ready.
+    ///
+    /// The controller checks the write first (samples still owned, not being cleared, dtype and
+    /// kind of every field compatible with the partition's): a put it would refuse never
+    /// reaches storage, so it cannot overwrite the stored value.
     pub async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<BatchMeta> {
+        check_put(meta, batch)?;
+        let target = self
+            .control
+            .prepare_write(meta.partition(), meta.samples(), &batch.type_schemas())
+            .await?;
         let receipt = self
-            .store_and_publish(meta, batch, true)
+            .store_and_publish(&target, meta.tags().to_vec(), batch, true)
             .await?
             .expect("the receipt is kept when asked for");
         let mut out = meta.clone();
@@ -218,109 +252,132 @@ impl Client {
         Ok(out)
     }
 
-    /// [`Client::put`] up to publishing: validates, writes to storage, publishes. Returns the
-    /// receipt only when `keep_receipt`; the KV path does not use it, and handing the schemas
-    /// to the controller by value saves cloning them (one shape vector per row for ragged
-    /// fields). Without the receipt, the checks `add_fields` would have made still apply: an
-    /// inconsistent receipt is an error, returned after publishing just as `put` returns it.
+    /// Writes `batch` to storage for `target`'s samples (checked by the caller) and publishes
+    /// it with `tags`. Returns the receipt only when `keep_receipt`; the KV path does not use
+    /// it, and handing the schemas to the controller by value saves cloning them (one shape
+    /// vector per row for ragged fields). Without the receipt, the checks `add_fields` would
+    /// have made still apply: an inconsistent receipt is an error, returned after publishing.
+    ///
+    /// If the controller refuses the notice (a clear or index reuse raced the write), the cells
+    /// written for samples that are gone are deleted again, so a refused write leaves nothing.
     async fn store_and_publish(
         &self,
-        meta: &BatchMeta,
+        target: &BatchMeta,
+        tags: Vec<tq_core::Tags>,
         batch: &Batch,
         keep_receipt: bool,
     ) -> Result<Option<PutReceipt>> {
-        let partition = meta.partition();
-        if meta.is_empty() {
-            return Err(Error::invalid(format!(
-                "partition `{partition}`: put needs a non-empty batch meta"
-            )));
-        }
-        check_batch(partition, batch)?;
-        if batch.len() != meta.len() {
-            return Err(Error::invalid(format!(
-                "partition `{partition}`: batch has {} rows for {} samples",
-                batch.len(),
-                meta.len()
-            )));
-        }
-        let mut seen = HashSet::with_capacity(meta.len());
-        if let Some(d) = meta.samples().iter().find(|s| !seen.insert(s.index)) {
-            return Err(Error::invalid(format!(
-                "partition `{partition}`: sample {d} appears twice"
-            )));
-        }
-        if tq_controller::is_public(partition) {
-            // A shared payload must not change under the samples linking to it: refuse before
-            // the bytes are overwritten, not only when the write is announced.
-            let fields: Vec<FieldName> = batch.field_names().map(str::to_string).collect();
-            self.control
-                .check_writable(partition, meta.samples(), &fields)
-                .await?;
-        }
-        let receipt = self.storage.put(meta, batch).await?;
+        let partition = target.partition();
+        let receipt = self.storage.put(target, batch).await?;
         let (schemas, backend_meta, kept, consistent) = if keep_receipt {
             let (s, b) = (receipt.schemas.clone(), receipt.backend_meta.clone());
             (s, b, Some(receipt), Ok(()))
         } else {
             let consistent =
-                meta.check_new_fields(&receipt.schemas, receipt.backend_meta.as_deref());
+                target.check_new_fields(&receipt.schemas, receipt.backend_meta.as_deref());
             (receipt.schemas, receipt.backend_meta, None, consistent)
         };
-        self.control
+        let notified = self
+            .control
             .notify_production(ProductionNotice {
                 partition: partition.to_string(),
-                samples: meta.samples().to_vec(),
+                samples: target.samples().to_vec(),
                 schemas,
-                tags: Some(meta.tags().to_vec()),
+                tags: Some(tags),
                 backend_meta,
             })
-            .await
-            .map_err(|e| {
+            .await;
+        if let Err(e) = notified {
+            self.discard_unpublished(target, batch).await;
+            return Err(
                 e.context("data reached storage but was not published, so it stays invisible")
-            })?;
+            );
+        }
         consistent?;
         Ok(kept)
     }
 
-    /// Reads the fields of `meta` for its samples, in order. The controller is not involved.
+    /// After a refused production notice: deletes the cells just written for samples that are
+    /// no longer live (cleared, or their index reused — storage clears check the generation,
+    /// so a newer sample's cells are never touched). Best effort: a failure is logged.
+    async fn discard_unpublished(&self, target: &BatchMeta, batch: &Batch) {
+        let partition = target.partition();
+        let holds = match self
+            .control
+            .still_hold(partition, target.samples(), &[])
+            .await
+        {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "cannot tell which cells of a refused write to delete");
+                return;
+            }
+        };
+        let gone: Vec<usize> = (0..holds.len()).filter(|&i| !holds[i]).collect();
+        if gone.is_empty() {
+            return;
+        }
+        let samples = gone.iter().map(|&i| target.samples()[i]).collect();
+        let written = BatchMeta::new(partition, samples).with_fields(batch.type_schemas());
+        let result = match written {
+            Ok(m) => self.storage.clear(&m, &FieldFilter::All).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => tracing::debug!(
+                partition,
+                samples = gone.len(),
+                "deleted the cells of a refused write"
+            ),
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "could not delete the cells of a refused write")
+            }
+        }
+    }
+
+    /// Reads the fields of `meta` for its samples, in order. The controller is not involved,
+    /// except to tell what missing cells mean: cells of samples (or fields) cleared since
+    /// `meta` was made are `NotFound`; `DataLost` means cells the controller still counts as
+    /// produced are gone. Values that do not match `meta`'s dtype, kind or shapes are
+    /// `Corrupted`, never returned.
     pub async fn get_data(&self, meta: &BatchMeta) -> Result<Batch> {
         if meta.is_empty() || meta.fields().is_empty() {
             return Ok(Batch::empty(meta.len()));
         }
-        self.storage.get(meta).await
+        match self.storage.get(meta).await {
+            Ok(batch) => {
+                meta.check_batch(&batch)?;
+                Ok(batch)
+            }
+            Err(e) if e.kind() == &tq_core::ErrorKind::DataLost => {
+                Err(self.explain_loss(meta, e).await)
+            }
+            Err(e) => Err(e),
+        }
     }
 
-    /// Clears whole samples: hide them at once, delete their cells, then release the indexes.
-    /// Samples already cleared are skipped; a failed clear can simply be repeated.
-    pub async fn clear_samples(&self, meta: &BatchMeta) -> Result<()> {
-        if meta.is_empty() {
-            return Ok(());
-        }
-        self.clear(meta.partition(), Some(meta.samples())).await
-    }
-
-    /// Clears every sample of `partition` and removes the partition (with its completion mark
-    /// and sampler state).
-    pub async fn clear_partition(&self, partition: &str) -> Result<()> {
-        if let Some(cache) = &self.key_cache {
-            cache.forget(partition, None);
-        }
-        self.clear(partition, None).await?;
-        self.control.drop_partition(partition).await
-    }
-
-    async fn clear(&self, partition: &str, samples: Option<&[SampleId]>) -> Result<()> {
-        let marked = self.control.mark_clearing(partition, samples).await?;
-        if marked.is_empty() {
-            return Ok(());
-        }
-        self.storage
-            .clear(&marked, &FieldFilter::All)
+    /// A read found cells missing: `NotFound` if the controller no longer counts every sample
+    /// of `meta` as holding its fields (a clear raced the read), else the `DataLost` as it is.
+    async fn explain_loss(&self, meta: &BatchMeta, lost: Error) -> Error {
+        let fields: Vec<FieldName> = meta.field_names().map(str::to_string).collect();
+        match self
+            .control
+            .still_hold(meta.partition(), meta.samples(), &fields)
             .await
-            .map_err(|e| e.context(format!(
-                "partition `{partition}`: storage clear failed; the samples stay hidden, repeat the clear"
-            )))?;
-        self.control.release(partition, marked.samples()).await
+        {
+            Ok(holds) => match holds.iter().position(|h| !h) {
+                Some(i) => Error::not_found(format!(
+                    "partition `{}`: sample {} (or one of its fields {fields:?}) was cleared while \
+                     being read",
+                    meta.partition(),
+                    meta.samples()[i]
+                )),
+                None => lost,
+            },
+            Err(e) => lost.context(format!(
+                "(could not ask the controller whether a clear raced the read: {e})"
+            )),
+        }
     }
 
     pub async fn production_status(
@@ -407,10 +464,8 @@ impl Client {
                 )));
             }
         }
-        let kv = self
-            .control
-            .kv_retrieve_meta(partition, &keys, true)
-            .await?;
+        let types = fields.map(Batch::type_schemas).unwrap_or_default();
+        let kv = self.kv_prepare_put(partition, &keys, &types).await?;
         if kv.keys != keys {
             return Err(Error::internal(format!(
                 "partition `{partition}`: key resolution returned {} of {} keys",
@@ -418,20 +473,18 @@ impl Client {
                 keys.len()
             )));
         }
-        let mut meta = kv.meta;
+        let meta = kv.meta;
+        let given = tags.unwrap_or_else(|| vec![Tags::new(); keys.len()]);
         let mut merged: Vec<Tags> = meta.tags().to_vec();
-        if let Some(t) = tags {
-            for ((m, t), mine) in meta.tags_mut().iter_mut().zip(&t).zip(merged.iter_mut()) {
-                *m = t.clone();
-                mine.extend(t.iter().map(|(k, v)| (k.clone(), v.clone())));
-            }
+        for (mine, t) in merged.iter_mut().zip(&given) {
+            mine.extend(t.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
         let mut field_set: BTreeSet<FieldName> = meta.field_names().map(str::to_string).collect();
         match fields {
             Some(batch) => {
                 // The receipt is only needed to remember what the keys now hold.
                 let remember = self.key_cache.is_some() && keys.len() <= SPECULATE_MAX_KEYS;
-                let receipt = match self.store_and_publish(&meta, batch, remember).await {
+                let receipt = match self.store_and_publish(&meta, given, batch, remember).await {
                     Ok(r) => r,
                     Err(e) => {
                         self.remove_created(partition, &meta, &kv.missing, &keys)
@@ -443,13 +496,16 @@ impl Client {
                     let mut now = meta.clone();
                     now.tags_mut().clone_from_slice(&merged);
                     now.add_fields(receipt.schemas, receipt.backend_meta)?;
-                    cache.remember(partition, &keys, &now);
+                    // Only the fields every key holds (with their backend meta), as a lookup
+                    // answers: the cached guess must equal the lookup to be used.
+                    let held: Vec<String> = now.field_names().map(str::to_string).collect();
+                    cache.remember(partition, &keys, &now.select_fields(&held)?);
                 }
                 field_set.extend(batch.field_names().map(str::to_string));
             }
             None => {
                 self.control
-                    .set_tags(partition, meta.samples(), meta.tags().to_vec())
+                    .set_tags(partition, meta.samples(), given)
                     .await?
             }
         }
@@ -459,6 +515,30 @@ impl Client {
             tags: merged,
             fields: field_set.into_iter().collect(),
         })
+    }
+
+    /// Resolves (creating) the keys of a put, checked for `types`. Keys a failed clear left
+    /// hidden are cleared for good first (see `clear.rs`), then resolved again.
+    async fn kv_prepare_put(
+        &self,
+        partition: &str,
+        keys: &[String],
+        types: &std::collections::BTreeMap<FieldName, tq_core::FieldSchema>,
+    ) -> Result<tq_controller::KvMeta> {
+        let kv = self.control.kv_prepare_put(partition, keys, types).await?;
+        if kv.clearing.is_empty() {
+            return Ok(kv);
+        }
+        tracing::debug!(partition, keys = ?kv.clearing, "finishing the clear of keys before a put");
+        self.clear_keys(partition, &kv.clearing).await?;
+        let kv = self.control.kv_prepare_put(partition, keys, types).await?;
+        if !kv.clearing.is_empty() {
+            return Err(Error::conflict(format!(
+                "partition `{partition}`: keys {:?} are being cleared again by another client",
+                kv.clearing
+            )));
+        }
+        Ok(kv)
     }
 
     /// Best-effort removal of keys a failed put created, so no empty keys are left behind.
@@ -535,6 +615,14 @@ impl Client {
                 }
                 kv.meta.select_fields(&f)?
             }
+            None if kv.meta.fields().is_empty() => {
+                // The keys exist but hold no field in common yet: not ready, never an empty
+                // success.
+                return Err(Error::not_found(format!(
+                    "partition `{partition}`: keys {:?} hold no field in common yet (not produced)",
+                    kv.keys
+                )));
+            }
             None => kv.meta,
         };
         if let (Some((guess, read)), Some(cache)) = (early, &self.key_cache) {
@@ -570,51 +658,31 @@ impl Client {
     pub async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
         self.control.kv_list(partition).await
     }
+}
 
-    /// Clears keys. Without `fields` the keys disappear; with `fields` only those cells are
-    /// removed and keys, other fields, tags and consumption stay. Keys or fields that do not
-    /// exist are skipped, so clearing twice is harmless. An empty field list is `Invalid`.
-    pub async fn kv_clear<K: AsRef<str>>(
-        &self,
-        partition: &str,
-        keys: &[K],
-        fields: Option<&[&str]>,
-    ) -> Result<()> {
-        let keys = owned_keys(partition, keys)?;
-        let fields = fields.map(|f| owned_fields(partition, f)).transpose()?;
-        if let Some(cache) = &self.key_cache {
-            cache.forget(partition, Some(&keys));
-        }
-        let kv = self
-            .control
-            .kv_retrieve_meta(partition, &keys, false)
-            .await?;
-        if kv.meta.is_empty() {
-            return Ok(());
-        }
-        let Some(fields) = fields else {
-            return self.clear_samples(&kv.meta).await;
-        };
-        let samples = kv.meta.samples().to_vec();
-        let marked = self
-            .control
-            .begin_clear_fields(partition, &samples, &fields)
-            .await?;
-        if !marked.is_empty() {
-            self.storage
-                .clear(&marked, &FieldFilter::Only(fields.clone()))
-                .await
-                .map_err(|e| {
-                    e.context(format!(
-                        "partition `{partition}`: storage clear of fields {fields:?} failed; \
-                     the cells read as cleared, repeat the clear to free them"
-                    ))
-                })?;
-        }
-        self.control
-            .finish_clear_fields(partition, &samples, &fields)
-            .await
+/// The shape checks of a put of `batch` for `meta`'s samples (before anything is sent).
+fn check_put(meta: &BatchMeta, batch: &Batch) -> Result<()> {
+    let partition = meta.partition();
+    if meta.is_empty() {
+        return Err(Error::invalid(format!(
+            "partition `{partition}`: put needs a non-empty batch meta"
+        )));
     }
+    check_batch(partition, batch)?;
+    if batch.len() != meta.len() {
+        return Err(Error::invalid(format!(
+            "partition `{partition}`: batch has {} rows for {} samples",
+            batch.len(),
+            meta.len()
+        )));
+    }
+    let mut seen = HashSet::with_capacity(meta.len());
+    if let Some(d) = meta.samples().iter().find(|s| !seen.insert(s.index)) {
+        return Err(Error::invalid(format!(
+            "partition `{partition}`: sample {d} appears twice"
+        )));
+    }
+    Ok(())
 }
 
 fn check_batch(partition: &str, batch: &Batch) -> Result<()> {

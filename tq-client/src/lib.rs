@@ -28,6 +28,7 @@
 
 mod backends;
 mod blocking;
+mod clear;
 mod client;
 mod config;
 mod key_cache;

@@ -97,10 +97,19 @@ impl Client {
                 "partition `{partition}`: kv_update of field `{f}`, which is not produced for every key"
             )));
         }
-        self.control()
-            .check_writable(partition, kv.meta.samples(), &names)
-            .await?;
         let meta = kv.meta.select_fields(&names)?;
+        let types = meta
+            .fields()
+            .iter()
+            .map(|(f, s)| (f.clone(), s.clone()))
+            .collect();
+        let current = self
+            .control()
+            .prepare_write(partition, meta.samples(), &types)
+            .await?;
+        // Storage sees the backend meta of every field the samples hold, so a backend with a
+        // TTL re-arms the deadline of the whole sample, not only of the updated cells.
+        let meta = meta.with_backend_meta(current.backend_meta().to_vec())?;
         let receipt = self.storage().update(&meta, fields, merge).await?;
         self.control()
             .notify_production(ProductionNotice {

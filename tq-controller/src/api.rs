@@ -120,6 +120,10 @@ pub struct KvMeta {
     /// Requested keys that did not exist: left out of `meta` without `create`, created (and
     /// included in `meta`) with it.
     pub missing: Vec<String>,
+    /// From [`ControlPlane::kv_prepare_put`] only: requested keys whose sample is being cleared.
+    /// When not empty, nothing was created and `meta` is empty.
+    #[serde(default)]
+    pub clearing: Vec<String>,
 }
 
 /// Per-sample production of some fields.
@@ -268,14 +272,46 @@ pub trait ControlPlane: Send + Sync + 'static {
     /// Public keys never linked yet are protected (a producer may be between put and link).
     async fn mark_unlinked_public(&self, public_partition: &str, prefix: &str) -> Result<KvMeta>;
 
-    /// Checks, before a storage write, that no sample is a public sample still linked and that
-    /// no written field is a link. A write after this check is still re-checked at notify time.
-    async fn check_writable(
+    /// Before a storage write of `fields` (their dtype and kind; shapes are ignored) to
+    /// `samples`: refuses it unless its production notice would be accepted as things stand
+    /// (samples owned and not being cleared, no public sample still linked, no written cell
+    /// linked or under a field-level clear, dtype and kind compatible), so a refused write
+    /// never overwrites a live value. Returns the samples' metadata for the storage call: the
+    /// fields every sample holds, tags, and the backend meta of every field each sample holds.
+    async fn prepare_write(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &BTreeMap<FieldName, FieldSchema>,
+    ) -> Result<BatchMeta>;
+
+    /// `kv_retrieve_meta` with `create` for a write of `fields`, checked like
+    /// [`ControlPlane::prepare_write`] before any key is created. Keys whose sample is being
+    /// cleared (a clear whose storage step has not finished) are returned in
+    /// [`KvMeta::clearing`] and then nothing is created: the caller finishes those clears
+    /// ([`ControlPlane::kv_mark_clearing`]) and asks again.
+    async fn kv_prepare_put(
+        &self,
+        partition: &str,
+        keys: &[String],
+        fields: &BTreeMap<FieldName, FieldSchema>,
+    ) -> Result<KvMeta>;
+
+    /// Step 1 of a whole-key clear: like [`ControlPlane::mark_clearing`] for the samples of
+    /// `keys`, including keys already being cleared (so a clear whose storage step failed is
+    /// finished by the next clear). Unknown keys are skipped.
+    async fn kv_mark_clearing(&self, partition: &str, keys: &[String]) -> Result<BatchMeta>;
+
+    /// Per sample: still owned by `partition` at that generation, not being cleared, and
+    /// holding every one of `fields`. Tells a read that found cells missing whether the data
+    /// was lost (`true`) or cleared meanwhile (`false`), and a refused write which of its
+    /// samples are gone (their storage cells are garbage).
+    async fn still_hold(
         &self,
         partition: &str,
         samples: &[SampleId],
         fields: &[FieldName],
-    ) -> Result<()>;
+    ) -> Result<Vec<bool>>;
 }
 
 /// A `kv_link` request: `fields` of `keys[i]` in `partition` read `public_keys[i]`.

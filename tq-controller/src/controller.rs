@@ -8,11 +8,11 @@ use crate::partition::{check_unique_ids, is_public, Partition, Production, PUBLI
 use crate::sampler::{GrpoGroupNSampler, Sampled, Sampler, SamplerContext, SequentialSampler};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
-use tq_core::{BatchMeta, Error, FieldName, LeaseId, Result, SampleId, Tags};
+use tq_core::{BatchMeta, Error, FieldName, FieldSchema, LeaseId, Result, SampleId, Tags};
 
 /// Controller settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -536,6 +536,8 @@ fn check_field_list(partition: &str, fields: &[FieldName]) -> Result<()> {
 #[async_trait]
 impl ControlPlane for Controller {
     async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
+        // Embedded calls that never wait must still let other tasks run (a NoWait poll loop).
+        tokio::task::consume_budget().await;
         match &req.mode {
             GetMetaMode::Fetch {
                 task,
@@ -563,6 +565,7 @@ impl ControlPlane for Controller {
     }
 
     async fn notify_production(&self, notice: ProductionNotice) -> Result<()> {
+        tokio::task::consume_budget().await;
         if notice.samples.is_empty() {
             return Ok(());
         }
@@ -665,6 +668,7 @@ impl ControlPlane for Controller {
         keys: &[String],
         create: bool,
     ) -> Result<KvMeta> {
+        tokio::task::consume_budget().await;
         check_keys(partition, keys)?;
         let mut st = self.lock();
         if !create && !st.partitions.contains_key(partition) {
@@ -672,6 +676,7 @@ impl ControlPlane for Controller {
                 meta: BatchMeta::empty(partition),
                 keys: Vec::new(),
                 missing: keys.to_vec(),
+                clearing: Vec::new(),
             });
         }
         let (p, alloc) = st.partition_or_create(partition)?;
@@ -691,10 +696,12 @@ impl ControlPlane for Controller {
             meta: p.build_meta(&found, &fids, Production::Computed),
             keys: found_keys,
             missing,
+            clearing: Vec::new(),
         })
     }
 
     async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
+        tokio::task::consume_budget().await;
         let st = self.lock();
         let names: Vec<&String> = match partition {
             Some(p) => st.order.iter().filter(|n| n.as_str() == p).collect(),
@@ -714,6 +721,7 @@ impl ControlPlane for Controller {
         partition: &str,
         fields: &[FieldName],
     ) -> Result<ProductionStatus> {
+        tokio::task::consume_budget().await;
         if fields.is_empty() {
             return Err(Error::invalid(format!(
                 "partition `{partition}`: production status needs at least one field"
@@ -723,6 +731,7 @@ impl ControlPlane for Controller {
     }
 
     async fn consumption_status(&self, partition: &str, task: &str) -> Result<ConsumptionStatus> {
+        tokio::task::consume_budget().await;
         Ok(self.lock().partition(partition)?.consumption_status(task))
     }
 
@@ -735,6 +744,7 @@ impl ControlPlane for Controller {
     }
 
     async fn list_partitions(&self) -> Result<Vec<String>> {
+        tokio::task::consume_budget().await;
         Ok(self.lock().order.clone())
     }
 
@@ -872,6 +882,7 @@ impl ControlPlane for Controller {
             meta,
             keys: req.keys.clone(),
             missing: created,
+            clearing: Vec::new(),
         })
     }
 
@@ -918,6 +929,7 @@ impl ControlPlane for Controller {
                 meta: BatchMeta::empty(public_partition),
                 keys: Vec::new(),
                 missing: Vec::new(),
+                clearing: Vec::new(),
             });
         };
         let (keys, ids): (Vec<String>, Vec<SampleId>) = p
@@ -939,30 +951,92 @@ impl ControlPlane for Controller {
             meta,
             keys,
             missing: Vec::new(),
+            clearing: Vec::new(),
         })
     }
 
-    async fn check_writable(
+    async fn prepare_write(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &BTreeMap<FieldName, FieldSchema>,
+    ) -> Result<BatchMeta> {
+        tokio::task::consume_budget().await;
+        let st = self.lock();
+        st.refuse_linked(partition, samples, "write")?;
+        let Some(p) = st.partitions.get(partition) else {
+            // Its samples were all cleared (and the partition removed): a stale write.
+            return Err(Error::conflict(format!(
+                "partition `{partition}` does not exist any more: its samples were cleared"
+            )));
+        };
+        let slots = p.check_write(samples, fields)?;
+        Ok(p.write_meta(&slots))
+    }
+
+    async fn kv_prepare_put(
+        &self,
+        partition: &str,
+        keys: &[String],
+        fields: &BTreeMap<FieldName, FieldSchema>,
+    ) -> Result<KvMeta> {
+        check_keys(partition, keys)?;
+        tokio::task::consume_budget().await;
+        let mut st = self.lock();
+        if let Some(p) = st.partitions.get(partition) {
+            let clearing = p.clearing_keys(keys);
+            if !clearing.is_empty() {
+                return Ok(KvMeta {
+                    meta: BatchMeta::empty(partition),
+                    keys: Vec::new(),
+                    missing: Vec::new(),
+                    clearing,
+                });
+            }
+            // Existing keys are checked before any key is created: a refused put leaves nothing.
+            let (slots, _) = p.resolve_keys(keys, false)?;
+            let existing: Vec<SampleId> = slots
+                .into_iter()
+                .flatten()
+                .map(|s| p.sample_of(s))
+                .collect();
+            p.check_write(&existing, fields)?;
+            st.refuse_linked(partition, &existing, "write")?;
+        }
+        let (p, alloc) = st.partition_or_create(partition)?;
+        let (slots, created) = p.resolve_or_create(alloc, keys)?;
+        Ok(KvMeta {
+            meta: p.write_meta(&slots),
+            keys: keys.to_vec(),
+            missing: created,
+            clearing: Vec::new(),
+        })
+    }
+
+    async fn kv_mark_clearing(&self, partition: &str, keys: &[String]) -> Result<BatchMeta> {
+        check_keys(partition, keys)?;
+        let mut st = self.lock();
+        let Some(p) = st.partitions.get(partition) else {
+            return Ok(BatchMeta::empty(partition));
+        };
+        let slots = p.key_slots_for_clear(keys);
+        let selected: Vec<SampleId> = slots.iter().map(|&s| p.sample_of(s)).collect();
+        st.refuse_linked(partition, &selected, "clear")?;
+        let p = st.partitions.get_mut(partition).expect("checked above");
+        Ok(p.mark_clearing(&slots))
+    }
+
+    async fn still_hold(
         &self,
         partition: &str,
         samples: &[SampleId],
         fields: &[FieldName],
-    ) -> Result<()> {
+    ) -> Result<Vec<bool>> {
         let st = self.lock();
-        st.refuse_linked(partition, samples, "write")?;
-        if let Some(p) = st.partitions.get(partition) {
-            for &id in samples {
-                for f in fields {
-                    if p.is_linked_cell(id, f) {
-                        return Err(Error::conflict(format!(
-                            "partition `{partition}`: field `{f}` of sample {id} is linked to a shared \
-                             payload; unlink it before writing it"
-                        )));
-                    }
-                }
-            }
-        }
-        Ok(())
+        Ok(match st.partitions.get(partition) {
+            Some(p) => p.holds(samples, fields),
+            None => vec![false; samples.len()],
+        })
     }
 
     async fn drop_partition(&self, partition: &str) -> Result<()> {

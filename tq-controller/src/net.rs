@@ -6,9 +6,10 @@ use crate::api::*;
 use crate::Controller;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tq_core::{BatchMeta, Error, FieldName, LeaseId, Result, SampleId, Tags};
+use tq_core::{BatchMeta, Error, FieldName, FieldSchema, LeaseId, Result, SampleId, Tags};
 use tq_net::{CallOptions, Endpoint, Handler, Message, Pool};
 
 /// A storage unit known to the controller.
@@ -104,7 +105,21 @@ enum ControlRequest {
         partition: String,
         prefix: String,
     },
-    CheckWritable {
+    PrepareWrite {
+        partition: String,
+        samples: Vec<SampleId>,
+        fields: BTreeMap<FieldName, FieldSchema>,
+    },
+    KvPreparePut {
+        partition: String,
+        keys: Vec<String>,
+        fields: BTreeMap<FieldName, FieldSchema>,
+    },
+    KvMarkClearing {
+        partition: String,
+        keys: Vec<String>,
+    },
+    StillHold {
         partition: String,
         samples: Vec<SampleId>,
         fields: Vec<FieldName>,
@@ -124,6 +139,7 @@ enum ControlResponse {
     Partitions(Vec<String>),
     Acked(usize),
     Topology(Topology),
+    Holds(Vec<bool>),
 }
 
 /// Serves a controller and the unit registry.
@@ -252,14 +268,24 @@ impl ControllerServer {
             ControlRequest::MarkUnlinkedPublic { partition, prefix } => {
                 ControlResponse::KvMeta(c.mark_unlinked_public(&partition, &prefix).await?)
             }
-            ControlRequest::CheckWritable {
+            ControlRequest::PrepareWrite {
                 partition,
                 samples,
                 fields,
-            } => {
-                c.check_writable(&partition, &samples, &fields).await?;
-                ControlResponse::Done
+            } => ControlResponse::Meta(c.prepare_write(&partition, &samples, &fields).await?),
+            ControlRequest::KvPreparePut {
+                partition,
+                keys,
+                fields,
+            } => ControlResponse::KvMeta(c.kv_prepare_put(&partition, &keys, &fields).await?),
+            ControlRequest::KvMarkClearing { partition, keys } => {
+                ControlResponse::Meta(c.kv_mark_clearing(&partition, &keys).await?)
             }
+            ControlRequest::StillHold {
+                partition,
+                samples,
+                fields,
+            } => ControlResponse::Holds(c.still_hold(&partition, &samples, &fields).await?),
             ControlRequest::RegisterUnit(info) => {
                 self.register_unit(info)?;
                 ControlResponse::Done
@@ -595,17 +621,61 @@ impl ControlPlane for RemoteControlPlane {
         }
     }
 
-    async fn check_writable(
+    async fn prepare_write(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &BTreeMap<FieldName, FieldSchema>,
+    ) -> Result<BatchMeta> {
+        let req = ControlRequest::PrepareWrite {
+            partition: partition.into(),
+            samples: samples.to_vec(),
+            fields: fields.clone(),
+        };
+        self.meta("prepare_write", req, true, Duration::ZERO).await
+    }
+
+    async fn kv_prepare_put(
+        &self,
+        partition: &str,
+        keys: &[String],
+        fields: &BTreeMap<FieldName, FieldSchema>,
+    ) -> Result<KvMeta> {
+        let req = ControlRequest::KvPreparePut {
+            partition: partition.into(),
+            keys: keys.to_vec(),
+            fields: fields.clone(),
+        };
+        // Retrying resolves the same keys to the same samples (created ones included).
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::KvMeta(m) => Ok(m),
+            other => Err(self.unexpected("kv_prepare_put", other)),
+        }
+    }
+
+    async fn kv_mark_clearing(&self, partition: &str, keys: &[String]) -> Result<BatchMeta> {
+        let req = ControlRequest::KvMarkClearing {
+            partition: partition.into(),
+            keys: keys.to_vec(),
+        };
+        self.meta("kv_mark_clearing", req, true, Duration::ZERO)
+            .await
+    }
+
+    async fn still_hold(
         &self,
         partition: &str,
         samples: &[SampleId],
         fields: &[FieldName],
-    ) -> Result<()> {
-        let req = ControlRequest::CheckWritable {
+    ) -> Result<Vec<bool>> {
+        let req = ControlRequest::StillHold {
             partition: partition.into(),
             samples: samples.to_vec(),
             fields: fields.to_vec(),
         };
-        self.done("check_writable", req, true).await
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::Holds(h) if h.len() == samples.len() => Ok(h),
+            other => Err(self.unexpected("still_hold", other)),
+        }
     }
 }

@@ -10,6 +10,8 @@ use crate::bitmap::{BitIter, Bitmap};
 use crate::sampler::Candidate;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
+mod writes;
+
 use tq_core::{
     BackendMeta, BatchMeta, DType, Error, FieldName, FieldSchema, LeaseId, Result, SampleId, Tags,
 };
@@ -595,28 +597,7 @@ impl Partition {
             )));
         }
         let slots = self.slots_of(&n.samples)?;
-        for (name, schema) in &n.schemas {
-            if let Some(&f) = self.field_ids.get(name) {
-                if let Some(&s) = slots.iter().find(|&&s| self.link_of(s, f).is_some()) {
-                    return Err(Error::conflict(format!(
-                        "partition `{}`: field `{name}` of sample {} is linked to a shared payload; \
-                         unlink it before writing it",
-                        self.name, self.ids[slot_u(s)]
-                    )));
-                }
-                self.fields[f].check(schema)?;
-                if let Some(&s) = slots
-                    .iter()
-                    .find(|&&s| self.clearing_cells.contains(&(s, f)))
-                {
-                    return Err(Error::conflict(format!(
-                        "partition `{}`: field `{name}` of sample {} is being cleared",
-                        self.name,
-                        self.ids[slot_u(s)]
-                    )));
-                }
-            }
-        }
+        self.check_cells_writable(&slots, &n.schemas)?;
         for (name, schema) in &n.schemas {
             let f = self.field_id(name);
             self.fields[f].add(&slots, schema);
@@ -993,14 +974,6 @@ impl Partition {
     /// The sample in `slot`.
     pub fn sample_of(&self, slot: u32) -> SampleId {
         self.ids[slot_u(slot)]
-    }
-
-    /// True when field `name` of `id` is a link.
-    pub fn is_linked_cell(&self, id: SampleId, name: &str) -> bool {
-        match (self.slot_for(id), self.field_ids.get(name)) {
-            (Some(s), Some(&f)) => self.link_of(s, f).is_some(),
-            _ => false,
-        }
     }
 
     pub fn bind_key(&mut self, key: &str, slot: u32) {

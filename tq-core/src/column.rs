@@ -70,6 +70,18 @@ impl Column {
         }
     }
 
+    /// Only what a field's type is made of: dtype and tensor-or-object (shapes left empty).
+    /// What the controller checks a write against before the write reaches storage.
+    pub fn type_schema(&self) -> FieldSchema {
+        match self {
+            Column::Dense(t) => FieldSchema::dense(t.dtype(), Vec::new()),
+            Column::Ragged(v) => {
+                FieldSchema::dense(v.first().map_or(DType::U8, Tensor::dtype), Vec::new())
+            }
+            Column::Objects(_) => FieldSchema::object(),
+        }
+    }
+
     /// Checks internal consistency: a dense tensor has a batch dimension; ragged rows share one dtype.
     pub fn validate(&self, field: &str) -> Result<()> {
         match self {
@@ -282,6 +294,14 @@ impl Batch {
         self.columns
             .iter()
             .map(|(k, c)| (k.clone(), c.schema()))
+            .collect()
+    }
+
+    /// [`Column::type_schema`] of every column.
+    pub fn type_schemas(&self) -> BTreeMap<FieldName, FieldSchema> {
+        self.columns
+            .iter()
+            .map(|(k, c)| (k.clone(), c.type_schema()))
             .collect()
     }
 

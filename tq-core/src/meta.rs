@@ -1,6 +1,6 @@
 //! Sample identities and batch metadata.
 
-use crate::{Error, FieldName, FieldSchema, Result};
+use crate::{Batch, Column, DType, Error, FieldKind, FieldName, FieldSchema, Result};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -289,6 +289,82 @@ impl BatchMeta {
         }
         if let Some(bm) = backend_meta {
             check_len("backend meta", bm.len(), self.samples.len())?;
+        }
+        Ok(())
+    }
+
+    /// Checks that `batch`, read for this metadata, holds what it describes: one row per sample
+    /// and, for every field, the kind, dtype and per-row shapes of its schema. A mismatch is
+    /// `Corrupted` naming the partition, field and row: storage returned something other than
+    /// what was published, and that must never reach a caller as data.
+    pub fn check_batch(&self, batch: &Batch) -> Result<()> {
+        let bad = |field: &str, why: String| {
+            Error::corrupted(format!(
+                "partition `{}`: field `{field}` read back {why}",
+                self.partition
+            ))
+        };
+        if batch.len() != self.len() {
+            return Err(Error::corrupted(format!(
+                "partition `{}`: read returned {} rows for {} samples",
+                self.partition,
+                batch.len(),
+                self.len()
+            )));
+        }
+        for (name, schema) in &self.fields {
+            let Some(column) = batch.column(name) else {
+                return Err(bad(name, "missing from the read".into()));
+            };
+            let check_tensor = |row: usize, t: &crate::Tensor, shape: &[usize]| {
+                if Some(t.dtype()) != schema.dtype {
+                    return Err(bad(
+                        name,
+                        format!(
+                            "as {} where the metadata says {}",
+                            t.dtype().name(),
+                            schema.dtype.map_or("an object", DType::name)
+                        ),
+                    ));
+                }
+                if schema.row_shape(row) != Some(shape) {
+                    return Err(bad(
+                        name,
+                        format!(
+                            "with shape {shape:?} at row {row} (sample {}) where the metadata says {:?}",
+                            self.samples[row],
+                            schema.row_shape(row)
+                        ),
+                    ));
+                }
+                Ok(())
+            };
+            match (schema.kind, column) {
+                (FieldKind::Object, Column::Objects(_)) => {}
+                (FieldKind::Object, _) => {
+                    return Err(bad(
+                        name,
+                        "as tensors where the metadata says objects".into(),
+                    ))
+                }
+                (_, Column::Objects(_)) => {
+                    return Err(bad(
+                        name,
+                        "as objects where the metadata says tensors".into(),
+                    ))
+                }
+                (FieldKind::Dense, Column::Dense(t)) => check_tensor(0, t, &t.shape()[1..])?,
+                (_, Column::Dense(t)) => {
+                    for row in 0..self.len() {
+                        check_tensor(row, t, &t.shape()[1..])?;
+                    }
+                }
+                (_, Column::Ragged(rows)) => {
+                    for (row, t) in rows.iter().enumerate() {
+                        check_tensor(row, t, t.shape())?;
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -32,7 +32,7 @@ async fn garbage_instead_of_a_handshake_is_closed() {
         &b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..],
         &[0xffu8; 64][..],
         // Right magic, absurd token length (over 4096).
-        &b"TQNET\x01\xff\xff"[..],
+        &b"TQNET\x02\xff\xff"[..],
     ] {
         let mut s = raw(&peer).await;
         s.write_all(garbage).await.expect("write");

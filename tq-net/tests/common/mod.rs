@@ -80,10 +80,12 @@ pub async fn raw(endpoint: &Endpoint) -> TcpStream {
     TcpStream::connect(addr(endpoint)).await.expect("connect")
 }
 
-/// A raw TCP connection that has completed a version-1 handshake without a token.
+/// A raw TCP connection that has completed a handshake (this build's version) without a token.
 pub async fn raw_handshaken(endpoint: &Endpoint) -> TcpStream {
     let mut s = raw(endpoint).await;
-    s.write_all(b"TQNET\x01\x00\x00").await.expect("hello");
+    let mut hello = b"TQNET\x00\x00\x00".to_vec();
+    hello[5] = tq_net::PROTOCOL_VERSION;
+    s.write_all(&hello).await.expect("hello");
     let mut head = [0u8; 9];
     s.read_exact(&mut head).await.expect("reply");
     assert_eq!(&head[..5], b"TQNET");

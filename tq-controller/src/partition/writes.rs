@@ -1,0 +1,121 @@
+//! Checks made *before* a storage write, and the queries that decide what a failed write or
+//! read means.
+//!
+//! Storage is written before the controller is told (rule 1), so every reason the controller
+//! would refuse a write must be checked first: a refused write that already reached storage
+//! would have overwritten the cells of a live sample (same generation, same storage key) while
+//! the metadata still describes the old value. The production notice checks the same things
+//! again under the lock, which catches what changed in between.
+
+use super::{check_unique_ids, slot_u, Partition, Production};
+use std::collections::{BTreeMap, HashSet};
+use tq_core::{BatchMeta, Error, FieldName, FieldSchema, Result, SampleId};
+
+impl Partition {
+    /// Refuses a write of `fields` (dtype and kind per field) to `ids` unless the notice that
+    /// follows it would be accepted as things stand: every sample owned at that generation and
+    /// not being cleared, no written cell linked or under a field-level clear, and every field's
+    /// dtype and kind compatible with the partition's. Returns the slots, in `ids` order.
+    pub fn check_write(
+        &self,
+        ids: &[SampleId],
+        fields: &BTreeMap<FieldName, FieldSchema>,
+    ) -> Result<Vec<u32>> {
+        check_unique_ids(&self.name, ids)?;
+        let slots = self.slots_of(ids)?;
+        self.check_cells_writable(&slots, fields)?;
+        Ok(slots)
+    }
+
+    /// The per-cell half of [`Partition::check_write`], shared with the production notice.
+    pub(super) fn check_cells_writable(
+        &self,
+        slots: &[u32],
+        fields: &BTreeMap<FieldName, FieldSchema>,
+    ) -> Result<()> {
+        for (name, schema) in fields {
+            let Some(&f) = self.field_ids.get(name) else {
+                continue;
+            };
+            if let Some(&s) = slots.iter().find(|&&s| self.link_of(s, f).is_some()) {
+                return Err(Error::conflict(format!(
+                    "partition `{}`: field `{name}` of sample {} is linked to a shared payload; \
+                     unlink it before writing it",
+                    self.name,
+                    self.ids[slot_u(s)]
+                )));
+            }
+            self.fields[f]
+                .check(schema)
+                .map_err(|e| e.context(format!("partition `{}`", self.name)))?;
+            if let Some(&s) = slots
+                .iter()
+                .find(|&&s| self.clearing_cells.contains(&(s, f)))
+            {
+                return Err(Error::conflict(format!(
+                    "partition `{}`: field `{name}` of sample {} is being cleared",
+                    self.name,
+                    self.ids[slot_u(s)]
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// What storage is handed with a write to `slots`: the fields every row holds, tags, and
+    /// the backend meta of *every* field of each row (not only the common ones), so a backend
+    /// can find a sample's other cells (the KV adapter re-arms their TTL).
+    pub fn write_meta(&self, slots: &[u32]) -> BatchMeta {
+        let fids = self.common_fields(slots);
+        let full = slots
+            .iter()
+            .map(|&s| self.backend_meta[slot_u(s)].clone())
+            .collect();
+        self.build_meta(slots, &fids, Production::Computed)
+            .with_backend_meta(full)
+            .expect("one backend meta per slot")
+    }
+
+    /// Of `keys`, those whose sample is being cleared (in `keys` order).
+    pub fn clearing_keys(&self, keys: &[String]) -> Vec<String> {
+        keys.iter()
+            .filter(|k| {
+                self.keys
+                    .get(k.as_str())
+                    .is_some_and(|&s| self.clearing.get(slot_u(s)))
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// The slots of `keys` that a whole-key clear touches: visible ones and those already being
+    /// cleared (so a clear whose storage step failed is finished by the next one). Unknown
+    /// keys are skipped; each slot appears once.
+    pub fn key_slots_for_clear(&self, keys: &[String]) -> Vec<u32> {
+        let mut seen = HashSet::new();
+        keys.iter()
+            .filter_map(|k| self.keys.get(k.as_str()).copied())
+            .filter(|s| seen.insert(*s))
+            .collect()
+    }
+
+    /// Per sample of `ids`: owned at that generation, not being cleared, and holding every
+    /// one of `names` (produced or linked).
+    pub fn holds(&self, ids: &[SampleId], names: &[FieldName]) -> Vec<bool> {
+        let fids: Option<Vec<usize>> = names
+            .iter()
+            .map(|n| self.field_ids.get(n).copied())
+            .collect();
+        ids.iter()
+            .map(|&id| {
+                let (Some(slot), Some(fids)) = (self.slot_for(id), fids.as_ref()) else {
+                    return false;
+                };
+                self.visible(slot)
+                    && fids.iter().all(|&f| {
+                        self.fields[f].produced.get(slot_u(slot)) || self.link_of(slot, f).is_some()
+                    })
+            })
+            .collect()
+    }
+}
