@@ -30,23 +30,33 @@ enum Unfinished {
     },
 }
 
-/// The unfinished clears of one client (shared by its clones).
+/// The unfinished clears of one client (shared by its clones). Each stays listed until a
+/// retry succeeds, so the count never dips while a retry is in flight.
 #[derive(Debug, Default)]
 pub(crate) struct UnfinishedClears {
-    items: Mutex<Vec<Unfinished>>,
+    items: Mutex<(u64, Vec<(u64, Unfinished)>)>,
     /// A background retry task is running.
     retrying: AtomicBool,
 }
 
 impl UnfinishedClears {
-    fn push(&self, u: Unfinished) {
-        self.items.lock().unwrap_or_else(|p| p.into_inner()).push(u);
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Vec<(u64, Unfinished)>)> {
+        self.items.lock().unwrap_or_else(|p| p.into_inner())
     }
-    fn take(&self) -> Vec<Unfinished> {
-        std::mem::take(&mut *self.items.lock().unwrap_or_else(|p| p.into_inner()))
+    fn push(&self, u: Unfinished) {
+        let mut g = self.lock();
+        g.0 += 1;
+        let id = g.0;
+        g.1.push((id, u));
+    }
+    fn snapshot(&self) -> Vec<(u64, Unfinished)> {
+        self.lock().1.clone()
+    }
+    fn remove(&self, id: u64) {
+        self.lock().1.retain(|(i, _)| *i != id);
     }
     fn len(&self) -> usize {
-        self.items.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.lock().1.len()
     }
 }
 
@@ -158,7 +168,7 @@ impl Client {
     /// Returns how many are still unfinished; the first error, if every one that failed did.
     pub async fn retry_unfinished_clears(&self) -> Result<usize> {
         let mut first_error: Option<Error> = None;
-        for u in self.unfinished().take() {
+        for (id, u) in self.unfinished().snapshot() {
             let result = match &u {
                 Unfinished::Samples(meta) => {
                     match self.storage().clear(meta, &FieldFilter::All).await {
@@ -186,10 +196,12 @@ impl Client {
                     }
                 }
             };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "unfinished clear still fails");
-                first_error.get_or_insert(e);
-                self.unfinished().push(u);
+            match result {
+                Ok(()) => self.unfinished().remove(id),
+                Err(e) => {
+                    tracing::debug!(error = %e, "unfinished clear still fails");
+                    first_error.get_or_insert(e);
+                }
             }
         }
         let left = self.unfinished().len();

@@ -496,6 +496,14 @@ impl Attempt {
     }
 }
 
+/// A write to samples of a partition that no longer exists: its samples were all cleared (and
+/// the partition removed), so the writer's metadata is stale.
+fn gone_partition(partition: &str) -> Error {
+    Error::conflict(format!(
+        "partition `{partition}` does not exist any more: its samples were cleared"
+    ))
+}
+
 fn check_keys(partition: &str, keys: &[String]) -> Result<()> {
     if keys.is_empty() {
         return Err(Error::invalid(format!(
@@ -572,7 +580,10 @@ impl ControlPlane for Controller {
         {
             let mut st = self.lock();
             st.refuse_linked(&notice.partition, &notice.samples, "write")?;
-            st.partition_mut(&notice.partition)?.notify(&notice)?;
+            st.partitions
+                .get_mut(&notice.partition)
+                .ok_or_else(|| gone_partition(&notice.partition))?
+                .notify(&notice)?;
         }
         self.wake(&notice.partition);
         Ok(())
@@ -965,10 +976,7 @@ impl ControlPlane for Controller {
         let st = self.lock();
         st.refuse_linked(partition, samples, "write")?;
         let Some(p) = st.partitions.get(partition) else {
-            // Its samples were all cleared (and the partition removed): a stale write.
-            return Err(Error::conflict(format!(
-                "partition `{partition}` does not exist any more: its samples were cleared"
-            )));
+            return Err(gone_partition(partition));
         };
         let slots = p.check_write(samples, fields)?;
         Ok(p.write_meta(&slots))

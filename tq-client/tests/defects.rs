@@ -1,0 +1,281 @@
+//! Defects found by trying tq as a new user would (the adversarial-testing issue), each with a
+//! test that failed before its fix. In process: the simple backend and the in-memory KV store.
+//! The Redis ones are in `redis_defects.rs`, the restarted controller in tq-cli's `remote.rs`.
+
+use async_trait::async_trait;
+use std::sync::Arc;
+use tq_backend_kv::{KvOptions, KvStorageManager, KvStore, MemoryKvStore};
+use tq_client::*;
+use tq_controller::{ControlPlane, Controller, ControllerConfig};
+use tq_core::{
+    Batch, BatchMeta, Bytes, Capabilities, Column, ErrorKind, FieldFilter, MergeOp, PutReceipt,
+    Result, StorageManager, Tensor,
+};
+
+fn ints(rows: usize, base: i64) -> Batch {
+    let v: Vec<i64> = (0..rows as i64 * 3).map(|i| base + i).collect();
+    Batch::from_columns([(
+        "x",
+        Column::Dense(Tensor::from_slice(vec![rows, 3], &v).unwrap()),
+    )])
+    .unwrap()
+}
+
+fn floats(rows: usize) -> Batch {
+    let v: Vec<f32> = (0..rows * 3).map(|i| i as f32 + 0.5).collect();
+    Batch::from_columns([(
+        "x",
+        Column::Dense(Tensor::from_slice(vec![rows, 3], &v).unwrap()),
+    )])
+    .unwrap()
+}
+
+fn objects(rows: usize) -> Batch {
+    Batch::from_columns([(
+        "x",
+        Column::Objects(vec![Bytes::from_static(b"an object"); rows]),
+    )])
+    .unwrap()
+}
+
+fn kv_memory_config() -> Config {
+    Config::from_toml("[storage]\nbackend = \"kv\"\n").unwrap()
+}
+
+/// A controller and a KV adapter over one in-memory store the test can inspect.
+fn kv_client_with(
+    wrap: impl FnOnce(Arc<dyn StorageManager>, Arc<Controller>) -> Arc<dyn StorageManager>,
+) -> (Client, Arc<Controller>, Arc<MemoryKvStore>) {
+    let store = Arc::new(MemoryKvStore::new());
+    let kv: Arc<dyn StorageManager> =
+        Arc::new(KvStorageManager::new(store.clone(), KvOptions::default()).unwrap());
+    let controller = Arc::new(
+        Controller::new(ControllerConfig {
+            storage_units: 1,
+            storage_backend: "kv".into(),
+            ..ControllerConfig::default()
+        })
+        .unwrap(),
+    );
+    let storage = wrap(kv, controller.clone());
+    let client = Client::from_parts(controller.clone(), storage, kv_memory_config());
+    (client, controller, store)
+}
+
+async fn refused_writes_keep_the_stored_value(tq: &Client, backend: &str) {
+    tq.kv_put("p", "k", Some(&ints(1, 7)), None).await.unwrap();
+    for (what, wrong) in [("f32", floats(1)), ("object", objects(1))] {
+        let e = tq.kv_put("p", "k", Some(&wrong), None).await.unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Invalid, "{backend}, {what}: {e}");
+        let got = tq.kv_batch_get("p", &["k"], None).await.unwrap();
+        assert_eq!(
+            got,
+            ints(1, 7),
+            "{backend}: a refused {what} put changed the value"
+        );
+    }
+    // The metadata API, on existing samples.
+    let meta = tq.put_new("q", &ints(2, 100)).await.unwrap();
+    for wrong in [floats(2), objects(2)] {
+        let e = tq.put(&meta, &wrong).await.unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Invalid, "{backend}: {e}");
+        assert_eq!(tq.get_data(&meta).await.unwrap(), ints(2, 100), "{backend}");
+    }
+}
+
+#[tokio::test]
+async fn defect_1_a_refused_put_does_not_overwrite_the_stored_value() {
+    refused_writes_keep_the_stored_value(&Client::embedded(Config::default()).unwrap(), "simple")
+        .await;
+    refused_writes_keep_the_stored_value(&Client::embedded(kv_memory_config()).unwrap(), "kv")
+        .await;
+}
+
+#[tokio::test]
+async fn defect_1_a_read_that_disagrees_with_the_metadata_is_corrupted_not_data() {
+    // Storage holding something else than what was published (here: bytes put behind the
+    // controller's back) is refused at read time instead of handed out as data.
+    let tq = Client::embedded(Config::default()).unwrap();
+    let meta = tq.put_new("p", &ints(2, 0)).await.unwrap();
+    tq.storage().put(&meta, &floats(2)).await.unwrap();
+    let e = tq.get_data(&meta).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Corrupted, "{e}");
+    assert!(e.message().contains("field `x`"), "{e}");
+}
+
+#[tokio::test]
+async fn defect_3_a_get_without_fields_of_keys_with_no_data_is_not_an_empty_success() {
+    for config in [Config::default(), kv_memory_config()] {
+        let tq = Client::embedded(config).unwrap();
+        // Tags only: the key exists, nothing is produced yet.
+        tq.kv_put("p", "k", None, Some(tq_core::Tags::new()))
+            .await
+            .unwrap();
+        let e = tq.kv_batch_get("p", &["k"], None).await.unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::NotFound, "{e}");
+        assert!(e.message().contains("not produced"), "{e}");
+        tq.kv_put("p", "k", Some(&ints(1, 0)), None).await.unwrap();
+        assert_eq!(
+            tq.kv_batch_get("p", &["k"], None).await.unwrap(),
+            ints(1, 0)
+        );
+    }
+}
+
+#[tokio::test]
+async fn defect_4_a_stale_put_leaves_nothing_in_the_kv_store() {
+    let (tq, controller, store) = kv_client_with(|s, _| s);
+    for round in 0..20 {
+        let meta = tq.put_new("p", &ints(2, round)).await.unwrap();
+        tq.clear_samples(&meta).await.unwrap();
+        let e = tq.put(&meta, &ints(2, 999)).await.unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Conflict, "{e}");
+    }
+    assert_eq!(
+        store.resident_keys(),
+        0,
+        "a refused stale put left keys behind"
+    );
+    assert_eq!(controller.samples_in_use(), 0);
+}
+
+/// Storage that lets a clear of the same samples run just before each put reaches the store:
+/// the interleaving "check passed, then a clear, then the write lands".
+struct ClearBeforePut {
+    inner: Arc<dyn StorageManager>,
+    control: Arc<Controller>,
+}
+
+#[async_trait]
+impl StorageManager for ClearBeforePut {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<PutReceipt> {
+        let marked = self
+            .control
+            .mark_clearing(meta.partition(), Some(meta.samples()))
+            .await?;
+        if !marked.is_empty() {
+            self.inner.clear(&marked, &FieldFilter::All).await?;
+            self.control
+                .release(meta.partition(), marked.samples())
+                .await?;
+        }
+        self.inner.put(meta, batch).await
+    }
+    async fn get(&self, meta: &BatchMeta) -> Result<Batch> {
+        self.inner.get(meta).await
+    }
+    async fn update(&self, meta: &BatchMeta, batch: &Batch, merge: &MergeOp) -> Result<PutReceipt> {
+        self.inner.update(meta, batch, merge).await
+    }
+    async fn clear(&self, meta: &BatchMeta, fields: &FieldFilter) -> Result<()> {
+        self.inner.clear(meta, fields).await
+    }
+}
+
+#[tokio::test]
+async fn defect_4_a_write_refused_after_a_racing_clear_deletes_what_it_wrote() {
+    let (tq, controller, store) =
+        kv_client_with(|inner, control| Arc::new(ClearBeforePut { inner, control }));
+    // Existing keys: the put passes its check, the clear runs, then the write lands and its
+    // notice is refused.
+    tq.control()
+        .kv_retrieve_meta("p", &["a".to_string(), "b".to_string()], true)
+        .await
+        .unwrap();
+    let e = tq
+        .kv_batch_put("p", &["a", "b"], Some(&ints(2, 0)), None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Conflict, "{e}");
+    assert_eq!(store.resident_keys(), 0, "the refused write's cells stayed");
+    assert_eq!(controller.samples_in_use(), 0);
+}
+
+/// Storage whose reads race a clear: the samples are cleared just before the read.
+struct ClearBeforeGet {
+    inner: Arc<dyn StorageManager>,
+    control: Arc<Controller>,
+}
+
+#[async_trait]
+impl StorageManager for ClearBeforeGet {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<PutReceipt> {
+        self.inner.put(meta, batch).await
+    }
+    async fn get(&self, meta: &BatchMeta) -> Result<Batch> {
+        let marked = self
+            .control
+            .mark_clearing(meta.partition(), Some(meta.samples()))
+            .await?;
+        self.inner.clear(&marked, &FieldFilter::All).await?;
+        self.control
+            .release(meta.partition(), marked.samples())
+            .await?;
+        self.inner.get(meta).await
+    }
+    async fn update(&self, meta: &BatchMeta, batch: &Batch, merge: &MergeOp) -> Result<PutReceipt> {
+        self.inner.update(meta, batch, merge).await
+    }
+    async fn clear(&self, meta: &BatchMeta, fields: &FieldFilter) -> Result<()> {
+        self.inner.clear(meta, fields).await
+    }
+}
+
+#[tokio::test]
+async fn defect_7_a_read_racing_a_clear_is_not_found_not_data_lost() {
+    let (tq, _, store) =
+        kv_client_with(|inner, control| Arc::new(ClearBeforeGet { inner, control }));
+    let meta = tq.put_new("p", &ints(2, 0)).await.unwrap();
+    let e = tq.get_data(&meta).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::NotFound, "{e}");
+    assert_eq!(store.resident_keys(), 0);
+}
+
+#[tokio::test]
+async fn defect_7_data_that_is_really_gone_is_still_data_lost() {
+    let (tq, _, store) = kv_client_with(|s, _| s);
+    let meta = tq.put_new("p", &ints(2, 0)).await.unwrap();
+    // Delete one cell behind the controller's back: the sample is live, its data is gone.
+    let cell = tq_backend_kv::codec::KeyScheme::new("tq", "p").cell(meta.samples()[0], "x");
+    store.delete(&[cell]).await.unwrap();
+    let e = tq.get_data(&meta).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::DataLost, "{e}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn defect_8_an_embedded_polling_loop_lets_the_producer_run() {
+    let tq = Client::embedded(Config::default()).unwrap();
+    let producer = tokio::spawn({
+        let tq = tq.clone();
+        async move { tq.put_new("p", &ints(1, 0)).await.unwrap() }
+    });
+    let mut polls = 0u64;
+    loop {
+        let meta = tq
+            .get_meta(GetMetaRequest::fetch("p", &["x"], "t", 1, Wait::NoWait))
+            .await
+            .unwrap();
+        if !meta.is_empty() {
+            break;
+        }
+        polls += 1;
+        // Without yielding, the producer never runs and this loop spins forever.
+        assert!(
+            polls < 2_000_000,
+            "the polling loop never let the producer run"
+        );
+    }
+    producer.await.unwrap();
+}
