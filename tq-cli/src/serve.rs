@@ -255,7 +255,10 @@ pub async fn controller_server(args: ControllerArgs) -> Result<()> {
     Ok(())
 }
 
-/// `tq storage-unit`: one storage unit that registers with a controller.
+/// How often a storage unit registers again, so a restarted controller is rejoined quickly.
+const REGISTER_EVERY: Duration = Duration::from_millis(500);
+
+/// `tq storage-unit`: one storage unit that registers with a controller (and keeps doing so).
 pub async fn storage_unit(args: UnitArgs) -> Result<()> {
     let shutdown = shutdown_signal()?;
     let listen: Endpoint = args.listen.parse()?;
@@ -292,7 +295,11 @@ pub async fn storage_unit(args: UnitArgs) -> Result<()> {
         }
     }
     println!("listening unit {} {}", args.id, advertised);
-    shutdown.await;
+    // Rejoin a controller that restarted (it starts with an empty unit table).
+    tokio::select! {
+        _ = shutdown => {}
+        _ = control.keep_registered(info, REGISTER_EVERY) => {}
+    }
     eprintln!("shutting down");
     server.shutdown().await;
     Ok(())

@@ -652,3 +652,45 @@ async fn key_cache_speculation_never_answers_stale_metadata() {
     assert_eq!(e.kind(), &ErrorKind::NotFound, "{e}");
     assert_eq!(stats(&a).hits, 3, "nothing stale was confirmed");
 }
+
+/// Defect 6 of the adversarial-testing issue: a controller killed and restarted on the same
+/// address was never rejoined by its storage units, so no client could connect again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_units_rejoin_a_restarted_controller() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("tcp://127.0.0.1:{port}");
+    let start_controller = || Tq::spawn(&["controller", "--listen", &listen, "--units", "2"]);
+    let mut controller = start_controller();
+    let url = Tq::controller_endpoint(&controller.listening(1));
+    // Register in the opposite order of their ids; routing follows the ids either way.
+    let mut u1 = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-1"]);
+    u1.listening(1);
+    let mut u0 = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-0"]);
+    u0.listening(1);
+    let tq = Client::connect_with(&url, config(3_000)).await.unwrap();
+    tq.kv_put("p", "k", Some(&rows(1, 0)), None).await.unwrap();
+
+    controller.kill();
+    let mut controller = start_controller();
+    controller.listening(1);
+    // A new client waits (up to its connect timeout) until both units registered again.
+    let fresh = Client::connect_with(&url, config(3_000)).await.unwrap();
+    fresh
+        .kv_put("q", "k", Some(&rows(1, 5)), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        fresh.kv_batch_get("q", &["k"], None).await.unwrap(),
+        rows(1, 5)
+    );
+    // The client from before the restart routes the same way as the new one.
+    assert_eq!(
+        tq.kv_batch_get("q", &["k"], None).await.unwrap(),
+        rows(1, 5)
+    );
+    let _ = controller.terminate(Duration::from_secs(5));
+}

@@ -176,8 +176,11 @@ impl ControllerServer {
                 t.expected_units, info.id
             )));
         }
-        tracing::info!(unit = %info.id, endpoint = %info.endpoint, rank = t.units.len(), "storage unit registered");
+        tracing::info!(unit = %info.id, endpoint = %info.endpoint, "storage unit registered");
         t.units.push(info);
+        // Routing order is the order of unit ids, not of registration: a restarted controller
+        // that the units rejoin in another order still routes index `i` to the same unit.
+        t.units.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(())
     }
 
@@ -380,6 +383,29 @@ impl RemoteControlPlane {
     }
 
     /// Registers a storage unit (used by `tq storage-unit`).
+    /// Registers `info` again every `every`, forever: registering is idempotent, and a
+    /// controller that restarted (and lost its unit table) is rejoined within one period.
+    /// Failures (controller down) are logged and retried. Run it beside the unit's server.
+    pub async fn keep_registered(&self, info: UnitInfo, every: Duration) {
+        let mut was_ok = true;
+        loop {
+            tokio::time::sleep(every).await;
+            match self.register_unit(info.clone()).await {
+                Ok(()) if !was_ok => {
+                    tracing::info!(unit = %info.id, controller = %self.endpoint, "registered with the controller again");
+                    was_ok = true;
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    if was_ok {
+                        tracing::warn!(unit = %info.id, error = %e, "controller unreachable; will register again when it is back");
+                    }
+                    was_ok = false;
+                }
+            }
+        }
+    }
+
     pub async fn register_unit(&self, info: UnitInfo) -> Result<()> {
         self.done("register_unit", ControlRequest::RegisterUnit(info), true)
             .await
