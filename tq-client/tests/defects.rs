@@ -139,22 +139,18 @@ async fn defect_4_a_stale_put_leaves_nothing_in_the_kv_store() {
     assert_eq!(controller.samples_in_use(), 0);
 }
 
-/// Storage that lets a clear of the same samples run just before each put reaches the store:
-/// the interleaving "check passed, then a clear, then the write lands".
-struct ClearBeforePut {
+/// Storage that clears the very samples of a put (or a get) just before it reaches the store:
+/// the interleavings "check passed, then a clear, then the write lands" and "a read races a
+/// clear of what it reads".
+struct ClearFirst {
     inner: Arc<dyn StorageManager>,
     control: Arc<Controller>,
+    before_put: bool,
+    before_get: bool,
 }
 
-#[async_trait]
-impl StorageManager for ClearBeforePut {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<PutReceipt> {
+impl ClearFirst {
+    async fn clear_samples_of(&self, meta: &BatchMeta) -> Result<()> {
         let marked = self
             .control
             .mark_clearing(meta.partition(), Some(meta.samples()))
@@ -165,9 +161,28 @@ impl StorageManager for ClearBeforePut {
                 .release(meta.partition(), marked.samples())
                 .await?;
         }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl StorageManager for ClearFirst {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<PutReceipt> {
+        if self.before_put {
+            self.clear_samples_of(meta).await?;
+        }
         self.inner.put(meta, batch).await
     }
     async fn get(&self, meta: &BatchMeta) -> Result<Batch> {
+        if self.before_get {
+            self.clear_samples_of(meta).await?;
+        }
         self.inner.get(meta).await
     }
     async fn update(&self, meta: &BatchMeta, batch: &Batch, merge: &MergeOp) -> Result<PutReceipt> {
@@ -180,8 +195,14 @@ impl StorageManager for ClearBeforePut {
 
 #[tokio::test]
 async fn defect_4_a_write_refused_after_a_racing_clear_deletes_what_it_wrote() {
-    let (tq, controller, store) =
-        kv_client_with(|inner, control| Arc::new(ClearBeforePut { inner, control }));
+    let (tq, controller, store) = kv_client_with(|inner, control| {
+        Arc::new(ClearFirst {
+            inner,
+            control,
+            before_put: true,
+            before_get: false,
+        })
+    });
     // Existing keys: the put passes its check, the clear runs, then the write lands and its
     // notice is refused.
     tq.control()
@@ -197,46 +218,16 @@ async fn defect_4_a_write_refused_after_a_racing_clear_deletes_what_it_wrote() {
     assert_eq!(controller.samples_in_use(), 0);
 }
 
-/// Storage whose reads race a clear: the samples are cleared just before the read.
-struct ClearBeforeGet {
-    inner: Arc<dyn StorageManager>,
-    control: Arc<Controller>,
-}
-
-#[async_trait]
-impl StorageManager for ClearBeforeGet {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<PutReceipt> {
-        self.inner.put(meta, batch).await
-    }
-    async fn get(&self, meta: &BatchMeta) -> Result<Batch> {
-        let marked = self
-            .control
-            .mark_clearing(meta.partition(), Some(meta.samples()))
-            .await?;
-        self.inner.clear(&marked, &FieldFilter::All).await?;
-        self.control
-            .release(meta.partition(), marked.samples())
-            .await?;
-        self.inner.get(meta).await
-    }
-    async fn update(&self, meta: &BatchMeta, batch: &Batch, merge: &MergeOp) -> Result<PutReceipt> {
-        self.inner.update(meta, batch, merge).await
-    }
-    async fn clear(&self, meta: &BatchMeta, fields: &FieldFilter) -> Result<()> {
-        self.inner.clear(meta, fields).await
-    }
-}
-
 #[tokio::test]
 async fn defect_7_a_read_racing_a_clear_is_not_found_not_data_lost() {
-    let (tq, _, store) =
-        kv_client_with(|inner, control| Arc::new(ClearBeforeGet { inner, control }));
+    let (tq, _, store) = kv_client_with(|inner, control| {
+        Arc::new(ClearFirst {
+            inner,
+            control,
+            before_put: false,
+            before_get: true,
+        })
+    });
     let meta = tq.put_new("p", &ints(2, 0)).await.unwrap();
     let e = tq.get_data(&meta).await.unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::NotFound, "{e}");

@@ -130,6 +130,24 @@ impl State {
         Ok(())
     }
 
+    /// Step 1 of every whole-sample clear: hides the slots `select` picks in `partition` and
+    /// returns their metadata. Refused (nothing marked) while a picked public sample is still
+    /// linked. A missing partition has nothing to clear.
+    fn mark_clearing_where(
+        &mut self,
+        partition: &str,
+        select: impl FnOnce(&Partition) -> Vec<u32>,
+    ) -> Result<BatchMeta> {
+        let Some(p) = self.partitions.get(partition) else {
+            return Ok(BatchMeta::empty(partition));
+        };
+        let slots = select(p);
+        let selected: Vec<SampleId> = slots.iter().map(|&s| p.sample_of(s)).collect();
+        self.refuse_linked(partition, &selected, "clear")?;
+        let p = self.partitions.get_mut(partition).expect("checked above");
+        Ok(p.mark_clearing(&slots))
+    }
+
     /// Bookkeeping after samples of `partition` were released: forget the links they held,
     /// and (defence in depth) drop links that still pointed at a released public sample.
     fn after_release(&mut self, partition: &str, released: crate::partition::Released) {
@@ -606,16 +624,8 @@ impl ControlPlane for Controller {
         if let Some(s) = samples {
             check_unique_ids(partition, s)?;
         }
-        let mut st = self.lock();
-        let Some(p) = st.partitions.get(partition) else {
-            return Ok(BatchMeta::empty(partition));
-        };
-        // Checked before anything is marked: a refused clear changes nothing.
-        let slots = p.select(samples);
-        let selected: Vec<SampleId> = slots.iter().map(|&s| p.sample_of(s)).collect();
-        st.refuse_linked(partition, &selected, "clear")?;
-        let p = st.partitions.get_mut(partition).expect("checked above");
-        Ok(p.mark_clearing(&slots))
+        self.lock()
+            .mark_clearing_where(partition, |p| p.select(samples))
     }
 
     async fn release(&self, partition: &str, samples: &[SampleId]) -> Result<()> {
@@ -1023,15 +1033,8 @@ impl ControlPlane for Controller {
 
     async fn kv_mark_clearing(&self, partition: &str, keys: &[String]) -> Result<BatchMeta> {
         check_keys(partition, keys)?;
-        let mut st = self.lock();
-        let Some(p) = st.partitions.get(partition) else {
-            return Ok(BatchMeta::empty(partition));
-        };
-        let slots = p.key_slots_for_clear(keys);
-        let selected: Vec<SampleId> = slots.iter().map(|&s| p.sample_of(s)).collect();
-        st.refuse_linked(partition, &selected, "clear")?;
-        let p = st.partitions.get_mut(partition).expect("checked above");
-        Ok(p.mark_clearing(&slots))
+        self.lock()
+            .mark_clearing_where(partition, |p| p.key_slots_for_clear(keys))
     }
 
     async fn still_hold(
