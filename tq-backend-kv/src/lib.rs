@@ -30,6 +30,8 @@ mod objstore;
 #[cfg(feature = "redis")]
 mod redis_store;
 mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use config::{KvConfig, RedisConfig, RedisDelete, RedisExpire, RoutingConfig, StoreConfig};
 pub use manager::{KvOptions, KvStorageManager, Routing, DEFAULT_CLEAR_EXPIRE_AFTER};

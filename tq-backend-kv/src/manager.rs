@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tq_core::{
     apply_merge, BackendMeta, Batch, BatchMeta, Capabilities, Column, DType, Error, FieldFilter,
-    FieldKind, FieldSchema, MergeOp, MergeRegistry, PutReceipt, Result, SampleId, StorageManager,
+    FieldKind, FieldMeta, MergeOp, MergeRegistry, PutReceipt, Result, SampleId, StorageManager,
     Tensor, Value,
 };
 
@@ -131,11 +131,11 @@ struct DenseSink {
 }
 
 impl DenseSink {
-    fn for_field(schema: &FieldSchema, rows: usize) -> Option<DenseSink> {
-        if schema.kind != FieldKind::Dense {
+    fn for_field(schema: &FieldMeta, rows: usize) -> Option<DenseSink> {
+        if schema.kind() != FieldKind::Dense {
             return None;
         }
-        let (dtype, shape) = (schema.dtype?, schema.sample_shape.clone()?);
+        let (dtype, shape) = (schema.dtype()?, schema.sample_shape()?.to_vec());
         let row_bytes = shape.iter().product::<usize>().checked_mul(dtype.size())?;
         Some(DenseSink {
             head: encode_tensor_header(dtype, &shape),

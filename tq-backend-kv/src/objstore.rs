@@ -22,15 +22,25 @@ pub struct ObjectKvStore {
     concurrency: usize,
 }
 
-fn map_err(store: &str, key: &str, e: object_store::Error) -> Error {
+/// Maps an object_store error to the kind a caller can act on. Only transport-like failures
+/// (`Generic`, `JoinError`: the store could not be reached or the task died) are
+/// `Unavailable`; the rest say precisely what the store refused.
+pub(crate) fn map_err(store: &str, key: &str, e: object_store::Error) -> Error {
+    use object_store::Error as E;
     let msg = format!("object store `{store}`, key `{key}`: {e}");
-    match e {
-        object_store::Error::NotFound { .. } => Error::not_found(msg),
-        object_store::Error::NotImplemented { .. } | object_store::Error::NotSupported { .. } => {
-            Error::unsupported("kv operation", store.to_string())
+    let mapped = match &e {
+        E::NotFound { .. } => Error::not_found(msg),
+        E::AlreadyExists { .. } | E::Precondition { .. } | E::NotModified { .. } => {
+            Error::conflict(msg)
         }
-        _ => Error::unavailable(msg).with_source(e),
-    }
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => Error::permission_denied(msg),
+        E::InvalidPath { .. } | E::UnknownConfigurationKey { .. } => Error::invalid(msg),
+        E::NotImplemented { .. } | E::NotSupported { .. } => {
+            Error::unsupported(format!("kv operation on key `{key}`"), store.to_string())
+        }
+        _ => Error::unavailable(msg),
+    };
+    mapped.with_source(e)
 }
 
 impl ObjectKvStore {
@@ -142,5 +152,76 @@ impl KvStore for ObjectKvStore {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::map_err;
+    use object_store::Error as E;
+    use tq_core::{ErrorKind, Retry};
+
+    fn source() -> Box<dyn std::error::Error + Send + Sync> {
+        "denied".into()
+    }
+
+    #[test]
+    fn object_store_errors_map_to_precise_kinds() {
+        let path = || "p/k".to_string();
+        let cases = [
+            (
+                E::NotFound {
+                    path: path(),
+                    source: source(),
+                },
+                ErrorKind::NotFound,
+            ),
+            (
+                E::Precondition {
+                    path: path(),
+                    source: source(),
+                },
+                ErrorKind::Conflict,
+            ),
+            (
+                E::AlreadyExists {
+                    path: path(),
+                    source: source(),
+                },
+                ErrorKind::Conflict,
+            ),
+            (
+                E::PermissionDenied {
+                    path: path(),
+                    source: source(),
+                },
+                ErrorKind::PermissionDenied,
+            ),
+            (
+                E::Unauthenticated {
+                    path: path(),
+                    source: source(),
+                },
+                ErrorKind::PermissionDenied,
+            ),
+            (
+                E::Generic {
+                    store: "S3",
+                    source: source(),
+                },
+                ErrorKind::Unavailable,
+            ),
+        ];
+        for (e, kind) in cases {
+            let mapped = map_err("s3", "k", e);
+            assert_eq!(mapped.kind(), &kind, "{mapped}");
+            assert!(mapped.message().contains("key `k`"), "{mapped}");
+            let want = if kind == ErrorKind::Unavailable {
+                Retry::Safe
+            } else {
+                Retry::Never
+            };
+            assert_eq!(mapped.retry(), want, "{mapped}");
+        }
     }
 }

@@ -118,13 +118,15 @@ pub trait KvStoreExt: KvStore {
     /// [`KvStore::mset`] of any number of items.
     async fn mset_all(&self, items: Vec<(String, KvValue)>, ttl: Option<Duration>) -> Result<()> {
         let caps = self.capabilities();
-        if items.len() <= caps.max_keys_per_call {
+        // A store may declare 0 (a public field); treat it as one key per call, never divide by it.
+        let per_call = caps.max_keys_per_call.max(1);
+        if items.len() <= per_call {
             return self.mset(items, ttl).await;
         }
-        let mut chunks = Vec::with_capacity(items.len() / caps.max_keys_per_call + 1);
+        let mut chunks = Vec::with_capacity(items.len() / per_call + 1);
         let mut it = items.into_iter().peekable();
         while it.peek().is_some() {
-            chunks.push(it.by_ref().take(caps.max_keys_per_call).collect::<Vec<_>>());
+            chunks.push(it.by_ref().take(per_call).collect::<Vec<_>>());
         }
         let calls: Vec<_> = chunks.into_iter().map(|c| self.mset(c, ttl)).collect();
         futures::stream::iter(calls)
@@ -136,7 +138,7 @@ pub trait KvStoreExt: KvStore {
 
     /// [`KvStore::mget`] of any number of keys, in order.
     async fn mget_all(&self, keys: &[String]) -> Result<Vec<Option<Bytes>>> {
-        if keys.len() <= self.capabilities().max_keys_per_call {
+        if keys.len() <= self.capabilities().max_keys_per_call.max(1) {
             return self.mget(keys).await;
         }
         let mut out = vec![None; keys.len()];

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tq_backend_kv::{KvCapabilities, KvOptions, KvStorageManager, KvStore, KvValue, MemoryKvStore};
 use tq_core::{
-    Batch, BatchMeta, Column, DType, FieldSchema, Result, SampleId, StorageManager, Tensor,
+    Batch, BatchMeta, Column, DType, FieldMeta, Result, SampleId, StorageManager, Tensor,
 };
 
 /// A memory store that answers small calls, later calls first: every multi-call get sees its
@@ -54,8 +54,8 @@ fn dense_i64(rows: usize, width: usize, base: i64) -> Column {
     Column::Dense(Tensor::from_slice(vec![rows, width], &v).expect("tensor"))
 }
 
-fn meta(samples: Vec<SampleId>, fields: &[(&str, FieldSchema)]) -> BatchMeta {
-    let schemas: BTreeMap<String, FieldSchema> = fields
+fn meta(samples: Vec<SampleId>, fields: &[(&str, FieldMeta)]) -> BatchMeta {
+    let schemas: BTreeMap<String, FieldMeta> = fields
         .iter()
         .map(|(f, s)| (f.to_string(), s.clone()))
         .collect();
@@ -116,7 +116,7 @@ async fn rows_that_disagree_with_the_metadata_fall_back_to_the_values() {
     // packed with the wrong size.
     let claims = meta(
         vec![s0, s1],
-        &[("x", FieldSchema::dense(DType::I64, vec![2]))],
+        &[("x", FieldMeta::dense(DType::I64, vec![2]))],
     );
     let got = m.get(&claims).await.expect("get");
     let Column::Ragged(rows) = got.column("x").expect("x") else {
@@ -125,7 +125,7 @@ async fn rows_that_disagree_with_the_metadata_fall_back_to_the_values() {
     assert_eq!(rows[0].to_vec::<i64>().unwrap(), vec![10, 11]);
     assert_eq!(rows[1].to_vec::<i64>().unwrap(), vec![10, 11, 12]);
     // A claimed dtype that differs from every stored row: the stored dense column comes back.
-    let claims = meta(vec![s0], &[("x", FieldSchema::dense(DType::F32, vec![2]))]);
+    let claims = meta(vec![s0], &[("x", FieldMeta::dense(DType::F32, vec![2]))]);
     let got = m.get(&claims).await.expect("get");
     assert_eq!(got.column("x"), Some(&dense_i64(1, 2, 10)));
 }

@@ -1,18 +1,17 @@
 //! [`SimpleStorage`]: the [`StorageManager`] that routes samples to storage units.
 
-use crate::unit::{
-    check_threshold, CellShape, Fetched, IndexSet, MemoryUnit, StorageUnit, UnitConfig, UnitPut,
-    UnitRows, UnitStats, UnitUpdate,
-};
 use async_trait::async_trait;
 use bytes::BytesMut;
 use futures::future::join_all;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use tq_core::{
-    Batch, BatchMeta, Capabilities, Column, DType, Error, FieldFilter, FieldKind, FieldName,
-    FieldSchema, MergeOp, MergeRegistry, PutReceipt, Result, SampleId, StorageManager, Tensor,
-    Value,
+    Batch, BatchMeta, Capabilities, Column, DType, Error, FieldFilter, FieldKind, FieldMeta,
+    FieldName, MergeOp, MergeRegistry, PutReceipt, Result, SampleId, StorageManager, Tensor, Value,
+};
+use tq_unit::{
+    check_threshold, CellShape, Fetched, IndexSet, MemoryUnit, StorageUnit, UnitConfig, UnitPut,
+    UnitRows, UnitStats, UnitUpdate,
 };
 
 /// Rows at least this large are read from remote units straight into their column's final
@@ -495,7 +494,7 @@ fn samples_at(meta: &BatchMeta, positions: &[usize]) -> Vec<SampleId> {
 }
 
 /// The schema of a field from the shapes of its stored cells, in batch order.
-fn schema_of(partition: &str, field: &str, shapes: Vec<CellShape>) -> Result<FieldSchema> {
+fn schema_of(partition: &str, field: &str, shapes: Vec<CellShape>) -> Result<FieldMeta> {
     let mut dtype = None;
     let mut tensor_shapes = Vec::with_capacity(shapes.len());
     let mut objects = 0;
@@ -512,9 +511,9 @@ fn schema_of(partition: &str, field: &str, shapes: Vec<CellShape>) -> Result<Fie
         }
     }
     match dtype {
-        None => Ok(FieldSchema::object()),
+        None => Ok(FieldMeta::object()),
         Some(_) if objects > 0 => Err(mixed(partition, field)),
-        Some(d) => Ok(FieldSchema::from_shapes(d, tensor_shapes)),
+        Some(d) => Ok(FieldMeta::from_shapes(d, tensor_shapes)),
     }
 }
 
@@ -678,17 +677,17 @@ enum RowShapes {
 impl Placement {
     /// A plan for a tensor field of `rows` rows whose every row is at least
     /// [`PLACE_MIN_ROW_BYTES`]; `None` otherwise.
-    fn plan(schema: &FieldSchema, rows: usize) -> Option<Placement> {
-        let dtype = schema.dtype?;
+    fn plan(schema: &FieldMeta, rows: usize) -> Option<Placement> {
+        let dtype = schema.dtype()?;
         let bytes = |shape: &[usize]| dtype.size() * shape.iter().product::<usize>();
-        let (shapes, row_bytes) = match schema.kind {
+        let (shapes, row_bytes) = match schema.kind() {
             FieldKind::Dense => {
-                let shape = schema.sample_shape.clone()?;
+                let shape = schema.sample_shape()?.to_vec();
                 let row_bytes = vec![bytes(&shape); rows];
                 (RowShapes::Dense(shape), row_bytes)
             }
             FieldKind::Ragged => {
-                let shapes = schema.per_sample_shapes.clone()?;
+                let shapes = schema.per_sample_shapes()?.to_vec();
                 if shapes.len() != rows {
                     return None;
                 }

@@ -6,9 +6,6 @@
 //! as vectored writes of the stored `Bytes` and arrive as slices of the one receive buffer, which
 //! the receiving unit stores directly (zero copy, tracked as one shared allocation per field).
 
-use crate::unit::{
-    Fetched, StorageUnit, UnitPut, UnitRows, UnitStats, UnitUpdate, UnitUpdateReply,
-};
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
@@ -16,6 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tq_core::{DType, Error, FieldFilter, FieldName, MergeOp, Result, SampleId, Tensor, Value};
 use tq_net::{CallOptions, Endpoint, Handler, Message, Pool};
+use tq_unit::{Fetched, StorageUnit, UnitPut, UnitRows, UnitStats, UnitUpdate, UnitUpdateReply};
 
 /// How one cell's frame is to be read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

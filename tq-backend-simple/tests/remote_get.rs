@@ -10,7 +10,7 @@ use tq_backend_simple::{
     PLACE_MIN_ROW_BYTES,
 };
 use tq_core::{
-    Batch, BatchMeta, Bytes, Column, DType, FieldSchema, SampleId, StorageManager, Tensor, Value,
+    Batch, BatchMeta, Bytes, Column, DType, FieldMeta, SampleId, StorageManager, Tensor, Value,
 };
 use tq_net::{ClientConfig, Endpoint, Pool, Server, ServerConfig};
 
@@ -113,7 +113,7 @@ async fn a_schema_that_does_not_match_the_cells_falls_back_to_packing() {
     // shapes do not) and one that claims another length (nothing fits).
     for shape in [vec![2, big / 2], vec![big / 2]] {
         let mut schemas = batch.schemas();
-        schemas.insert("x".into(), FieldSchema::dense(DType::U8, shape.clone()));
+        schemas.insert("x".into(), FieldMeta::dense(DType::U8, shape.clone()));
         let lying = BatchMeta::new("p", samples.clone())
             .with_fields(schemas)
             .unwrap();
@@ -207,7 +207,7 @@ async fn large_ragged_rows_are_read_into_one_buffer() {
     // Metadata claiming other per-row shapes: the values decide.
     let mut schemas = batch.schemas();
     let swapped: Vec<Vec<usize>> = ragged.iter().rev().map(|t| t.shape().to_vec()).collect();
-    schemas.insert("r".into(), FieldSchema::from_shapes(DType::U8, swapped));
+    schemas.insert("r".into(), FieldMeta::from_shapes(DType::U8, swapped));
     let lying = BatchMeta::new("p", samples).with_fields(schemas).unwrap();
     assert_eq!(storage.get(&lying).await.unwrap(), batch);
 }

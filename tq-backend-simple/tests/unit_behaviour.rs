@@ -8,8 +8,8 @@ use tq_backend_simple::{
     UnitUpdate, UnitUpdateReply,
 };
 use tq_core::{
-    Batch, BatchMeta, Bytes, Column, DType, Error, ErrorKind, FieldFilter, FieldKind, FieldName,
-    FieldSchema, MergeOp, MergeRegistry, Result, SampleId, StorageManager, Tensor, Value,
+    Batch, BatchMeta, Bytes, Column, DType, Error, ErrorKind, FieldFilter, FieldKind, FieldMeta,
+    FieldName, MergeOp, MergeRegistry, Result, SampleId, StorageManager, Tensor, Value,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -676,7 +676,7 @@ async fn named_merge_function_from_the_registry() {
         .update(&meta, &delta, &MergeOp::Named("subtract".into()))
         .await
         .unwrap();
-    assert_eq!(r.schemas["x"], FieldSchema::dense(DType::I64, vec![2]));
+    assert_eq!(r.schemas["x"], FieldMeta::dense(DType::I64, vec![2]));
     let got = s.get(&meta).await.unwrap();
     let Column::Dense(t) = got.column("x").unwrap() else {
         panic!("dense")
@@ -719,12 +719,12 @@ async fn concat_changes_shapes_and_the_receipt_reports_them() {
         .await
         .unwrap();
     let r = &receipt.schemas["r"];
-    assert_eq!(r.kind, FieldKind::Ragged);
+    assert_eq!(r.kind(), FieldKind::Ragged);
     assert_eq!(
-        r.per_sample_shapes.as_ref().unwrap(),
+        r.per_sample_shapes().unwrap(),
         &vec![vec![3], vec![4], vec![5]]
     );
-    assert_eq!(receipt.schemas["o"], FieldSchema::object());
+    assert_eq!(receipt.schemas["o"], FieldMeta::object());
     let got = s.get(&meta).await.unwrap();
     let Column::Ragged(rows) = got.column("r").unwrap() else {
         panic!("ragged")

@@ -1,13 +1,13 @@
 //! tq hybrid memory/SSD storage unit.
 //!
-//! [`SsdUnit`] implements [`tq_backend_simple::StorageUnit`], so
-//! [`tq_backend_simple::SimpleStorage`], `UnitServer` and the whole client stack use it
+//! [`SsdUnit`] implements [`tq_unit::StorageUnit`], so
+//! the in-memory backend's `SimpleStorage`, `UnitServer` and the whole client stack use it
 //! unchanged. Cells whose payload is at least [`SsdConfig::threshold_bytes`] (default 1 MiB) are
 //! kept in files on a local disk, one file per cell; smaller cells stay in memory.
 //!
 //! # Design
 //!
-//! - **Reuse of the memory unit.** An `SsdUnit` wraps a [`tq_backend_simple::MemoryUnit`] that
+//! - **Reuse of the memory unit.** An `SsdUnit` wraps a [`tq_unit::MemoryUnit`] that
 //!   holds every cell; a disk cell is an empty placeholder there and an entry (file, length,
 //!   dtype and shape) in the unit's disk index. Generations, capacity, validation, `NotFound`
 //!   messages and the compaction of shared allocations are therefore exactly the memory unit's.
@@ -50,7 +50,7 @@ pub use config::{EngineKind, SsdConfig, DEFAULT_THRESHOLD_BYTES};
 pub use engine::UringEngine;
 pub use engine::{build_engine, uring_available, IoEngine, PsyncEngine, ReadOp, WriteOp};
 pub use run::ROOT_DIR;
-pub use unit::{trim_heap, SsdUnit};
+pub use unit::{trim_heap, SsdUnit, FALLBACK_VALUES_TOTAL};
 
 /// The process's resident set size in bytes (`VmRSS` of `/proc/self/status`), where available.
 pub fn process_rss_bytes() -> Option<u64> {

@@ -11,14 +11,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::RwLock;
-use tq_backend_simple::{
-    CellShape, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats, UnitUpdate,
-    UnitUpdateReply,
-};
 use tq_core::{
     apply_merge, Error, ErrorKind, FieldFilter, FieldName, MergeOp, MergeRegistry, Result,
     SampleId, Tensor, Value,
 };
+use tq_unit::{
+    CellShape, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats, UnitUpdate,
+    UnitUpdateReply,
+};
+
+/// The [`UnitStats::counters`] entry of an SSD unit: values that should have gone to disk but
+/// were kept in memory because the write failed and the unit's policy allows it (monotonic).
+pub const FALLBACK_VALUES_TOTAL: &str = "ssd_fallback_values_total";
 
 /// A cell kept on disk.
 #[derive(Debug)]
@@ -759,9 +763,12 @@ impl StorageUnit for SsdUnit {
         let idx = self.index.read().await;
         let mut s = self.inner.stats().await?;
         s.live_bytes += idx.bytes;
-        s.disk_cells = idx.cells;
-        s.disk_bytes = idx.bytes;
-        s.ssd_fallback_values_total = self.fallback_total.load(Ordering::Relaxed);
+        s.offloaded_cells = idx.cells;
+        s.offloaded_bytes = idx.bytes;
+        s.counters.insert(
+            FALLBACK_VALUES_TOTAL.to_string(),
+            self.fallback_total.load(Ordering::Relaxed),
+        );
         Ok(s)
     }
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tq_backend_simple::{SimpleStorage, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitUpdate};
+use tq_backend_ssd::FALLBACK_VALUES_TOTAL;
 use tq_backend_ssd::{
     build_engine, uring_available, EngineKind, IoEngine, ReadOp, SsdConfig, SsdUnit, WriteOp,
     ROOT_DIR,
@@ -123,7 +124,7 @@ async fn round_trip_of_mixed_small_and_large_cells() {
         .unwrap();
         let st = u.stats().await.unwrap();
         assert_eq!(
-            (st.rows, st.cells, st.disk_cells),
+            (st.rows, st.cells, st.offloaded_cells),
             (4, 16, 10),
             "{engine:?}"
         );
@@ -171,7 +172,7 @@ async fn dense_columns_come_back_dense_through_simple_storage() {
         assert!(matches!(got.column("x"), Some(Column::Dense(_))));
         assert_eq!(got.column("x"), batch.column("x"), "{engine:?}");
         let stats = storage.stats().await.unwrap();
-        assert_eq!(stats.iter().map(|s| s.disk_cells).sum::<usize>(), n);
+        assert_eq!(stats.iter().map(|s| s.offloaded_cells).sum::<usize>(), n);
     }
 }
 
@@ -314,7 +315,11 @@ async fn a_failed_write_on_the_last_file_changes_nothing() {
         assert_eq!(*e.kind(), ErrorKind::NotFound);
         let st = u.stats().await.unwrap();
         assert_eq!(
-            (st.cells, st.disk_cells, st.ssd_fallback_values_total),
+            (
+                st.cells,
+                st.offloaded_cells,
+                st.counters[FALLBACK_VALUES_TOTAL]
+            ),
             (6, 3, 0)
         );
     }
@@ -334,11 +339,14 @@ async fn memory_fallback_keeps_values_and_counts_them() {
         u.put(put(s.clone(), vec![("a", a.clone())])).await.unwrap();
         assert!(files(&u).is_empty(), "failed files removed");
         let st = u.stats().await.unwrap();
-        assert_eq!((st.disk_cells, st.ssd_fallback_values_total), (0, 2));
+        assert_eq!(
+            (st.offloaded_cells, st.counters[FALLBACK_VALUES_TOTAL]),
+            (0, 2)
+        );
         assert_eq!(u.get(&names(&["a"]), &s).await.unwrap(), vec![a]);
         // The counter is monotonic: clearing does not lower it.
         u.clear(&s, &FieldFilter::All).await.unwrap();
-        assert_eq!(u.stats().await.unwrap().ssd_fallback_values_total, 2);
+        assert_eq!(u.stats().await.unwrap().counters[FALLBACK_VALUES_TOTAL], 2);
     }
 }
 
@@ -379,8 +387,8 @@ async fn clear_removes_exactly_the_files_of_the_cleared_cells() {
             "{left:?}"
         );
         let st = u.stats().await.unwrap();
-        assert_eq!((st.rows, st.cells, st.disk_cells), (3, 8, 5));
-        assert_eq!(st.disk_bytes, 5 * 2048);
+        assert_eq!((st.rows, st.cells, st.offloaded_cells), (3, 8, 5));
+        assert_eq!(st.offloaded_bytes, 5 * 2048);
         // What is left still reads back; what was cleared is NotFound.
         u.get(&names(&["b", "m"]), &s[1..]).await.unwrap();
         let e = u.get(&names(&["a"]), &[s[1]]).await.unwrap_err();
@@ -652,7 +660,7 @@ async fn configuration_errors_are_clear() {
     d.put(put(ids(&[0], 0), vec![("a", vec![big(0, 1 << 21)])]))
         .await
         .unwrap();
-    assert_eq!(d.stats().await.unwrap().disk_cells, 0);
+    assert_eq!(d.stats().await.unwrap().offloaded_cells, 0);
 
     // Two units with one id under one path in one process.
     let _a = unit(dir.path(), EngineKind::Psync, "same");

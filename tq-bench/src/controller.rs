@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tq_controller::{
     ControlPlane, Controller, ControllerConfig, GetMetaMode, GetMetaRequest, ProductionNotice, Wait,
 };
-use tq_core::{DType, FieldSchema, Result};
+use tq_core::{DType, FieldMeta, Result};
 
 /// `allocate → notify(fields) → fetch` of `samples` samples with `fields` fields, then an
 /// untimed clear so every iteration starts from the same state.
@@ -17,11 +17,11 @@ pub fn allocate_notify_fetch(
     reps: usize,
 ) -> Result<Stats> {
     let c = Controller::new(ControllerConfig::default())?;
-    let schemas: BTreeMap<String, FieldSchema> = (0..fields)
+    let schemas: BTreeMap<String, FieldMeta> = (0..fields)
         .map(|f| {
             (
                 format!("field_{f}"),
-                FieldSchema::dense(DType::F32, vec![128]),
+                FieldMeta::dense(DType::F32, vec![128]),
             )
         })
         .collect();
@@ -39,7 +39,7 @@ pub fn allocate_notify_fetch(
 async fn one_round(
     c: &Controller,
     samples: usize,
-    schemas: &BTreeMap<String, FieldSchema>,
+    schemas: &BTreeMap<String, FieldMeta>,
 ) -> Result<Duration> {
     let t = Instant::now();
     let meta = c
@@ -97,12 +97,7 @@ pub fn kv_retrieve_meta(
             partition: "bench".into(),
             samples: kv.meta.samples().to_vec(),
             schemas: (0..fields)
-                .map(|f| {
-                    (
-                        format!("field_{f}"),
-                        FieldSchema::dense(DType::F32, vec![16]),
-                    )
-                })
+                .map(|f| (format!("field_{f}"), FieldMeta::dense(DType::F32, vec![16])))
                 .collect(),
             tags: None,
             backend_meta: None,

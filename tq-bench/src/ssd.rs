@@ -242,7 +242,7 @@ pub async fn rss_workload(
             assert_eq!(got.len(), meta.samples().len());
         }
         let st = unit.stats().await.expect("stats");
-        report.disk_bytes = st.disk_bytes;
+        report.disk_bytes = st.offloaded_bytes;
         report.live_bytes = st.live_bytes;
         report.before_clear = rss_bytes().0.unwrap_or(0);
         for meta in &metas {

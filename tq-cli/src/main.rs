@@ -1,5 +1,6 @@
 //! `tq`: the command-line entry point.
 
+#[cfg(feature = "bench")]
 mod bench;
 mod demo;
 mod serve;
@@ -24,6 +25,7 @@ enum Command {
     /// that every sample is trained exactly once.
     Demo(demo::DemoArgs),
     /// Measure the standard workloads on the embedded deployment next to in-run baselines.
+    #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
     /// Run a controller and N storage units in this process.
     Serve(serve::ServeArgs),
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Demo(args) => runtime.block_on(demo::run(args)),
+        #[cfg(feature = "bench")]
         Command::Bench(args) => bench::run(args),
         Command::Serve(args) => runtime.block_on(serve::serve(args)),
         Command::Controller(args) => runtime.block_on(serve::controller_server(args)),

@@ -87,7 +87,7 @@ pub struct ServeArgs {
     /// Default sampler of the controller (`sequential`, `grpo:<n>`, `rank-aware`,
     /// `seqlen-balanced:<dp_size>[:<n>]`).
     #[arg(long, default_value = "sequential")]
-    default_sampler: String,
+    default_sampler: tq_controller::SamplerSpec,
     #[command(flatten)]
     security: Security,
 }
@@ -102,7 +102,7 @@ pub struct ControllerArgs {
     units: u32,
     /// Default sampler (`sequential`, `grpo:<n>`, `rank-aware`, `seqlen-balanced:<dp_size>[:<n>]`).
     #[arg(long, default_value = "sequential")]
-    default_sampler: String,
+    default_sampler: tq_controller::SamplerSpec,
     #[command(flatten)]
     security: Security,
 }
@@ -146,10 +146,10 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     })
 }
 
-fn controller(units: u32, sampler: &str) -> Result<Arc<Controller>> {
+fn controller(units: u32, sampler: tq_controller::SamplerSpec) -> Result<Arc<Controller>> {
     Ok(Arc::new(Controller::new(ControllerConfig {
         storage_units: units,
-        default_sampler: sampler.to_string(),
+        default_sampler: sampler,
         // The servers run SimpleStorage units, which resolve links.
         ..ControllerConfig::default()
     })?))
@@ -202,7 +202,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     let unit_listen: Endpoint = format!("tcp://{}:0", args.unit_host).parse()?;
     args.security.check(&unit_listen)?;
     let service = Arc::new(ControllerServer::new(
-        controller(args.units, &args.default_sampler)?,
+        controller(args.units, args.default_sampler)?,
         args.units,
     ));
     let mut units = Vec::new();
@@ -244,7 +244,7 @@ pub async fn controller_server(args: ControllerArgs) -> Result<()> {
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
     let service = Arc::new(ControllerServer::new(
-        controller(args.units, &args.default_sampler)?,
+        controller(args.units, args.default_sampler)?,
         args.units,
     ));
     let server = Server::bind(&listen, args.security.server_config("controller"), service).await?;

@@ -40,6 +40,7 @@ fn demo_rejects_bad_sizes_with_a_clear_error() {
     assert!(stderr.contains("at least 1"), "{stderr}");
 }
 
+#[cfg(feature = "bench")]
 #[test]
 fn bench_rejects_unknown_workloads() {
     let out = tq(&["bench", "--workloads", "nope"]);
@@ -47,6 +48,7 @@ fn bench_rejects_unknown_workloads() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown workload `nope`"));
 }
 
+#[cfg(feature = "bench")]
 #[test]
 fn bench_reports_figures_next_to_memcpy() {
     let out = tq(&[
@@ -67,4 +69,12 @@ fn bench_reports_figures_next_to_memcpy() {
         );
     }
     assert!(stdout.contains("allocate + notify + fetch"), "{stdout}");
+}
+
+#[cfg(not(feature = "bench"))]
+#[test]
+fn a_production_build_has_no_bench_command() {
+    let out = tq(&["bench"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unrecognized subcommand"));
 }

@@ -1,53 +1,86 @@
-//! Builds the storage backend a configuration names. Backends are cargo features.
+//! Builds the storage backend a configuration names. Built-in backends are cargo features;
+//! custom ones are registered by name ([`crate::ClientBuilder::backend`]).
 
 use crate::config::{Backend, Config};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use tq_core::{Result, StorageManager};
+use tq_core::{Error, MergeRegistry, Result, StorageManager};
+
+/// Makes a custom storage backend from the client's configuration and the merge functions
+/// registered with the builder (a backend that supports `update` should honour them).
+pub type BackendFactory =
+    Arc<dyn Fn(&Config, &MergeRegistry) -> Result<Arc<dyn StorageManager>> + Send + Sync>;
+
+/// Custom backends by the name `storage.backend` uses.
+pub(crate) type BackendRegistry = BTreeMap<String, BackendFactory>;
 
 pub(crate) fn build(
     config: &Config,
-    merges: tq_core::MergeRegistry,
+    merges: MergeRegistry,
+    custom: &BackendRegistry,
 ) -> Result<Arc<dyn StorageManager>> {
-    match config.storage.backend {
-        #[cfg(feature = "simple")]
-        Backend::Simple if config.storage.ssd.enabled => {
-            let s = &config.storage;
-            let units = (0..s.num_units)
-                .map(|i| {
-                    let unit = tq_backend_ssd::SsdUnit::new(
-                        format!("unit-{i}"),
-                        tq_backend_simple::UnitConfig {
-                            capacity: s.capacity_per_unit,
-                            compaction_threshold: s.compaction_threshold,
-                            merge_registry: merges.clone(),
-                        },
-                        s.ssd.clone(),
-                    )?;
-                    Ok(Arc::new(unit) as Arc<dyn tq_backend_simple::StorageUnit>)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Ok(Arc::new(tq_backend_simple::SimpleStorage::new(units)?))
-        }
-        Backend::Simple => {
-            let s = &config.storage;
-            let storage = tq_backend_simple::SimpleStorage::in_memory(
-                s.num_units as usize,
-                tq_backend_simple::SimpleConfig {
-                    capacity_per_unit: s.capacity_per_unit,
-                    compaction_threshold: s.compaction_threshold,
-                    merge_registry: merges,
-                },
-            )?;
-            Ok(Arc::new(storage))
-        }
-        Backend::Kv => Ok(Arc::new(config.storage.kv.build()?)),
-        #[cfg(not(feature = "simple"))]
-        Backend::Simple => {
-            let _ = merges;
-            Err(tq_core::Error::unsupported(
-                "embedded storage",
-                "simple (build tq-client with the `simple` feature)",
-            ))
-        }
+    match &config.storage.backend {
+        Backend::Simple => simple(config, merges),
+        Backend::Kv => kv(config, merges),
+        Backend::Custom(name) => match custom.get(name) {
+            Some(factory) => factory(config, &merges),
+            None => Err(Error::invalid(format!(
+                "storage.backend `{name}` is not a built-in backend and none is registered \
+                 under that name (ClientBuilder::backend); registered: [{}]",
+                custom.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))),
+        },
     }
+}
+
+#[cfg(feature = "simple")]
+fn simple(config: &Config, merges: MergeRegistry) -> Result<Arc<dyn StorageManager>> {
+    let s = &config.storage;
+    #[cfg(feature = "ssd")]
+    if s.ssd.enabled {
+        let units = (0..s.num_units)
+            .map(|i| {
+                let unit = tq_backend_ssd::SsdUnit::new(
+                    format!("unit-{i}"),
+                    tq_unit::UnitConfig {
+                        capacity: s.capacity_per_unit,
+                        compaction_threshold: s.compaction_threshold,
+                        merge_registry: merges.clone(),
+                    },
+                    s.ssd.clone(),
+                )?;
+                Ok(Arc::new(unit) as Arc<dyn tq_unit::StorageUnit>)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(Arc::new(tq_backend_simple::SimpleStorage::new(units)?));
+    }
+    let storage = tq_backend_simple::SimpleStorage::in_memory(
+        s.num_units as usize,
+        tq_backend_simple::SimpleConfig {
+            capacity_per_unit: s.capacity_per_unit,
+            compaction_threshold: s.compaction_threshold,
+            merge_registry: merges,
+        },
+    )?;
+    Ok(Arc::new(storage))
+}
+
+#[cfg(not(feature = "simple"))]
+fn simple(_: &Config, _: MergeRegistry) -> Result<Arc<dyn StorageManager>> {
+    Err(crate::config::feature_off(
+        "storage.backend = \"simple\"",
+        "simple",
+    ))
+}
+
+#[cfg(feature = "kv")]
+fn kv(config: &Config, merges: MergeRegistry) -> Result<Arc<dyn StorageManager>> {
+    Ok(Arc::new(
+        config.storage.kv.build()?.with_merge_registry(merges),
+    ))
+}
+
+#[cfg(not(feature = "kv"))]
+fn kv(_: &Config, _: MergeRegistry) -> Result<Arc<dyn StorageManager>> {
+    Err(crate::config::feature_off("storage.backend = \"kv\"", "kv"))
 }

@@ -5,12 +5,12 @@ use crate::clear::UnfinishedClears;
 use crate::key_cache::{
     tensor_bytes, KeyCache, KeyCacheStats, SPECULATE_MAX_BYTES, SPECULATE_MAX_KEYS,
 };
-use crate::Config;
+use crate::{ClientBuilder, Config};
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use tq_controller::{
-    ConsumptionStatus, ControlPlane, Controller, ControllerConfig, GetMetaMode, GetMetaRequest,
-    KeyListing, ProductionNotice, ProductionStatus, Wait,
+    ConsumptionStatus, ControlPlane, GetMetaMode, GetMetaRequest, KeyListing, ProductionNotice,
+    ProductionStatus, Wait,
 };
 use tq_core::{
     Batch, BatchMeta, Error, FieldFilter, FieldName, PutReceipt, Result, StorageManager, Tags,
@@ -96,27 +96,24 @@ pub(crate) fn owned_fields<F: AsRef<str>>(partition: &str, fields: &[F]) -> Resu
 }
 
 impl Client {
+    /// Starts building a client: embedded ([`ClientBuilder::build`]) or connected
+    /// ([`ClientBuilder::connect`]).
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::default()
+    }
+
     /// Runs the controller and the storage units inside this process: calls are direct, nothing
-    /// is serialized and nothing listens on a port.
+    /// is serialized and nothing listens on a port. Shortcut for
+    /// `Client::builder().config(config).build()`.
     pub fn embedded(config: Config) -> Result<Client> {
-        Client::embedded_with_merges(config, tq_core::MergeRegistry::default())
+        Client::builder().config(config).build()
     }
 
     /// [`Client::embedded`] with named merge functions for `kv_update` (`MergeOp::Named`),
-    /// registered on the storage units.
+    /// registered on the storage (every built-in backend). Shortcut for
+    /// `Client::builder().config(config).merges(&merges).build()`.
     pub fn embedded_with_merges(config: Config, merges: tq_core::MergeRegistry) -> Result<Client> {
-        config.validate()?;
-        let storage = crate::backends::build(&config, merges)?;
-        let controller = Controller::new(ControllerConfig {
-            storage_units: config.storage.num_units,
-            default_sampler: config.controller.default_sampler.clone(),
-            storage_backend: storage.name().to_string(),
-            links_supported: storage.capabilities().links,
-        })?;
-        for (name, spec) in &config.controller.samplers {
-            controller.register_sampler(name.clone(), tq_controller::sampler_from_name(spec)?);
-        }
-        Ok(Client::from_parts(Arc::new(controller), storage, config))
+        Client::builder().config(config).merges(&merges).build()
     }
 
     /// A client over any control plane and storage (custom backends, tests).
@@ -523,7 +520,7 @@ impl Client {
         &self,
         partition: &str,
         keys: &[String],
-        types: &std::collections::BTreeMap<FieldName, tq_core::FieldSchema>,
+        types: &std::collections::BTreeMap<FieldName, tq_core::FieldMeta>,
     ) -> Result<tq_controller::KvMeta> {
         let kv = self.control.kv_prepare_put(partition, keys, types).await?;
         if kv.clearing.is_empty() {

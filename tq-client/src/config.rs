@@ -34,16 +34,32 @@
 //! key_cache_entries = 16384        # remote clients: overlap small gets with the key lookup
 //! ```
 //!
-//! Every key can be overridden by an environment variable named `TQ_<SECTION>_<KEY>` in upper
-//! case, e.g. `TQ_STORAGE_NUM_UNITS=4` or `TQ_CONTROLLER_FETCH_TIMEOUT_MS=500`.
+//! # Environment overrides
+//!
+//! Every key can be overridden by an environment variable, by one rule: `TQ_` followed by the
+//! key's path in upper case with `_` between the parts, e.g. `TQ_STORAGE_NUM_UNITS=4`,
+//! `TQ_CONTROLLER_FETCH_TIMEOUT_MS=500`, `TQ_STORAGE_KV_DATA_TTL_MS=60000`,
+//! `TQ_STORAGE_SSD_ENABLED=true`, `TQ_CONTROLLER_SAMPLERS_GRPO=grpo:4` (adds a named sampler).
+//! Values are TOML values (`4`, `true`, `[{ url = "memory://" }]`); anything else is taken as a
+//! string. A variable under `TQ_CONTROLLER_`, `TQ_STORAGE_` or `TQ_NET_` that names no key is
+//! an error, like an unknown key in the file; other `TQ_*` variables are not configuration and
+//! are left alone.
+//!
+//! # Backends and features
+//!
+//! `storage.backend` is `simple` (feature `simple`, on by default), `kv` (feature `kv`; Redis and
+//! object storage need `redis` / `object-store` as well), or the name of a backend registered
+//! with [`crate::ClientBuilder::backend`]. The `[storage.kv]` and `[storage.ssd]` sections exist
+//! only in builds with the `kv` / `ssd` feature; in other builds the section is an error naming
+//! the feature, never silently ignored.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 use tq_core::{Error, Result};
 
-/// Everything `Client::embedded` needs. `Config::default()` is a working setup.
+/// Everything a client needs. `Config::default()` is a working setup.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -83,9 +99,8 @@ impl Default for NetSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ControllerSection {
-    /// Sampler for fetches that name none: `sequential`, `grpo:<n>`, `rank-aware`,
-    /// `seqlen-balanced:<dp_size>` or `seqlen-balanced:<dp_size>:<n>`
-    /// (see `tq_controller::sampler_from_name`).
+    /// Sampler for fetches that name none (a [`tq_controller::SamplerSpec`]: `sequential`,
+    /// `grpo:<n>`, `rank-aware`, `seqlen-balanced:<dp_size>` or `seqlen-balanced:<dp_size>:<n>`).
     pub default_sampler: String,
     /// How long [`crate::Client::fetch`] waits for enough ready samples, in milliseconds.
     pub fetch_timeout_ms: u64,
@@ -104,17 +119,116 @@ impl Default for ControllerSection {
     }
 }
 
-/// Which storage backend holds the payloads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+/// Which storage backend holds the payloads (`storage.backend`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Backend {
-    /// In-memory storage units in this process.
+    /// `simple`: in-memory storage units in this process (feature `simple`), optionally with
+    /// SSD offload (`[storage.ssd]`, feature `ssd`).
     #[default]
     Simple,
-    /// The generic key-value adapter (`[storage.kv]`): in-memory, Redis (feature `redis`) or
-    /// object_store (feature `object-store`).
+    /// `kv`: the generic key-value adapter (`[storage.kv]`, feature `kv`): in-memory, Redis
+    /// (feature `redis`) or object_store (feature `object-store`).
     Kv,
+    /// Any other name: a backend registered with [`crate::ClientBuilder::backend`].
+    Custom(String),
 }
+
+impl Backend {
+    /// The name configuration uses.
+    pub fn name(&self) -> &str {
+        match self {
+            Backend::Simple => "simple",
+            Backend::Kv => "kv",
+            Backend::Custom(name) => name,
+        }
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Backend> {
+        let s = s.trim();
+        match s {
+            "simple" => Ok(Backend::Simple),
+            "kv" => Ok(Backend::Kv),
+            "" => Err(Error::invalid("storage.backend must not be empty")),
+            name if name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') =>
+            {
+                Ok(Backend::Custom(name.to_string()))
+            }
+            other => Err(Error::invalid(format!(
+                "storage.backend `{other}`: a backend name has only letters, digits, `-` and `_`"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for Backend {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Backend {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Backend, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse()
+            .map_err(|e: Error| serde::de::Error::custom(e.message()))
+    }
+}
+
+/// The place of a configuration section whose backend this build leaves out (its cargo feature
+/// is off). Any content is accepted when parsing and remembered as present, so that
+/// [`Config::validate`] can name the missing feature instead of ignoring the section.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NotBuilt {
+    present: bool,
+}
+
+impl NotBuilt {
+    /// Whether the configuration had this section.
+    pub fn is_present(&self) -> bool {
+        self.present
+    }
+}
+
+impl Serialize for NotBuilt {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        s.serialize_map(Some(0))?.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for NotBuilt {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<NotBuilt, D::Error> {
+        let table = BTreeMap::<String, serde::de::IgnoredAny>::deserialize(d)?;
+        Ok(NotBuilt {
+            present: !table.is_empty(),
+        })
+    }
+}
+
+/// The `[storage.kv]` section: [`tq_backend_kv::KvConfig`] with feature `kv`.
+#[cfg(feature = "kv")]
+pub type KvSection = tq_backend_kv::KvConfig;
+/// The `[storage.kv]` section: an error when present, since this build has no `kv` feature.
+#[cfg(not(feature = "kv"))]
+pub type KvSection = NotBuilt;
+
+/// The `[storage.ssd]` section: [`tq_backend_ssd::SsdConfig`] with feature `ssd`.
+#[cfg(feature = "ssd")]
+pub type SsdSection = tq_backend_ssd::SsdConfig;
+/// The `[storage.ssd]` section: an error when present, since this build has no `ssd` feature.
+#[cfg(not(feature = "ssd"))]
+pub type SsdSection = NotBuilt;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -122,15 +236,15 @@ pub struct StorageSection {
     pub backend: Backend,
     /// Number of storage units; sample index `i` lives on unit `i % num_units`.
     pub num_units: u32,
-    /// Maximum samples per unit (`None`: unlimited).
+    /// Maximum samples per unit (`None`: unlimited). Only the `simple` backend has units.
     pub capacity_per_unit: Option<usize>,
     /// A dense put's allocation is compacted when less than this fraction of its rows is live.
     pub compaction_threshold: f64,
     /// Settings of `backend = "kv"`.
-    pub kv: tq_backend_kv::KvConfig,
+    pub kv: KvSection,
     /// SSD offload of the simple backend's units (`[storage.ssd]`: `enabled`, `path`,
     /// `threshold_bytes` (default 1 MiB), `engine` = `auto` | `uring` | `psync`).
-    pub ssd: tq_backend_ssd::SsdConfig,
+    pub ssd: SsdSection,
 }
 
 impl Default for StorageSection {
@@ -140,11 +254,14 @@ impl Default for StorageSection {
             num_units: 2,
             capacity_per_unit: None,
             compaction_threshold: 0.5,
-            kv: tq_backend_kv::KvConfig::default(),
-            ssd: tq_backend_ssd::SsdConfig::default(),
+            kv: KvSection::default(),
+            ssd: SsdSection::default(),
         }
     }
 }
+
+/// The top-level sections environment variables can address (`TQ_<SECTION>_...`).
+const ENV_SECTIONS: [&str; 3] = ["controller", "storage", "net"];
 
 impl Config {
     /// Parses TOML; unknown keys are errors (a typo should not silently use a default).
@@ -155,7 +272,7 @@ impl Config {
         Ok(c)
     }
 
-    /// Reads `path` (if given) then applies environment overrides.
+    /// Reads `path` (if given) then applies the environment's overrides.
     pub fn load(path: Option<&Path>) -> Result<Config> {
         let mut c = match path {
             Some(p) => {
@@ -167,89 +284,141 @@ impl Config {
             }
             None => Config::default(),
         };
-        c.apply_env(|k| std::env::var(k).ok())?;
+        c.apply_env(std::env::vars())?;
         Ok(c)
     }
 
-    /// Applies `TQ_<SECTION>_<KEY>` overrides read through `get`.
-    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<()> {
-        fn parse<T: std::str::FromStr>(key: &str, v: &str) -> Result<T> {
-            v.trim().parse().map_err(|_| {
-                Error::invalid(format!("environment variable {key}: cannot parse `{v}`"))
+    /// Applies the `TQ_<PATH>` overrides among `vars` (name, value) — see the module docs for
+    /// the rule. All or nothing: on error the configuration is unchanged.
+    pub fn apply_env(&mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<()> {
+        let mut vars: Vec<(String, String)> = vars
+            .into_iter()
+            .filter(|(k, _)| {
+                ENV_SECTIONS
+                    .iter()
+                    .any(|s| k.starts_with(&format!("TQ_{}_", s.to_uppercase())))
             })
+            .collect();
+        if vars.is_empty() {
+            return Ok(());
         }
-        if let Some(v) = get("TQ_CONTROLLER_DEFAULT_SAMPLER") {
-            self.controller.default_sampler = v;
+        vars.sort();
+        let mut tree = toml::Table::try_from(&*self)
+            .map_err(|e| Error::internal(format!("configuration does not serialize: {e}")))?;
+        for (name, raw) in &vars {
+            set_from_env(&mut tree, name, raw)?;
         }
-        if let Some(v) = get("TQ_CONTROLLER_FETCH_TIMEOUT_MS") {
-            self.controller.fetch_timeout_ms = parse("TQ_CONTROLLER_FETCH_TIMEOUT_MS", &v)?;
-        }
-        if let Some(v) = get("TQ_STORAGE_BACKEND") {
-            self.storage.backend = match v.trim() {
-                "simple" => Backend::Simple,
-                "kv" => Backend::Kv,
-                other => {
-                    return Err(Error::invalid(format!(
-                        "environment variable TQ_STORAGE_BACKEND: unknown backend `{other}`"
-                    )))
-                }
-            };
-        }
-        if let Some(v) = get("TQ_STORAGE_NUM_UNITS") {
-            self.storage.num_units = parse("TQ_STORAGE_NUM_UNITS", &v)?;
-        }
-        if let Some(v) = get("TQ_STORAGE_CAPACITY_PER_UNIT") {
-            self.storage.capacity_per_unit = Some(parse("TQ_STORAGE_CAPACITY_PER_UNIT", &v)?);
-        }
-        if let Some(v) = get("TQ_STORAGE_SSD_PATH") {
-            self.storage.ssd.enabled = true;
-            self.storage.ssd.path = Some(v.into());
-        }
-        if let Some(v) = get("TQ_STORAGE_SSD_THRESHOLD_BYTES") {
-            self.storage.ssd.threshold_bytes = parse("TQ_STORAGE_SSD_THRESHOLD_BYTES", &v)?;
-        }
-        if let Some(v) = get("TQ_NET_TOKEN") {
-            self.net.token = Some(v);
-        }
-        if let Some(v) = get("TQ_NET_REQUEST_TIMEOUT_MS") {
-            self.net.request_timeout_ms = parse("TQ_NET_REQUEST_TIMEOUT_MS", &v)?;
-        }
-        if let Some(v) = get("TQ_NET_CONNECT_TIMEOUT_MS") {
-            self.net.connect_timeout_ms = parse("TQ_NET_CONNECT_TIMEOUT_MS", &v)?;
-        }
-        if let Some(v) = get("TQ_NET_KEY_CACHE_ENTRIES") {
-            self.net.key_cache_entries = parse("TQ_NET_KEY_CACHE_ENTRIES", &v)?;
-        }
-        if let Some(v) = get("TQ_STORAGE_COMPACTION_THRESHOLD") {
-            self.storage.compaction_threshold = parse("TQ_STORAGE_COMPACTION_THRESHOLD", &v)?;
-        }
-        self.validate()
+        let c: Config = toml::Value::Table(tree)
+            .try_into()
+            .map_err(|e| Error::invalid(format!("configuration from the environment: {e}")))?;
+        c.validate()?;
+        *self = c;
+        Ok(())
     }
 
-    /// Rejects settings that cannot work.
+    /// Rejects settings that cannot work, and settings that would be silently ignored.
     pub fn validate(&self) -> Result<()> {
-        if self.storage.num_units == 0 {
+        let s = &self.storage;
+        if s.num_units == 0 {
             return Err(Error::invalid("storage.num_units must be at least 1"));
         }
-        if !(0.0..=1.0).contains(&self.storage.compaction_threshold) {
+        if !(0.0..=1.0).contains(&s.compaction_threshold) {
             return Err(Error::invalid(
                 "storage.compaction_threshold must be between 0 and 1",
             ));
         }
-        if self.storage.capacity_per_unit == Some(0) {
+        if s.capacity_per_unit == Some(0) {
             return Err(Error::invalid(
                 "storage.capacity_per_unit must be at least 1",
             ));
         }
-        if self.storage.backend == Backend::Kv {
-            self.storage.kv.validate()?;
+        self.validate_kv()?;
+        self.validate_ssd()?;
+        if s.backend != Backend::Simple && s.capacity_per_unit.is_some() {
+            return Err(Error::invalid(format!(
+                "storage.capacity_per_unit applies to the `simple` backend's units, \
+                 not to storage.backend = `{}`",
+                s.backend
+            )));
         }
-        tq_controller::sampler_from_name(&self.controller.default_sampler)?;
-        for (name, spec) in &self.controller.samplers {
-            tq_controller::sampler_from_name(spec)
-                .map_err(|e| e.context(format!("controller.samplers.{name}")))?;
+        self.sampler_specs()?;
+        Ok(())
+    }
+
+    #[cfg(feature = "kv")]
+    fn validate_kv(&self) -> Result<()> {
+        let s = &self.storage;
+        if s.backend == Backend::Kv {
+            s.kv.validate()
+        } else if s.kv != KvSection::default() {
+            Err(Error::invalid(format!(
+                "[storage.kv] is set but storage.backend is `{}`; set backend = \"kv\" or remove it",
+                s.backend
+            )))
+        } else {
+            Ok(())
+        }
+    }
+
+    #[cfg(not(feature = "kv"))]
+    fn validate_kv(&self) -> Result<()> {
+        if self.storage.backend == Backend::Kv || self.storage.kv.is_present() {
+            return Err(feature_off(
+                "storage.backend = \"kv\" and [storage.kv]",
+                "kv",
+            ));
         }
         Ok(())
+    }
+
+    #[cfg(feature = "ssd")]
+    fn validate_ssd(&self) -> Result<()> {
+        let s = &self.storage;
+        if s.ssd.enabled && s.backend != Backend::Simple {
+            return Err(Error::invalid(format!(
+                "storage.ssd offloads the `simple` backend's units; storage.backend is `{}`",
+                s.backend
+            )));
+        }
+        if !s.ssd.enabled && s.ssd != SsdSection::default() {
+            return Err(Error::invalid(
+                "[storage.ssd] has settings but enabled = false; set enabled = true or remove them",
+            ));
+        }
+        Ok(())
+    }
+
+    #[cfg(not(feature = "ssd"))]
+    fn validate_ssd(&self) -> Result<()> {
+        if self.storage.ssd.is_present() {
+            return Err(feature_off("[storage.ssd]", "ssd"));
+        }
+        Ok(())
+    }
+
+    /// The default sampler's spec and the named samplers' specs, parsed.
+    pub fn sampler_specs(
+        &self,
+    ) -> Result<(
+        tq_controller::SamplerSpec,
+        Vec<(String, tq_controller::SamplerSpec)>,
+    )> {
+        let default = self
+            .controller
+            .default_sampler
+            .parse()
+            .map_err(|e: Error| e.context("controller.default_sampler"))?;
+        let named = self
+            .controller
+            .samplers
+            .iter()
+            .map(|(name, spec)| {
+                spec.parse()
+                    .map(|s| (name.clone(), s))
+                    .map_err(|e: Error| e.context(format!("controller.samplers.{name}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((default, named))
     }
 
     pub fn request_timeout(&self) -> Duration {
@@ -265,6 +434,96 @@ impl Config {
     }
 }
 
+/// The error for configuration that needs a cargo feature this build lacks.
+#[cfg_attr(
+    all(feature = "simple", feature = "kv", feature = "ssd"),
+    allow(dead_code) // every backend is built in
+)]
+pub(crate) fn feature_off(what: &str, feature: &str) -> Error {
+    Error::unsupported(
+        what,
+        format!("this build of tq (enable the `{feature}` feature of the `tq` crate)"),
+    )
+}
+
+/// Sets the key an environment variable names. The longest table path whose `TQ_` name
+/// prefixes the variable wins; the rest of the name, in lower case, is the key.
+fn set_from_env(tree: &mut toml::Table, name: &str, raw: &str) -> Result<()> {
+    let mut tables: Vec<Vec<String>> = Vec::new();
+    collect_tables(tree, &mut Vec::new(), &mut tables);
+    let env_name = |path: &[String]| format!("TQ_{}_", path.join("_").to_uppercase());
+    let (path, key) = tables
+        .iter()
+        .filter_map(|path| {
+            let rest = name.strip_prefix(&env_name(path))?;
+            (!rest.is_empty()).then(|| (path, rest.to_lowercase()))
+        })
+        .max_by_key(|(path, _)| path.len())
+        .ok_or_else(|| Error::invalid(format!("environment variable {name}: names no setting")))?;
+    let path = path.clone();
+    let table = table_at(tree, &path)?;
+    let value = match table.get(&key) {
+        Some(toml::Value::String(_)) => toml::Value::String(raw.to_string()),
+        Some(existing) => match parse_toml_value(raw) {
+            Some(v) if v.same_type(existing) => v,
+            _ => {
+                return Err(Error::invalid(format!(
+                    "environment variable {name}: `{raw}` is not a {}",
+                    existing.type_str()
+                )))
+            }
+        },
+        None => parse_toml_value(raw).unwrap_or_else(|| toml::Value::String(raw.to_string())),
+    };
+    let typed = !matches!(value, toml::Value::String(_));
+    table.insert(key.clone(), value);
+    // A key that was unset (an `Option`) takes the raw string when the parsed value does not fit
+    // (a token that looks like a number).
+    if typed
+        && toml::Value::Table(tree.clone())
+            .try_into::<Config>()
+            .is_err()
+    {
+        table_at(tree, &path)?.insert(key, toml::Value::String(raw.to_string()));
+    }
+    Ok(())
+}
+
+fn table_at<'t>(tree: &'t mut toml::Table, path: &[String]) -> Result<&'t mut toml::Table> {
+    let Some((first, rest)) = path.split_first() else {
+        return Ok(tree);
+    };
+    match tree.get_mut(first) {
+        Some(toml::Value::Table(t)) => table_at(t, rest),
+        _ => Err(Error::internal(format!(
+            "configuration table `{first}` vanished"
+        ))),
+    }
+}
+
+fn collect_tables(table: &toml::Table, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    if path.is_empty() || ENV_SECTIONS.contains(&path[0].as_str()) {
+        if !path.is_empty() {
+            out.push(path.clone());
+        }
+        for (k, v) in table {
+            if let toml::Value::Table(t) = v {
+                if path.is_empty() && !ENV_SECTIONS.contains(&k.as_str()) {
+                    continue;
+                }
+                path.push(k.clone());
+                collect_tables(t, path, out);
+                path.pop();
+            }
+        }
+    }
+}
+
+fn parse_toml_value(raw: &str) -> Option<toml::Value> {
+    let table: toml::Table = toml::from_str(&format!("v = {raw}")).ok()?;
+    table.get("v").cloned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,23 +536,109 @@ mod tests {
         assert!(Config::from_toml("[storage]\nnum_unitz = 4\n").is_err());
         assert!(Config::from_toml("[storage]\nnum_units = 0\n").is_err());
         let mut c = Config::default();
-        c.apply_env(|k| match k {
-            "TQ_STORAGE_NUM_UNITS" => Some("3".into()),
-            "TQ_CONTROLLER_DEFAULT_SAMPLER" => Some("grpo:4".into()),
-            _ => None,
-        })
+        c.apply_env(env(&[
+            ("TQ_STORAGE_NUM_UNITS", "3"),
+            ("TQ_CONTROLLER_DEFAULT_SAMPLER", "grpo:4"),
+            ("TQ_REQUIRE_REDIS", "1"),
+        ]))
         .unwrap();
         assert_eq!(c.storage.num_units, 3);
         assert_eq!(c.controller.default_sampler, "grpo:4");
+        let before = c.clone();
         let e = c
-            .apply_env(|k| (k == "TQ_STORAGE_NUM_UNITS").then(|| "x".into()))
+            .apply_env(env(&[("TQ_STORAGE_NUM_UNITS", "x")]))
             .unwrap_err();
-        assert!(e.message().contains("TQ_STORAGE_NUM_UNITS"));
+        assert!(e.message().contains("TQ_STORAGE_NUM_UNITS"), "{e}");
         assert!(c
-            .apply_env(|k| (k == "TQ_CONTROLLER_DEFAULT_SAMPLER").then(|| "nope".into()))
+            .apply_env(env(&[("TQ_CONTROLLER_DEFAULT_SAMPLER", "nope")]))
             .is_err());
+        assert_eq!(c, before, "a refused override changes nothing");
     }
 
+    fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+        vars.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn every_key_follows_the_environment_rule() {
+        let mut c = Config::default();
+        c.apply_env(env(&[
+            ("TQ_NET_TOKEN", "12345"),
+            ("TQ_NET_REQUEST_TIMEOUT_MS", "250"),
+            ("TQ_STORAGE_CAPACITY_PER_UNIT", "64"),
+            ("TQ_STORAGE_COMPACTION_THRESHOLD", "0.25"),
+            ("TQ_CONTROLLER_SAMPLERS_GROUPS", "grpo:8"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.net.token.as_deref(),
+            Some("12345"),
+            "a numeric token stays a string"
+        );
+        assert_eq!(c.net.request_timeout_ms, 250);
+        assert_eq!(c.storage.capacity_per_unit, Some(64));
+        assert_eq!(c.storage.compaction_threshold, 0.25);
+        assert_eq!(c.controller.samplers["groups"], "grpo:8");
+        for unknown in ["TQ_STORAGE_NUM_UNITZ", "TQ_NET_TOKENS", "TQ_CONTROLLER_X"] {
+            let e = Config::default()
+                .apply_env(env(&[(unknown, "1")]))
+                .unwrap_err();
+            assert_eq!(e.kind(), &tq_core::ErrorKind::Invalid, "{unknown}: {e}");
+        }
+    }
+
+    #[cfg(feature = "kv")]
+    #[test]
+    fn nested_sections_follow_the_rule_too() {
+        let mut c = Config::default();
+        c.apply_env(env(&[
+            ("TQ_STORAGE_BACKEND", "kv"),
+            ("TQ_STORAGE_KV_DATA_TTL_MS", "60000"),
+            ("TQ_STORAGE_KV_STORES", "[{ url = \"memory://\" }]"),
+            ("TQ_STORAGE_KV_REDIS_DELETE", "del"),
+        ]))
+        .unwrap();
+        assert_eq!(c.storage.backend, Backend::Kv);
+        assert_eq!(c.storage.kv.data_ttl_ms, Some(60000));
+        assert_eq!(c.storage.kv.stores.len(), 1);
+        assert_eq!(c.storage.kv.redis.delete, tq_backend_kv::RedisDelete::Del);
+    }
+
+    #[test]
+    fn settings_that_would_be_ignored_are_errors() {
+        assert!(Config::from_toml("[storage]\nbackend = \"mine\"\n").is_ok());
+        let e = Config::from_toml("[storage]\nbackend = \"mine\"\ncapacity_per_unit = 4\n")
+            .unwrap_err();
+        assert!(e.message().contains("capacity_per_unit"), "{e}");
+        assert!(Config::from_toml("[storage]\nbackend = \"no spaces\"\n").is_err());
+        #[cfg(feature = "kv")]
+        assert!(Config::from_toml("[storage.kv]\ndata_ttl_ms = 5\n").is_err());
+        #[cfg(feature = "ssd")]
+        assert!(Config::from_toml("[storage.ssd]\nthreshold_bytes = 5\n").is_err());
+    }
+
+    #[cfg(not(feature = "kv"))]
+    #[test]
+    fn a_kv_section_without_the_feature_names_the_feature() {
+        for text in [
+            "[storage]\nbackend = \"kv\"\n",
+            "[storage.kv]\ndata_ttl_ms = 5\n",
+        ] {
+            let e = Config::from_toml(text).unwrap_err();
+            assert!(e.message().contains("`kv` feature"), "{e}");
+        }
+    }
+
+    #[cfg(not(feature = "ssd"))]
+    #[test]
+    fn an_ssd_section_without_the_feature_names_the_feature() {
+        let e = Config::from_toml("[storage.ssd]\nenabled = true\n").unwrap_err();
+        assert!(e.message().contains("`ssd` feature"), "{e}");
+    }
+
+    #[cfg(feature = "kv")]
     #[test]
     fn kv_section() {
         let c = Config::from_toml(

@@ -153,9 +153,9 @@ impl KeyCache {
 pub(crate) fn tensor_bytes(meta: &BatchMeta) -> usize {
     meta.fields()
         .values()
-        .filter(|s| s.kind != FieldKind::Object)
+        .filter(|s| s.kind() != FieldKind::Object)
         .map(|s| {
-            let item = s.dtype.map_or(0, |d| d.size());
+            let item = s.dtype().map_or(0, |d| d.size());
             (0..meta.len())
                 .map(|r| s.row_shape(r).map_or(0, |sh| sh.iter().product::<usize>()) * item)
                 .sum::<usize>()
@@ -167,12 +167,12 @@ pub(crate) fn tensor_bytes(meta: &BatchMeta) -> usize {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
-    use tq_core::{DType, FieldSchema, SampleId};
+    use tq_core::{DType, FieldMeta, SampleId};
 
     fn row(index: u32, fields: &[&str]) -> BatchMeta {
-        let schemas: BTreeMap<String, FieldSchema> = fields
+        let schemas: BTreeMap<String, FieldMeta> = fields
             .iter()
-            .map(|f| (f.to_string(), FieldSchema::dense(DType::F32, vec![4])))
+            .map(|f| (f.to_string(), FieldMeta::dense(DType::F32, vec![4])))
             .collect();
         BatchMeta::new("p", vec![SampleId::new(index, 1)])
             .with_fields(schemas)

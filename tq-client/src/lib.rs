@@ -28,6 +28,7 @@
 
 mod backends;
 mod blocking;
+mod builder;
 mod clear;
 mod client;
 mod config;
@@ -37,9 +38,13 @@ mod remote;
 mod shared;
 mod stream;
 
+pub use backends::BackendFactory;
 pub use blocking::BlockingClient;
+pub use builder::ClientBuilder;
 pub use client::{Client, KvBatchMeta};
-pub use config::{Backend, Config, ControllerSection, NetSection, StorageSection};
+pub use config::{
+    Backend, Config, ControllerSection, KvSection, NetSection, NotBuilt, SsdSection, StorageSection,
+};
 pub use key_cache::KeyCacheStats;
 #[cfg(feature = "remote")]
 pub use remote::pool_config;

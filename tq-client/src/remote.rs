@@ -20,16 +20,24 @@ pub fn pool_config(config: &Config) -> ClientConfig {
 
 impl Client {
     /// Connects to a controller (`tcp://host:port` or `unix:///path`) with the default
-    /// configuration plus environment overrides (e.g. `TQ_NET_TOKEN`).
+    /// configuration plus environment overrides (e.g. `TQ_NET_TOKEN`). Shortcut for
+    /// `Client::builder().connect(url)`.
     pub async fn connect(url: &str) -> Result<Client> {
-        Client::connect_with(url, Config::load(None)?).await
+        Client::builder().connect(url).await
     }
 
-    /// Connects to a controller, waits until every storage unit has registered (up to the
-    /// connect timeout) and routes to the units in the controller's order, so every process
-    /// places samples identically.
+    /// [`Client::connect`] with this configuration. Shortcut for
+    /// `Client::builder().config(config).connect(url)`.
     pub async fn connect_with(url: &str, config: Config) -> Result<Client> {
-        config.validate()?;
+        Client::builder().config(config).connect(url).await
+    }
+}
+
+/// Connects to a controller, waits until every storage unit has registered (up to the connect
+/// timeout) and routes to the units in the controller's order, so every process places samples
+/// identically.
+pub(crate) async fn connect(url: &str, config: Config) -> Result<Client> {
+    {
         let endpoint: Endpoint = url.parse()?;
         let pool = Pool::new(pool_config(&config));
         let control =
@@ -57,14 +65,14 @@ impl Client {
                     e.context(format!("storage unit `{}` registered a bad endpoint", u.id))
                 })?;
                 Ok(Arc::new(RemoteUnit::new(u.id.clone(), ep, pool.clone()))
-                    as Arc<dyn tq_backend_simple::StorageUnit>)
+                    as Arc<dyn tq_unit::StorageUnit>)
             })
             .collect::<Result<Vec<_>>>()?;
         let storage = SimpleStorage::new(units)?;
-        let key_cache = config.net.key_cache_entries;
-        Ok(
-            Client::from_parts(Arc::new(control), Arc::new(storage), config)
-                .with_key_cache(key_cache),
-        )
+        Ok(Client::from_parts(
+            Arc::new(control),
+            Arc::new(storage),
+            config,
+        ))
     }
 }

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tq_core::{BackendMeta, BatchMeta, FieldName, FieldSchema, LeaseId, Result, SampleId, Tags};
+use tq_core::{BackendMeta, BatchMeta, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
 
 /// How long a fetch waits for enough ready samples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,7 +102,7 @@ pub struct ProductionNotice {
     pub partition: String,
     pub samples: Vec<SampleId>,
     /// Schema of each written field, aligned with `samples`.
-    pub schemas: BTreeMap<FieldName, FieldSchema>,
+    pub schemas: BTreeMap<FieldName, FieldMeta>,
     /// Tags to merge into each sample's tags (aligned with `samples`).
     pub tags: Option<Vec<Tags>>,
     /// Backend metadata to merge per sample (aligned with `samples`).
@@ -282,7 +282,7 @@ pub trait ControlPlane: Send + Sync + 'static {
         &self,
         partition: &str,
         samples: &[SampleId],
-        fields: &BTreeMap<FieldName, FieldSchema>,
+        fields: &BTreeMap<FieldName, FieldMeta>,
     ) -> Result<BatchMeta>;
 
     /// `kv_retrieve_meta` with `create` for a write of `fields`, checked like
@@ -294,7 +294,7 @@ pub trait ControlPlane: Send + Sync + 'static {
         &self,
         partition: &str,
         keys: &[String],
-        fields: &BTreeMap<FieldName, FieldSchema>,
+        fields: &BTreeMap<FieldName, FieldMeta>,
     ) -> Result<KvMeta>;
 
     /// Step 1 of a whole-key clear: like [`ControlPlane::mark_clearing`] for the samples of

@@ -5,14 +5,14 @@
 use crate::allocator::IndexAllocator;
 use crate::api::*;
 use crate::partition::{check_unique_ids, is_public, Partition, Production, PUBLIC_PARTITION};
-use crate::sampler::{GrpoGroupNSampler, Sampled, Sampler, SamplerContext, SequentialSampler};
+use crate::sampler::{Sampled, Sampler, SamplerContext, SamplerSpec};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
-use tq_core::{BatchMeta, Error, FieldName, FieldSchema, LeaseId, Result, SampleId, Tags};
+use tq_core::{BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
 
 /// Controller settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -20,11 +20,9 @@ use tq_core::{BatchMeta, Error, FieldName, FieldSchema, LeaseId, Result, SampleI
 pub struct ControllerConfig {
     /// Number of storage units samples are balanced across (index `i` lives on unit `i % n`).
     pub storage_units: u32,
-    /// The sampler used when a fetch names none, by [`sampler_from_name`]: `"sequential"`,
-    /// `"grpo:<n>"`, `"rank-aware"`, `"seqlen-balanced:<dp_size>"` or
-    /// `"seqlen-balanced:<dp_size>:<n>"` (the last two need `dp_rank` and `batch_index` in
-    /// every fetch).
-    pub default_sampler: String,
+    /// The sampler used when a fetch names none (written as in configuration: `"sequential"`,
+    /// `"grpo:4"`, ...).
+    pub default_sampler: SamplerSpec,
     /// The storage backend's name, for error messages (`"simple"`, `"redis"`, ...).
     pub storage_backend: String,
     /// Whether the storage backend resolves shared-payload links (`kv_link`). The controller
@@ -36,53 +34,16 @@ impl Default for ControllerConfig {
     fn default() -> Self {
         ControllerConfig {
             storage_units: 2,
-            default_sampler: "sequential".into(),
+            default_sampler: SamplerSpec::Sequential,
             storage_backend: "simple".into(),
             links_supported: true,
         }
     }
 }
 
-/// Builds a sampler from its configuration name:
-///
-/// - `sequential` — [`SequentialSampler`];
-/// - `grpo:<n>` — [`GrpoGroupNSampler`] with groups of `n`;
-/// - `rank-aware` — [`crate::RankAwareSampler`];
-/// - `seqlen-balanced:<dp_size>` or `seqlen-balanced:<dp_size>:<n>` —
-///   [`crate::SeqlenBalancedSampler`] over `dp_size` ranks with groups of `n` (default 1).
-///
-/// Anything else, or a malformed or zero number, is `Invalid`.
+/// The sampler a configuration string names (see [`SamplerSpec`] for the forms).
 pub fn sampler_from_name(name: &str) -> Result<Arc<dyn Sampler>> {
-    const ACCEPTED: &str = "expected `sequential`, `grpo:<n>`, `rank-aware`, \
-                            `seqlen-balanced:<dp_size>` or `seqlen-balanced:<dp_size>:<n>`";
-    let number = |what: &str, v: &str| -> Result<usize> {
-        v.parse().map_err(|_| {
-            Error::invalid(format!(
-                "sampler `{name}`: `{v}` is not a {what} ({ACCEPTED})"
-            ))
-        })
-    };
-    let built: Arc<dyn Sampler> = match name.split_once(':') {
-        None if name == "sequential" => Arc::new(SequentialSampler),
-        None if name == "rank-aware" => Arc::new(crate::sampler::RankAwareSampler::new()),
-        Some(("grpo", n)) => Arc::new(GrpoGroupNSampler::new(number("group size", n)?)?),
-        Some(("seqlen-balanced", rest)) => {
-            let (dp_size, n) = match rest.split_once(':') {
-                None => (rest, "1"),
-                Some((dp_size, n)) => (dp_size, n),
-            };
-            Arc::new(crate::sampler::SeqlenBalancedSampler::new(
-                number("group size", n)?,
-                number("dp size", dp_size)?,
-            )?)
-        }
-        _ => {
-            return Err(Error::invalid(format!(
-                "unknown sampler `{name}` ({ACCEPTED})"
-            )))
-        }
-    };
-    Ok(built)
+    name.parse::<SamplerSpec>()?.build()
 }
 
 struct State {
@@ -241,7 +202,7 @@ impl Controller {
             }),
             waiters: Mutex::new(HashMap::new()),
             samplers: RwLock::new(HashMap::new()),
-            default_sampler: sampler_from_name(&config.default_sampler)?,
+            default_sampler: config.default_sampler.build()?,
             storage_backend: config.storage_backend,
             links_supported: config.links_supported,
         })
@@ -980,7 +941,7 @@ impl ControlPlane for Controller {
         &self,
         partition: &str,
         samples: &[SampleId],
-        fields: &BTreeMap<FieldName, FieldSchema>,
+        fields: &BTreeMap<FieldName, FieldMeta>,
     ) -> Result<BatchMeta> {
         tokio::task::consume_budget().await;
         let st = self.lock();
@@ -996,7 +957,7 @@ impl ControlPlane for Controller {
         &self,
         partition: &str,
         keys: &[String],
-        fields: &BTreeMap<FieldName, FieldSchema>,
+        fields: &BTreeMap<FieldName, FieldMeta>,
     ) -> Result<KvMeta> {
         check_keys(partition, keys)?;
         tokio::task::consume_budget().await;

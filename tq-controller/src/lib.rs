@@ -27,6 +27,6 @@ pub use controller::{sampler_from_name, Controller, ControllerConfig};
 pub use net::{ControllerServer, RemoteControlPlane, Topology, UnitInfo};
 pub use partition::{is_public, PUBLIC_PARTITION};
 pub use sampler::{
-    Candidate, GrpoGroupNSampler, RankAwareSampler, Sampled, Sampler, SamplerContext,
+    Candidate, GrpoGroupNSampler, RankAwareSampler, Sampled, Sampler, SamplerContext, SamplerSpec,
     SeqlenBalancedSampler, SequentialSampler,
 };

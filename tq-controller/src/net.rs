@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tq_core::{BatchMeta, Error, FieldName, FieldSchema, LeaseId, Result, SampleId, Tags};
+use tq_core::{BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
 use tq_net::{CallOptions, Endpoint, Handler, Message, Pool};
 
 /// A storage unit known to the controller.
@@ -108,12 +108,12 @@ enum ControlRequest {
     PrepareWrite {
         partition: String,
         samples: Vec<SampleId>,
-        fields: BTreeMap<FieldName, FieldSchema>,
+        fields: BTreeMap<FieldName, FieldMeta>,
     },
     KvPreparePut {
         partition: String,
         keys: Vec<String>,
-        fields: BTreeMap<FieldName, FieldSchema>,
+        fields: BTreeMap<FieldName, FieldMeta>,
     },
     KvMarkClearing {
         partition: String,
@@ -651,7 +651,7 @@ impl ControlPlane for RemoteControlPlane {
         &self,
         partition: &str,
         samples: &[SampleId],
-        fields: &BTreeMap<FieldName, FieldSchema>,
+        fields: &BTreeMap<FieldName, FieldMeta>,
     ) -> Result<BatchMeta> {
         let req = ControlRequest::PrepareWrite {
             partition: partition.into(),
@@ -665,7 +665,7 @@ impl ControlPlane for RemoteControlPlane {
         &self,
         partition: &str,
         keys: &[String],
-        fields: &BTreeMap<FieldName, FieldSchema>,
+        fields: &BTreeMap<FieldName, FieldMeta>,
     ) -> Result<KvMeta> {
         let req = ControlRequest::KvPreparePut {
             partition: partition.into(),

@@ -13,7 +13,7 @@ use std::time::Instant;
 mod writes;
 
 use tq_core::{
-    BackendMeta, BatchMeta, DType, Error, FieldName, FieldSchema, LeaseId, Result, SampleId, Tags,
+    BackendMeta, BatchMeta, DType, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags,
 };
 
 /// Per-sample shapes of a tensor field.
@@ -86,21 +86,21 @@ impl FieldState {
         }
     }
 
-    fn check(&self, incoming: &FieldSchema) -> Result<()> {
+    fn check(&self, incoming: &FieldMeta) -> Result<()> {
         if self.members == 0 {
             return Ok(());
         }
         let current = if self.is_object {
-            FieldSchema::object()
+            FieldMeta::object()
         } else {
-            FieldSchema::dense(self.dtype.unwrap_or(DType::U8), vec![])
+            FieldMeta::dense(self.dtype.unwrap_or(DType::U8), vec![])
         };
         current.check_compatible(&self.name, incoming)
     }
 
-    fn add(&mut self, slots: &[u32], schema: &FieldSchema) {
+    fn add(&mut self, slots: &[u32], schema: &FieldMeta) {
         if self.members == 0 {
-            self.dtype = schema.dtype;
+            self.dtype = schema.dtype();
             self.is_object = !schema.is_tensor();
             self.shapes = Shapes::Unknown;
         }
@@ -162,15 +162,15 @@ impl FieldState {
     }
 
     /// The schema of this field over `slots` (rows without the cell get an empty shape).
-    fn schema(&self, slots: &[u32]) -> FieldSchema {
+    fn schema(&self, slots: &[u32]) -> FieldMeta {
         if self.is_object {
-            return FieldSchema::object();
+            return FieldMeta::object();
         }
         let dtype = self.dtype.unwrap_or(DType::U8);
         match &self.shapes {
-            Shapes::Unknown => FieldSchema::dense(dtype, vec![]),
-            Shapes::Uniform(s) => FieldSchema::dense(dtype, s.clone()),
-            Shapes::PerSlot(ragged) => FieldSchema::from_shapes(
+            Shapes::Unknown => FieldMeta::dense(dtype, vec![]),
+            Shapes::Uniform(s) => FieldMeta::dense(dtype, s.clone()),
+            Shapes::PerSlot(ragged) => FieldMeta::from_shapes(
                 dtype,
                 slots
                     .iter()
@@ -365,7 +365,7 @@ impl Partition {
     /// Builds the metadata of `slots` for the fields `fids`.
     pub fn build_meta(&self, slots: &[u32], fids: &[usize], production: Production) -> BatchMeta {
         let samples = slots.iter().map(|&s| self.ids[slot_u(s)]).collect();
-        let fields: BTreeMap<FieldName, FieldSchema> = fids
+        let fields: BTreeMap<FieldName, FieldMeta> = fids
             .iter()
             .map(|&f| (self.fields[f].name.clone(), self.fields[f].schema(slots)))
             .collect();
@@ -791,7 +791,7 @@ impl Partition {
         slot: u32,
         name: &str,
         source: SampleId,
-        schema: &FieldSchema,
+        schema: &FieldMeta,
     ) -> Option<SampleId> {
         let f = self.field_id(name);
         let previous = self.unlink(slot, f);
@@ -801,7 +801,7 @@ impl Partition {
     }
 
     /// The one-row schema of field `name` of `id`, when produced (not counting links).
-    pub fn produced_schema(&self, id: SampleId, name: &str) -> Option<FieldSchema> {
+    pub fn produced_schema(&self, id: SampleId, name: &str) -> Option<FieldMeta> {
         let slot = self.slot_for(id)?;
         let &f = self.field_ids.get(name)?;
         if !self.visible(slot) || !self.fields[f].produced.get(slot_u(slot)) {
@@ -811,7 +811,7 @@ impl Partition {
     }
 
     /// Checks that `schema` may be stored in field `name` of this partition (dtype and kind).
-    pub fn check_field(&self, name: &str, schema: &FieldSchema) -> Result<()> {
+    pub fn check_field(&self, name: &str, schema: &FieldMeta) -> Result<()> {
         match self.field_ids.get(name) {
             Some(&f) => self.fields[f].check(schema),
             None => Ok(()),

@@ -12,9 +12,11 @@
 mod kk;
 mod rank_aware;
 mod seqlen_balanced;
+mod spec;
 
 pub use rank_aware::RankAwareSampler;
 pub use seqlen_balanced::SeqlenBalancedSampler;
+pub use spec::SamplerSpec;
 
 use std::collections::HashMap;
 use std::sync::Mutex;

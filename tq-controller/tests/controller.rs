@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tq_controller::*;
 use tq_core::{
-    BackendMeta, Bytes, DType, ErrorKind, FieldKind, FieldSchema, SampleId, TagValue, Tags,
+    BackendMeta, Bytes, DType, ErrorKind, FieldKind, FieldMeta, SampleId, TagValue, Tags,
 };
 
 fn controller(units: u32) -> Controller {
@@ -30,7 +30,7 @@ async fn insert(c: &Controller, p: &str, n: usize) -> Vec<SampleId> {
     m.samples().to_vec()
 }
 
-fn notice(p: &str, ids: &[SampleId], fields: &[(&str, FieldSchema)]) -> ProductionNotice {
+fn notice(p: &str, ids: &[SampleId], fields: &[(&str, FieldMeta)]) -> ProductionNotice {
     ProductionNotice {
         partition: p.into(),
         samples: ids.to_vec(),
@@ -43,12 +43,12 @@ fn notice(p: &str, ids: &[SampleId], fields: &[(&str, FieldSchema)]) -> Producti
     }
 }
 
-fn f32s(shape: Vec<usize>) -> FieldSchema {
-    FieldSchema::dense(DType::F32, shape)
+fn f32s(shape: Vec<usize>) -> FieldMeta {
+    FieldMeta::dense(DType::F32, shape)
 }
 
 async fn produce(c: &Controller, p: &str, ids: &[SampleId], fields: &[&str]) {
-    let f: Vec<(&str, FieldSchema)> = fields.iter().map(|n| (*n, f32s(vec![2]))).collect();
+    let f: Vec<(&str, FieldMeta)> = fields.iter().map(|n| (*n, f32s(vec![2]))).collect();
     c.notify_production(notice(p, ids, &f)).await.unwrap();
 }
 
@@ -243,13 +243,13 @@ async fn schemas_follow_the_promotion_rules() {
         .notify_production(notice(
             "p",
             &ids[..1],
-            &[("f", FieldSchema::dense(DType::I64, vec![2]))],
+            &[("f", FieldMeta::dense(DType::I64, vec![2]))],
         ))
         .await
         .unwrap_err();
     assert!(e.message().contains("dtype mismatch"), "{e}");
     let e = c
-        .notify_production(notice("p", &ids[..1], &[("f", FieldSchema::object())]))
+        .notify_production(notice("p", &ids[..1], &[("f", FieldMeta::object())]))
         .await
         .unwrap_err();
     assert!(e.message().contains("kind mismatch"), "{e}");
@@ -259,9 +259,9 @@ async fn schemas_follow_the_promotion_rules() {
         .unwrap();
     let m = c.get_meta(force("p", &["f"])).await.unwrap();
     let s = &m.fields()["f"];
-    assert_eq!(s.kind, FieldKind::Ragged);
+    assert_eq!(s.kind(), FieldKind::Ragged);
     assert_eq!(
-        s.per_sample_shapes.as_ref().unwrap(),
+        s.per_sample_shapes().unwrap(),
         &vec![vec![2], vec![2], vec![5]]
     );
     // Clearing the odd sample demotes back to dense.
@@ -274,7 +274,7 @@ async fn schemas_follow_the_promotion_rules() {
     c.notify_production(notice(
         "p",
         &more,
-        &[("f", FieldSchema::dense(DType::I64, vec![1]))],
+        &[("f", FieldMeta::dense(DType::I64, vec![1]))],
     ))
     .await
     .unwrap();
@@ -650,7 +650,7 @@ async fn overwriting_the_odd_shape_demotes_to_dense() {
         .await
         .unwrap();
     assert_eq!(
-        c.get_meta(force("p", &["f"])).await.unwrap().fields()["f"].kind,
+        c.get_meta(force("p", &["f"])).await.unwrap().fields()["f"].kind(),
         FieldKind::Ragged
     );
     c.notify_production(notice("p", &ids[..1], &[("f", f32s(vec![2]))]))

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 use tq_controller::*;
-use tq_core::{DType, ErrorKind, FieldSchema, SampleId, TagValue, Tags};
+use tq_core::{DType, ErrorKind, FieldMeta, SampleId, TagValue, Tags};
 
 fn controller() -> Controller {
     Controller::new(ControllerConfig {
@@ -35,7 +35,7 @@ async fn produce(c: &Controller, p: &str, ids: &[SampleId], lengths: Option<&[i6
     c.notify_production(ProductionNotice {
         partition: p.into(),
         samples: ids.to_vec(),
-        schemas: [("x".to_string(), FieldSchema::dense(DType::F32, vec![2]))].into(),
+        schemas: [("x".to_string(), FieldMeta::dense(DType::F32, vec![2]))].into(),
         tags,
         backend_meta: None,
     })
@@ -192,7 +192,7 @@ fn samplers_by_name() {
     }
     // As the default sampler of a controller.
     assert!(Controller::new(ControllerConfig {
-        default_sampler: "seqlen-balanced:4:2".into(),
+        default_sampler: "seqlen-balanced:4:2".parse().unwrap(),
         ..Default::default()
     })
     .is_ok());

@@ -1,6 +1,6 @@
 //! Columns (one field over a batch) and batches (the TensorDict of tq).
 
-use crate::{DType, Error, FieldSchema, Result, Tensor, Value};
+use crate::{DType, Error, FieldMeta, Result, Tensor, Value};
 use bytes::Bytes;
 use std::collections::BTreeMap;
 
@@ -56,29 +56,29 @@ impl Column {
     }
 
     /// The schema of this column (dtype, kind, shapes).
-    pub fn schema(&self) -> FieldSchema {
+    pub fn schema(&self) -> FieldMeta {
         match self {
-            Column::Dense(t) => FieldSchema::dense(t.dtype(), t.shape()[1..].to_vec()),
+            Column::Dense(t) => FieldMeta::dense(t.dtype(), t.shape()[1..].to_vec()),
             Column::Ragged(v) => match v.first() {
-                Some(first) => FieldSchema::from_shapes(
+                Some(first) => FieldMeta::from_shapes(
                     first.dtype(),
                     v.iter().map(|t| t.shape().to_vec()).collect(),
                 ),
-                None => FieldSchema::dense(DType::U8, vec![]),
+                None => FieldMeta::dense(DType::U8, vec![]),
             },
-            Column::Objects(_) => FieldSchema::object(),
+            Column::Objects(_) => FieldMeta::object(),
         }
     }
 
     /// Only what a field's type is made of: dtype and tensor-or-object (shapes left empty).
     /// What the controller checks a write against before the write reaches storage.
-    pub fn type_schema(&self) -> FieldSchema {
+    pub fn type_schema(&self) -> FieldMeta {
         match self {
-            Column::Dense(t) => FieldSchema::dense(t.dtype(), Vec::new()),
+            Column::Dense(t) => FieldMeta::dense(t.dtype(), Vec::new()),
             Column::Ragged(v) => {
-                FieldSchema::dense(v.first().map_or(DType::U8, Tensor::dtype), Vec::new())
+                FieldMeta::dense(v.first().map_or(DType::U8, Tensor::dtype), Vec::new())
             }
-            Column::Objects(_) => FieldSchema::object(),
+            Column::Objects(_) => FieldMeta::object(),
         }
     }
 
@@ -290,7 +290,7 @@ impl Batch {
     }
 
     /// The schema of every column.
-    pub fn schemas(&self) -> BTreeMap<FieldName, FieldSchema> {
+    pub fn schemas(&self) -> BTreeMap<FieldName, FieldMeta> {
         self.columns
             .iter()
             .map(|(k, c)| (k.clone(), c.schema()))
@@ -298,7 +298,7 @@ impl Batch {
     }
 
     /// [`Column::type_schema`] of every column.
-    pub fn type_schemas(&self) -> BTreeMap<FieldName, FieldSchema> {
+    pub fn type_schemas(&self) -> BTreeMap<FieldName, FieldMeta> {
         self.columns
             .iter()
             .map(|(k, c)| (k.clone(), c.type_schema()))

@@ -69,24 +69,81 @@ impl fmt::Display for ErrorKind {
     }
 }
 
-/// The public tq error: a kind, a message naming what was involved, and an optional cause.
+/// Whether repeating the request that failed is safe, set where the error is made.
+///
+/// The kind says what went wrong; this says what a caller may do about it. They differ for a
+/// timeout: a read that timed out can simply be repeated, while an update, a fetch or an insert
+/// that timed out after it was sent may already have been applied, and repeating it would apply
+/// a merge twice, consume samples twice or allocate twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Retry {
+    /// Nothing took effect (or the request is idempotent); the same request may succeed later.
+    Safe,
+    /// The request may or may not have taken effect (a timeout or a lost connection after it
+    /// was sent). Check the state before repeating it.
+    OutcomeUnknown,
+    /// Repeating the same request cannot succeed.
+    Never,
+}
+
+impl Retry {
+    /// The status an error of `kind` has unless the place that makes it knows better: a
+    /// timeout is `OutcomeUnknown` (the deadline passed, the peer may have acted), an
+    /// unreachable component `Safe`, everything else `Never`.
+    pub fn default_for(kind: &ErrorKind) -> Retry {
+        match kind {
+            ErrorKind::Timeout => Retry::OutcomeUnknown,
+            ErrorKind::Unavailable => Retry::Safe,
+            _ => Retry::Never,
+        }
+    }
+}
+
+impl fmt::Display for Retry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Retry::Safe => "safe to retry",
+            Retry::OutcomeUnknown => "outcome unknown",
+            Retry::Never => "not retryable",
+        })
+    }
+}
+
+/// The public tq error: a kind, a message naming what was involved, whether a retry is safe,
+/// and an optional cause.
 #[derive(Debug, thiserror::Error)]
 #[error("{kind}: {message}")]
 pub struct Error {
     kind: ErrorKind,
     message: String,
+    retry: Retry,
     #[source]
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 impl Error {
-    /// A new error of `kind`.
+    /// A new error of `kind`, with the kind's default [`Retry`] status
+    /// ([`Retry::default_for`]); see [`Error::with_retry`].
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error {
+            retry: Retry::default_for(&kind),
             kind,
             message: message.into(),
             source: None,
         }
+    }
+
+    /// Sets the retry status: the place that makes an error knows whether the request was
+    /// sent and whether it is idempotent.
+    pub fn with_retry(mut self, retry: Retry) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Whether and how the failed request may be repeated.
+    pub fn retry(&self) -> Retry {
+        self.retry
     }
 
     /// Attaches the underlying cause.
@@ -108,9 +165,11 @@ impl Error {
         &self.message
     }
 
-    /// True when repeating the same request later may succeed (timeouts, unreachable peers).
+    /// True when repeating the same request later is safe and may succeed: exactly when
+    /// [`Error::retry`] is [`Retry::Safe`]. A timed-out update is *not* retryable this way
+    /// ([`Retry::OutcomeUnknown`]): it may have been applied.
     pub fn is_retryable(&self) -> bool {
-        matches!(self.kind, ErrorKind::Timeout | ErrorKind::Unavailable)
+        self.retry == Retry::Safe
     }
 
     /// Prefixes the message with context (`"partition `train`: "`), keeping kind and source.
@@ -185,7 +244,20 @@ mod tests {
         );
         assert!(e.to_string().contains("redis"));
         assert!(!e.is_retryable());
-        assert!(Error::timeout("x").is_retryable());
+        assert_eq!(e.retry(), Retry::Never);
+        let timeout = Error::timeout("x");
+        assert_eq!(timeout.retry(), Retry::OutcomeUnknown);
+        assert!(!timeout.is_retryable(), "a timeout may have taken effect");
+        assert!(Error::timeout("x").with_retry(Retry::Safe).is_retryable());
+        assert!(Error::unavailable("x").is_retryable());
+        let kept = Error::unavailable("x")
+            .with_retry(Retry::OutcomeUnknown)
+            .context("partition `p`");
+        assert_eq!(
+            kept.retry(),
+            Retry::OutcomeUnknown,
+            "context keeps the status"
+        );
         let e = Error::not_found("key `a`").context("partition `p`");
         assert_eq!(e.message(), "partition `p`: key `a`");
     }

@@ -2,7 +2,7 @@
 //!
 //! - [`Tensor`], [`Value`], [`Column`], [`Batch`]: payloads, always `Bytes` underneath so that
 //!   slicing rows and moving data between components never copies.
-//! - [`FieldSchema`], [`SampleId`], [`BatchMeta`]: what the controller knows and hands out.
+//! - [`FieldMeta`], [`SampleId`], [`BatchMeta`]: what the controller knows and hands out.
 //! - [`StorageManager`]: the data-plane trait; [`testkit`] (feature `testkit`) is the conformance
 //!   suite every backend runs.
 //! - [`Error`] / [`ErrorKind`]: the one public error type.
@@ -24,10 +24,10 @@ pub mod testkit;
 
 pub use column::{Batch, Column, FieldName};
 pub use dtype::{DType, Element};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, Result, Retry};
 pub use merge::{apply_merge, MergeRegistry};
 pub use meta::{BackendMeta, BatchMeta, LeaseId, Links, SampleId, TagValue, Tags};
-pub use schema::{FieldKind, FieldSchema};
+pub use schema::{FieldKind, FieldMeta};
 pub use storage::{Capabilities, FieldFilter, MergeFn, MergeOp, PutReceipt, StorageManager};
 pub use tensor::{numel, Tensor, Value};
 

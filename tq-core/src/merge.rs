@@ -18,6 +18,15 @@ impl MergeRegistry {
     pub fn get(&self, name: &str) -> Option<&MergeFn> {
         self.functions.get(name)
     }
+
+    /// Every registered function with its name.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &MergeFn)> {
+        self.functions.iter()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.functions.is_empty()
+    }
 }
 
 impl std::fmt::Debug for MergeRegistry {

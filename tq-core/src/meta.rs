@@ -1,6 +1,6 @@
 //! Sample identities and batch metadata.
 
-use crate::{Batch, Column, DType, Error, FieldKind, FieldName, FieldSchema, Result};
+use crate::{Batch, Column, DType, Error, FieldKind, FieldMeta, FieldName, Result};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -90,7 +90,7 @@ pub type BackendMeta = BTreeMap<FieldName, Bytes>;
 pub struct BatchMeta {
     partition: String,
     samples: Vec<SampleId>,
-    fields: BTreeMap<FieldName, FieldSchema>,
+    fields: BTreeMap<FieldName, FieldMeta>,
     production: Vec<bool>,
     tags: Vec<Tags>,
     backend_meta: Vec<BackendMeta>,
@@ -112,7 +112,7 @@ pub type LeaseId = u64;
 struct RawBatchMeta {
     partition: String,
     samples: Vec<SampleId>,
-    fields: BTreeMap<FieldName, FieldSchema>,
+    fields: BTreeMap<FieldName, FieldMeta>,
     production: Vec<bool>,
     tags: Vec<Tags>,
     backend_meta: Vec<BackendMeta>,
@@ -165,7 +165,7 @@ impl BatchMeta {
     }
 
     /// Sets the schemas of the fields; ragged schemas must have one shape per sample.
-    pub fn with_fields(mut self, fields: BTreeMap<FieldName, FieldSchema>) -> Result<Self> {
+    pub fn with_fields(mut self, fields: BTreeMap<FieldName, FieldMeta>) -> Result<Self> {
         for (name, s) in &fields {
             s.check_rows(name, self.samples.len())?;
         }
@@ -203,7 +203,7 @@ impl BatchMeta {
     pub fn is_empty(&self) -> bool {
         self.samples.is_empty()
     }
-    pub fn fields(&self) -> &BTreeMap<FieldName, FieldSchema> {
+    pub fn fields(&self) -> &BTreeMap<FieldName, FieldMeta> {
         &self.fields
     }
     /// Field names in sorted order.
@@ -260,7 +260,7 @@ impl BatchMeta {
     /// marks every sample produced, and merges per-row backend meta when given.
     pub fn add_fields(
         &mut self,
-        schemas: BTreeMap<FieldName, FieldSchema>,
+        schemas: BTreeMap<FieldName, FieldMeta>,
         backend_meta: Option<Vec<BackendMeta>>,
     ) -> Result<()> {
         self.check_new_fields(&schemas, backend_meta.as_deref())?;
@@ -281,7 +281,7 @@ impl BatchMeta {
     /// the fields would fit (so they need not clone this meta to find out).
     pub fn check_new_fields(
         &self,
-        schemas: &BTreeMap<FieldName, FieldSchema>,
+        schemas: &BTreeMap<FieldName, FieldMeta>,
         backend_meta: Option<&[BackendMeta]>,
     ) -> Result<()> {
         for (name, s) in schemas {
@@ -317,13 +317,13 @@ impl BatchMeta {
                 return Err(bad(name, "missing from the read".into()));
             };
             let check_tensor = |row: usize, t: &crate::Tensor, shape: &[usize]| {
-                if Some(t.dtype()) != schema.dtype {
+                if Some(t.dtype()) != schema.dtype() {
                     return Err(bad(
                         name,
                         format!(
                             "as {} where the metadata says {}",
                             t.dtype().name(),
-                            schema.dtype.map_or("an object", DType::name)
+                            schema.dtype().map_or("an object", DType::name)
                         ),
                     ));
                 }
@@ -339,7 +339,7 @@ impl BatchMeta {
                 }
                 Ok(())
             };
-            match (schema.kind, column) {
+            match (schema.kind(), column) {
                 (FieldKind::Object, Column::Objects(_)) => {}
                 (FieldKind::Object, _) => {
                     return Err(bad(
@@ -429,8 +429,8 @@ impl BatchMeta {
             fields: self
                 .fields
                 .iter()
-                .map(|(k, s)| (k.clone(), s.select_rows(positions)))
-                .collect(),
+                .map(|(k, s)| Ok((k.clone(), s.select_rows(k, positions)?)))
+                .collect::<Result<_>>()?,
             production: positions.iter().map(|&p| self.production[p]).collect(),
             tags: positions.iter().map(|&p| self.tags[p].clone()).collect(),
             backend_meta: positions
@@ -484,9 +484,9 @@ impl BatchMeta {
         }
         let mut fields = BTreeMap::new();
         for name in first.fields.keys() {
-            let pieces: Vec<(&FieldSchema, usize)> =
+            let pieces: Vec<(&FieldMeta, usize)> =
                 parts.iter().map(|p| (&p.fields[name], p.len())).collect();
-            fields.insert(name.clone(), FieldSchema::concat(name, &pieces)?);
+            fields.insert(name.clone(), FieldMeta::concat(name, &pieces)?);
         }
         Ok(BatchMeta {
             partition: first.partition.clone(),
@@ -597,18 +597,18 @@ mod tests {
     #[test]
     fn union_ands_production_and_other_wins() {
         let mut a = meta(2)
-            .with_fields([("x".to_string(), FieldSchema::dense(DType::F32, vec![1]))].into())
+            .with_fields([("x".to_string(), FieldMeta::dense(DType::F32, vec![1]))].into())
             .unwrap();
         a = a.with_production(vec![true, false]).unwrap();
         let mut b = meta(2)
-            .with_fields([("x".to_string(), FieldSchema::dense(DType::F32, vec![2]))].into())
+            .with_fields([("x".to_string(), FieldMeta::dense(DType::F32, vec![2]))].into())
             .unwrap()
             .with_production(vec![true, true])
             .unwrap();
         b.tags_mut()[0].insert("j".into(), TagValue::Int(7));
         let u = a.union(&b).unwrap();
         assert_eq!(u.production(), &[true, false]);
-        assert_eq!(u.fields()["x"].sample_shape, Some(vec![2]));
+        assert_eq!(u.fields()["x"].sample_shape(), Some(&[2][..]));
         assert_eq!(u.tags()[0].len(), 2);
         let c = BatchMeta::new("p", vec![SampleId::new(9, 0), SampleId::new(1, 0)]);
         assert!(a.union(&c).is_err());
@@ -618,20 +618,20 @@ mod tests {
     #[test]
     fn concat_checks_fields_and_promotes_shapes() {
         let a = meta(1)
-            .with_fields([("x".to_string(), FieldSchema::dense(DType::F32, vec![1]))].into())
+            .with_fields([("x".to_string(), FieldMeta::dense(DType::F32, vec![1]))].into())
             .unwrap();
         let b = meta(2)
-            .with_fields([("x".to_string(), FieldSchema::dense(DType::F32, vec![3]))].into())
+            .with_fields([("x".to_string(), FieldMeta::dense(DType::F32, vec![3]))].into())
             .unwrap();
         let c = BatchMeta::concat(&[a.clone(), b]).unwrap();
         assert_eq!(c.len(), 3);
-        assert_eq!(c.fields()["x"].kind, crate::FieldKind::Ragged);
+        assert_eq!(c.fields()["x"].kind(), crate::FieldKind::Ragged);
         let d = meta(1)
-            .with_fields([("y".to_string(), FieldSchema::object())].into())
+            .with_fields([("y".to_string(), FieldMeta::object())].into())
             .unwrap();
         assert!(BatchMeta::concat(&[a.clone(), d]).is_err());
         let e = meta(1)
-            .with_fields([("x".to_string(), FieldSchema::dense(DType::I64, vec![1]))].into())
+            .with_fields([("x".to_string(), FieldMeta::dense(DType::I64, vec![1]))].into())
             .unwrap();
         assert!(BatchMeta::concat(&[a, e])
             .unwrap_err()
@@ -642,7 +642,7 @@ mod tests {
     #[test]
     fn select_is_isolated_and_checked() {
         let m = meta(3)
-            .with_fields([("x".to_string(), FieldSchema::object())].into())
+            .with_fields([("x".to_string(), FieldMeta::object())].into())
             .unwrap();
         let mut s = m.select_samples(&[2, 0]).unwrap();
         assert_eq!(s.samples(), &[SampleId::new(2, 0), SampleId::new(0, 0)]);

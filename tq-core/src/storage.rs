@@ -1,6 +1,6 @@
 //! The data-plane trait every storage backend implements, and the merge operations of `update`.
 
-use crate::{BackendMeta, Batch, BatchMeta, FieldName, FieldSchema, Result};
+use crate::{BackendMeta, Batch, BatchMeta, FieldMeta, FieldName, Result};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -39,7 +39,7 @@ impl FieldFilter {
 /// rows) and, for backends that need it, per-row backend metadata to keep in the controller.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct PutReceipt {
-    pub schemas: BTreeMap<FieldName, FieldSchema>,
+    pub schemas: BTreeMap<FieldName, FieldMeta>,
     pub backend_meta: Option<Vec<BackendMeta>>,
 }
 

@@ -407,7 +407,7 @@ async fn update_merges_in_place(s: &dyn StorageManager) {
         .expect("concat");
     assert_eq!(
         r.schemas["x"],
-        FieldSchema::dense(DType::I64, vec![3]),
+        FieldMeta::dense(DType::I64, vec![3]),
         "update: receipt"
     );
     // A merge that fails on one cell leaves every cell unchanged.

@@ -24,7 +24,7 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tq_core::{Error, ErrorKind, Result};
+use tq_core::{Error, ErrorKind, Result, Retry};
 use tracing::{debug, warn};
 
 /// How a [`Pool`] connects and waits.
@@ -400,7 +400,14 @@ impl SharedFailure {
     }
 
     fn failure(self) -> Failure {
+        // Nothing was sent: a connect failure is safe to retry; a refusal (wrong token or
+        // protocol) keeps its kind's status (never).
         let e = Error::new(self.kind, self.message);
+        let e = if self.refused {
+            e
+        } else {
+            e.with_retry(Retry::Safe)
+        };
         if self.refused {
             Failure::Final(e)
         } else {
@@ -537,12 +544,15 @@ impl Pool {
         };
         if !options.idempotent {
             let (kind, text, sent) = summary(peer, &first, timeout);
-            let note = if sent {
-                "; the outcome of this request is unknown: it may or may not have been applied"
+            let (note, retry) = if sent {
+                (
+                    "; the outcome of this request is unknown: it may or may not have been applied",
+                    Retry::OutcomeUnknown,
+                )
             } else {
-                "; the request was not sent"
+                ("; the request was not sent", Retry::Safe)
             };
-            return Err(Error::new(kind, format!("{text}{note}")));
+            return Err(Error::new(kind, format!("{text}{note}")).with_retry(retry));
         }
         let (_, first_text, _) = summary(peer, &first, timeout);
         debug!(%peer, "retrying an idempotent request on a fresh connection after: {first_text}");
@@ -551,10 +561,12 @@ impl Pool {
             Err(Failure::Final(e) | Failure::Remote(e)) => Err(e),
             Err(second) => {
                 let (kind, text, _) = summary(peer, &second, timeout);
+                // Idempotent: repeating it later is safe whatever happened.
                 Err(Error::new(
                     kind,
                     format!("{text}; retried once on a fresh connection after: {first_text}"),
-                ))
+                )
+                .with_retry(Retry::Safe))
             }
         }
     }

@@ -8,7 +8,7 @@
 //! message is what the caller needs.
 
 use serde::{Deserialize, Serialize};
-use tq_core::{Error, ErrorKind};
+use tq_core::{Error, ErrorKind, Retry};
 
 /// The header of an error response: a `tq_core::Error` in transportable form.
 ///
@@ -25,6 +25,8 @@ pub struct WireError {
     pub operation: Option<String>,
     /// `Unsupported { backend, .. }`.
     pub backend: Option<String>,
+    /// The error's [`Retry`] status, as set where it was made (see the `RETRY_*` constants).
+    pub retry: u8,
 }
 
 impl WireError {
@@ -53,6 +55,30 @@ impl WireError {
     /// [`ErrorKind::PermissionDenied`].
     pub const PERMISSION_DENIED: u8 = 12;
 
+    /// [`Retry::Safe`].
+    pub const RETRY_SAFE: u8 = 0;
+    /// [`Retry::OutcomeUnknown`], and any status this build does not know.
+    pub const RETRY_OUTCOME_UNKNOWN: u8 = 1;
+    /// [`Retry::Never`].
+    pub const RETRY_NEVER: u8 = 2;
+
+    fn retry_code(retry: Retry) -> u8 {
+        match retry {
+            Retry::Safe => Self::RETRY_SAFE,
+            Retry::Never => Self::RETRY_NEVER,
+            _ => Self::RETRY_OUTCOME_UNKNOWN,
+        }
+    }
+
+    fn retry_of(code: u8) -> Retry {
+        match code {
+            Self::RETRY_SAFE => Retry::Safe,
+            Self::RETRY_NEVER => Retry::Never,
+            // Unknown codes are treated as the cautious answer.
+            _ => Retry::OutcomeUnknown,
+        }
+    }
+
     /// The transportable form of `error` (kind and message; the source chain stays behind).
     pub fn from_error(error: &Error) -> WireError {
         let (code, operation, backend) = match error.kind() {
@@ -80,6 +106,7 @@ impl WireError {
                     message: format!("{other}: {}", error.message()),
                     operation: None,
                     backend: None,
+                    retry: Self::retry_code(error.retry()),
                 }
             }
         };
@@ -88,6 +115,7 @@ impl WireError {
             message: error.message().to_owned(),
             operation,
             backend,
+            retry: Self::retry_code(error.retry()),
         }
     }
 
@@ -114,9 +142,10 @@ impl WireError {
                     "peer sent an error of unknown kind code {unknown}: {}",
                     self.message
                 ))
+                .with_retry(Self::retry_of(self.retry))
             }
         };
-        Error::new(kind, self.message)
+        Error::new(kind, self.message).with_retry(Self::retry_of(self.retry))
     }
 }
 
@@ -177,6 +206,15 @@ mod tests {
             let restored = back.into_error();
             assert_eq!(restored.kind(), error.kind());
             assert_eq!(restored.message(), error.message());
+            assert_eq!(restored.retry(), error.retry());
+        }
+    }
+
+    #[test]
+    fn the_retry_status_set_where_an_error_was_made_crosses_the_wire() {
+        for retry in [Retry::Safe, Retry::OutcomeUnknown, Retry::Never] {
+            let e = Error::timeout("update of 3 samples").with_retry(retry);
+            assert_eq!(WireError::from_error(&e).into_error().retry(), retry);
         }
     }
 
@@ -187,8 +225,14 @@ mod tests {
             message: "from the future".into(),
             operation: None,
             backend: None,
+            retry: 77,
         }
         .into_error();
+        assert_eq!(
+            e.retry(),
+            Retry::OutcomeUnknown,
+            "unknown status: the cautious answer"
+        );
         assert_eq!(e.kind(), &ErrorKind::Internal);
         assert!(e.message().contains("200"));
         assert!(e.message().contains("from the future"));

@@ -9,7 +9,7 @@
 
 use super::{check_unique_ids, slot_u, Partition, Production};
 use std::collections::{BTreeMap, HashSet};
-use tq_core::{BatchMeta, Error, FieldName, FieldSchema, Result, SampleId};
+use tq_core::{BatchMeta, Error, FieldMeta, FieldName, Result, SampleId};
 
 impl Partition {
     /// Refuses a write of `fields` (dtype and kind per field) to `ids` unless the notice that
@@ -19,7 +19,7 @@ impl Partition {
     pub fn check_write(
         &self,
         ids: &[SampleId],
-        fields: &BTreeMap<FieldName, FieldSchema>,
+        fields: &BTreeMap<FieldName, FieldMeta>,
     ) -> Result<Vec<u32>> {
         check_unique_ids(&self.name, ids)?;
         let slots = self.slots_of(ids)?;
@@ -31,7 +31,7 @@ impl Partition {
     pub(super) fn check_cells_writable(
         &self,
         slots: &[u32],
-        fields: &BTreeMap<FieldName, FieldSchema>,
+        fields: &BTreeMap<FieldName, FieldMeta>,
     ) -> Result<()> {
         for (name, schema) in fields {
             let Some(&f) = self.field_ids.get(name) else {

@@ -10,7 +10,7 @@
 //!
 //! The table is plain data guarded by the unit's lock; it never copies payloads itself.
 
-use crate::unit::IndexHasher;
+use crate::index::IndexHasher;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use tq_core::FieldName;

@@ -1,0 +1,183 @@
+//! [`ClientBuilder`]: one place that wires a client — embedded or connected — from a
+//! configuration, optional custom storage, merge functions, samplers and custom backends.
+
+use crate::backends::{BackendFactory, BackendRegistry};
+use crate::{Client, Config};
+use std::sync::Arc;
+use tq_controller::{Controller, ControllerConfig, Sampler};
+use tq_core::{Error, MergeFn, MergeRegistry, Result, StorageManager};
+
+/// Builds a [`Client`]. Start with [`Client::builder`].
+///
+/// ```no_run
+/// # async fn run() -> tq_core::Result<()> {
+/// use tq_client::{Client, Config};
+/// // In this process, with the default configuration plus `TQ_*` environment overrides:
+/// let embedded = Client::builder().build()?;
+/// // A remote deployment:
+/// let remote = Client::builder().config(Config::default()).connect("tcp://127.0.0.1:7700").await?;
+/// # Ok(()) }
+/// ```
+///
+/// Settings that cannot apply to the chosen deployment are errors, never silently dropped:
+/// merge functions and samplers run where the storage units and the controller run, so a
+/// connected client cannot carry them (register them on the servers instead).
+#[derive(Default)]
+#[must_use = "a builder does nothing until build() or connect()"]
+pub struct ClientBuilder {
+    config: Option<Config>,
+    storage: Option<Arc<dyn StorageManager>>,
+    merges: MergeRegistry,
+    samplers: Vec<(String, Arc<dyn Sampler>)>,
+    backends: BackendRegistry,
+    key_cache_entries: Option<usize>,
+}
+
+impl std::fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("config", &self.config)
+            .field(
+                "storage",
+                &self.storage.as_ref().map(|s| s.name().to_string()),
+            )
+            .field(
+                "samplers",
+                &self.samplers.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field("backends", &self.backends.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientBuilder {
+    /// The configuration to use. Without one, [`Config::load`]`(None)`: the defaults plus the
+    /// environment's `TQ_*` overrides.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// Use this storage instead of building the one `storage.backend` names (embedded only).
+    pub fn storage(mut self, storage: Arc<dyn StorageManager>) -> Self {
+        self.storage = Some(storage);
+        self
+    }
+
+    /// A merge function `kv_update` can name (`MergeOp::Named(name)`), registered on the
+    /// storage the builder makes (embedded only).
+    pub fn merge(mut self, name: impl Into<String>, f: MergeFn) -> Self {
+        self.merges.register(name, f);
+        self
+    }
+
+    /// Every merge function of `merges` (added to those already registered).
+    pub fn merges(mut self, merges: &MergeRegistry) -> Self {
+        for (name, f) in merges.iter() {
+            self.merges.register(name.clone(), f.clone());
+        }
+        self
+    }
+
+    /// A sampler fetches can name (`GetMetaRequest::with_sampler`), besides those the
+    /// configuration's `[controller.samplers]` builds (embedded only).
+    pub fn sampler(mut self, name: impl Into<String>, sampler: Arc<dyn Sampler>) -> Self {
+        self.samplers.push((name.into(), sampler));
+        self
+    }
+
+    /// A custom storage backend that configuration can choose with `storage.backend = "<name>"`.
+    /// The factory receives the whole configuration and the builder's merge functions.
+    pub fn backend(
+        mut self,
+        name: impl Into<String>,
+        factory: impl Fn(&Config, &MergeRegistry) -> Result<Arc<dyn StorageManager>>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        let factory: BackendFactory = Arc::new(factory);
+        self.backends.insert(name.into(), factory);
+        self
+    }
+
+    /// Overrides `net.key_cache_entries` (see [`Client::with_key_cache`]).
+    pub fn key_cache_entries(mut self, entries: usize) -> Self {
+        self.key_cache_entries = Some(entries);
+        self
+    }
+
+    fn take_config(&mut self) -> Result<Config> {
+        let config = match self.config.take() {
+            Some(c) => c,
+            None => Config::load(None)?,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// An embedded client: the controller and the storage run in this process.
+    pub fn build(mut self) -> Result<Client> {
+        let config = self.take_config()?;
+        let storage = match self.storage.take() {
+            Some(storage) => {
+                if !self.merges.is_empty() {
+                    return Err(Error::invalid(
+                        "merge functions are registered on the storage the builder makes; \
+                         register them on the custom storage passed to ClientBuilder::storage",
+                    ));
+                }
+                storage
+            }
+            None => crate::backends::build(&config, self.merges, &self.backends)?,
+        };
+        let (default_sampler, named) = config.sampler_specs()?;
+        let controller = Controller::new(ControllerConfig {
+            storage_units: config.storage.num_units,
+            default_sampler,
+            storage_backend: storage.name().to_string(),
+            links_supported: storage.capabilities().links,
+        })?;
+        for (name, spec) in named {
+            controller.register_sampler(name, spec.build()?);
+        }
+        for (name, sampler) in self.samplers {
+            controller.register_sampler(name, sampler);
+        }
+        let client = Client::from_parts(Arc::new(controller), storage, config);
+        Ok(match self.key_cache_entries {
+            Some(n) => client.with_key_cache(n),
+            None => client,
+        })
+    }
+
+    /// A client of the controller at `url` (`tcp://host:port` or `unix:///path`).
+    #[cfg(feature = "remote")]
+    pub async fn connect(mut self, url: &str) -> Result<Client> {
+        let config = self.take_config()?;
+        let embedded_only = [
+            (
+                self.storage.is_some(),
+                "a custom storage (ClientBuilder::storage)",
+            ),
+            (!self.merges.is_empty(), "merge functions"),
+            (!self.samplers.is_empty(), "samplers"),
+            (
+                !config.controller.samplers.is_empty(),
+                "[controller.samplers]",
+            ),
+        ];
+        if let Some((_, what)) = embedded_only.iter().find(|(set, _)| *set) {
+            return Err(Error::invalid(format!(
+                "{what}: only an embedded client can carry these; a connected client uses \
+                 the controller's and the storage units' (configure them on the servers)"
+            )));
+        }
+        let entries = self
+            .key_cache_entries
+            .unwrap_or(config.net.key_cache_entries);
+        Ok(crate::remote::connect(url, config)
+            .await?
+            .with_key_cache(entries))
+    }
+}

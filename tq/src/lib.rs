@@ -1,0 +1,98 @@
+//! tq: a streaming sample store for reinforcement-learning post-training.
+//!
+//! This is the one crate a downstream project depends on. It re-exports the client, the data
+//! model, the errors, the samplers and the storage traits; storage backends are cargo features:
+//!
+//! | feature | what it adds | default |
+//! |---|---|---|
+//! | `simple` | in-memory storage units in this process (`storage.backend = "simple"`) | yes |
+//! | `remote` | [`Client::connect`]: a controller and storage units in other processes | yes |
+//! | `ssd` | `[storage.ssd]`: large cells on local disk (io_uring, pread/pwrite fallback) | no |
+//! | `kv` | `storage.backend = "kv"` on the in-memory KV store; the [`storage::KvStore`] trait | no |
+//! | `redis` | ... on Redis and Redis Cluster | no |
+//! | `redis-tls` | ... on Redis over TLS (`rediss://`) | no |
+//! | `object-store` | ... on object_store (local files, in-memory) | no |
+//! | `s3` | ... on S3-compatible object storage | no |
+//! | `testkit` | [`testkit`]: the conformance kits for backend authors | no |
+//!
+//! A configuration that names a backend whose feature is off is refused with an error that
+//! names the feature. A custom backend is plugged in with [`ClientBuilder::storage`] or, by
+//! name, with [`ClientBuilder::backend`] (then `storage.backend = "<name>"` chooses it).
+//!
+//! ```no_run
+//! use tq::{Batch, Client, Column, Config, Tensor};
+//!
+//! # async fn run() -> tq::Result<()> {
+//! let tq = Client::builder().config(Config::default()).build()?; // embedded
+//! let batch = Batch::from_columns([(
+//!     "input_ids",
+//!     Column::Dense(Tensor::from_slice(vec![2, 3], &[1i64, 2, 3, 4, 5, 6])?),
+//! )])?;
+//! tq.kv_batch_put("train", &["a", "b"], &batch, None).await?;
+//! let back = tq.kv_batch_get("train", &["b", "a"], Some(&["input_ids"])).await?;
+//! assert_eq!(back.len(), 2);
+//! tq.kv_clear("train", &["a", "b"]).await?;
+//! # Ok(()) }
+//! ```
+
+pub use tq_client::{
+    Backend, BackendFactory, BatchStream, BlockingClient, Client, ClientBuilder, Config,
+    ConsumptionStatus, ControllerSection, Delivery, GetMetaMode, GetMetaRequest, KeyCacheStats,
+    KeyListing, KvBatchMeta, KvSection, LinkOptions, NetSection, NotBuilt, ProductionStatus,
+    SsdSection, StorageSection, StreamConfig, StreamItem, StreamProgress, Wait,
+};
+pub use tq_core::{
+    numel, Batch, BatchMeta, Bytes, Column, DType, Element, Error, ErrorKind, FieldKind, FieldMeta,
+    FieldName, MergeFn, MergeOp, MergeRegistry, Result, Retry, SampleId, TagValue, Tags, Tensor,
+    Value,
+};
+
+/// Samplers: how a fetch picks ready samples. Built-in ones by [`SamplerSpec`] (the strings
+/// configuration uses); custom ones implement [`Sampler`] and are registered with
+/// [`ClientBuilder::sampler`].
+pub mod sampler {
+    pub use tq_controller::{
+        Candidate, GrpoGroupNSampler, RankAwareSampler, Sampled, Sampler, SamplerContext,
+        SamplerSpec, SeqlenBalancedSampler, SequentialSampler,
+    };
+}
+
+/// The traits a storage backend implements, and the built-in backends' building blocks.
+///
+/// A backend is a [`StorageManager`]; `docs/backends-guide.md` walks through writing one (and
+/// a [`KvStore`], which the `kv` feature's adapter turns into a full backend).
+pub mod storage {
+    pub use tq_core::{BackendMeta, Capabilities, FieldFilter, Links, PutReceipt, StorageManager};
+
+    #[cfg(feature = "simple")]
+    pub use tq_backend_simple::{SimpleConfig, SimpleStorage};
+    #[cfg(feature = "simple")]
+    pub use tq_unit::{
+        MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats, UnitUpdate,
+        UnitUpdateReply,
+    };
+
+    #[cfg(feature = "ssd")]
+    pub use tq_backend_ssd::{SsdConfig, SsdUnit};
+
+    #[cfg(feature = "object-store")]
+    pub use tq_backend_kv::ObjectKvStore;
+    #[cfg(feature = "kv")]
+    pub use tq_backend_kv::{
+        KvCapabilities, KvConfig, KvOptions, KvStorageManager, KvStore, KvStoreExt, KvValue,
+        MemoryKvStore, Routing,
+    };
+    #[cfg(feature = "redis")]
+    pub use tq_backend_kv::{RedisOptions, RedisStore};
+}
+
+/// Conformance kits for backend authors (feature `testkit`): one `pub async fn` per contract,
+/// and `run_all`.
+#[cfg(feature = "testkit")]
+pub mod testkit {
+    /// The [`crate::storage::KvStore`] kit (with feature `kv`).
+    #[cfg(feature = "kv")]
+    pub use tq_backend_kv::testkit as kv;
+    /// The [`crate::storage::StorageManager`] kit.
+    pub use tq_core::testkit as storage;
+}
