@@ -27,7 +27,8 @@ fn bench(c: &mut Criterion) {
                 || (),
                 |_| {
                     rt.block_on(async {
-                        tq.kv_batch_put("bench", &keys, Some(&batch), None)
+                        tq.partition("bench")
+                            .kv_batch_put(&keys, &batch, None)
                             .await
                             .unwrap();
                     })
@@ -35,13 +36,16 @@ fn bench(c: &mut Criterion) {
                 BatchSize::PerIteration,
             )
         });
-        rt.block_on(tq.kv_batch_put("bench", &keys, Some(&batch), None))
+        rt.block_on(tq.partition("bench").kv_batch_put(&keys, &batch, None))
             .unwrap();
         g.bench_function("get", |b| {
-            b.iter(|| rt.block_on(tq.kv_batch_get("bench", &keys, None)).unwrap())
+            b.iter(|| {
+                rt.block_on(tq.partition("bench").kv_batch_get(&keys, None))
+                    .unwrap()
+            })
         });
         g.finish();
-        rt.block_on(tq.kv_clear("bench", &keys, None)).unwrap();
+        rt.block_on(tq.partition("bench").kv_clear(&keys)).unwrap();
     }
 }
 

@@ -51,27 +51,31 @@ pub fn run(
     let partition = "bench";
     // Warm-up and the one verification, outside the timed region.
     runtime.block_on(async {
-        tq.kv_batch_put(partition, &keys, Some(batch), None).await?;
-        let back = tq.kv_batch_get(partition, &keys, None).await?;
+        tq.partition(partition)
+            .kv_batch_put(&keys, batch, None)
+            .await?;
+        let back = tq.partition(partition).kv_batch_get(&keys, None).await?;
         if &back != batch {
             return Err(tq_core::Error::internal(format!(
                 "{name}: data read back differs from data written"
             )));
         }
-        tq.kv_clear(partition, &keys, None).await
+        tq.partition(partition).kv_clear(&keys).await
     })?;
     let (mut put, mut get, mut clear) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..reps.max(1) {
         runtime.block_on(async {
             let t = Instant::now();
-            tq.kv_batch_put(partition, &keys, Some(batch), None).await?;
+            tq.partition(partition)
+                .kv_batch_put(&keys, batch, None)
+                .await?;
             put.push(t.elapsed());
             let t = Instant::now();
-            let back = tq.kv_batch_get(partition, &keys, None).await?;
+            let back = tq.partition(partition).kv_batch_get(&keys, None).await?;
             get.push(t.elapsed());
             drop(std::hint::black_box(back));
             let t = Instant::now();
-            tq.kv_clear(partition, &keys, None).await?;
+            tq.partition(partition).kv_clear(&keys).await?;
             clear.push(t.elapsed());
             Ok::<_, tq_core::Error>(())
         })?;
@@ -80,11 +84,12 @@ pub fn run(
         let before = rss_bytes().0;
         let (during, after) = runtime.block_on(async {
             let owned = deep_copy(batch)?;
-            tq.kv_batch_put(partition, &keys, Some(&owned), None)
+            tq.partition(partition)
+                .kv_batch_put(&keys, &owned, None)
                 .await?;
             drop(owned);
             let during = rss_bytes().0;
-            tq.kv_clear(partition, &keys, None).await?;
+            tq.partition(partition).kv_clear(&keys).await?;
             Ok::<_, tq_core::Error>((during, rss_bytes().0))
         })?;
         Some((before, during, after))

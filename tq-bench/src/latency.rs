@@ -35,14 +35,14 @@ pub async fn put_get(tq: &Client, rounds: usize) -> Result<Vec<Duration>> {
     let mut times = Vec::with_capacity(rounds);
     for i in 0..rounds + 50 {
         let t = Instant::now();
-        tq.kv_put("latency", "k", Some(&one), None).await?;
-        let back = tq.kv_batch_get("latency", &["k"], None).await?;
+        tq.partition("latency").kv_put("k", &one, None).await?;
+        let back = tq.partition("latency").kv_batch_get(&["k"], None).await?;
         let d = t.elapsed();
         debug_assert_eq!(back.len(), 1);
         if i >= 50 {
             times.push(d);
         }
     }
-    tq.kv_clear("latency", &["k"], None).await?;
+    tq.partition("latency").kv_clear(&["k"]).await?;
     Ok(times)
 }

@@ -68,33 +68,32 @@ pub fn run(
             // Links first (small), so the private run's growth is not hidden by freed memory.
             let public: Vec<String> = (0..prompts_n).map(|i| format!("prompt_{i}")).collect();
             let before = rss_bytes().0;
-            tq.kv_batch_put("__public__", &public, Some(&deep_copy(&base)?), None)
+            tq.partition("__public__")
+                .kv_batch_put(&public, &deep_copy(&base)?, None)
                 .await?;
             let targets: Vec<&str> = owner.iter().map(|&o| public[o].as_str()).collect();
-            tq.kv_link(
-                "step",
-                &responses,
-                &targets,
-                &["prompt"],
-                &LinkOptions::default(),
-            )
-            .await?;
+            tq.partition("step")
+                .kv_link(&responses, &targets, &["prompt"], &LinkOptions::default())
+                .await?;
             let rss_linked = growth(before, rss_bytes().0);
             Ok::<_, tq_core::Error>(rss_linked)
         })
         .and_then(|rss_linked| {
             let read_linked = time(&mut || {
-                let got = runtime.block_on(tq.kv_batch_get("step", &responses, None))?;
+                let got = runtime.block_on(tq.partition("step").kv_batch_get(&responses, None))?;
                 std::hint::black_box(got);
                 Ok(())
             })?;
             runtime
                 .block_on(async {
-                    tq.kv_clear("step", &responses, None).await?;
-                    tq.kv_clear_unlinked_public("__public__", "").await?;
+                    tq.partition("step").kv_clear(&responses).await?;
+                    tq.partition("__public__")
+                        .kv_clear_unlinked_public("")
+                        .await?;
                     let before = rss_bytes().0;
                     let private = deep_copy(&base.select_rows(&owner)?)?;
-                    tq.kv_batch_put("step", &responses, Some(&private), None)
+                    tq.partition("step")
+                        .kv_batch_put(&responses, &private, None)
                         .await?;
                     drop(private);
                     let rss_private = growth(before, rss_bytes().0);
@@ -102,11 +101,12 @@ pub fn run(
                 })
                 .and_then(|rss_private| {
                     let read_private = time(&mut || {
-                        let got = runtime.block_on(tq.kv_batch_get("step", &responses, None))?;
+                        let got = runtime
+                            .block_on(tq.partition("step").kv_batch_get(&responses, None))?;
                         std::hint::black_box(got);
                         Ok(())
                     })?;
-                    runtime.block_on(tq.kv_clear("step", &responses, None))?;
+                    runtime.block_on(tq.partition("step").kv_clear(&responses))?;
                     Ok(LinkReport {
                         prompts: prompts_n,
                         n,

@@ -131,14 +131,13 @@ async fn write_prompts(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Res
         traffic.wrote(&batch);
         uid += rows;
     }
-    tq.complete_partition("prompts").await
+    tq.partition("prompts").complete().await
 }
 
 async fn rollout(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()> {
     let n = args.responses;
-    let mut prompts = tq.stream(
-        StreamConfig::new("prompts", "rollout", &["prompt_ids"], args.rollout_batch)
-            .idle_timeout(IDLE),
+    let mut prompts = tq.partition("prompts").stream(
+        StreamConfig::new("rollout", &["prompt_ids"], args.rollout_batch).idle_timeout(IDLE),
     )?;
     while let Some(item) = prompts.next().await {
         let StreamItem {
@@ -189,13 +188,12 @@ async fn rollout(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()
         traffic.wrote(&batch);
         tq.clear_samples(&meta).await?;
     }
-    tq.complete_partition("train").await
+    tq.partition("train").complete().await
 }
 
 async fn reward(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()> {
-    let mut responses = tq.stream(
-        StreamConfig::new("train", "reward", &["response_ids"], args.reward_batch)
-            .idle_timeout(IDLE),
+    let mut responses = tq.partition("train").stream(
+        StreamConfig::new("reward", &["response_ids"], args.reward_batch).idle_timeout(IDLE),
     )?;
     while let Some(item) = responses.next().await {
         let StreamItem {
@@ -229,8 +227,8 @@ async fn train(
 ) -> Result<()> {
     let n = args.responses;
     let fields = ["prompt_ids", "response_ids", "reward"];
-    let mut groups = tq.stream(
-        StreamConfig::new("train", "trainer", &fields, args.train_groups * n)
+    let mut groups = tq.partition("train").stream(
+        StreamConfig::new("trainer", &fields, args.train_groups * n)
             .sampler("grpo")
             .acknowledged(Duration::from_secs(60))
             .idle_timeout(IDLE),
@@ -347,9 +345,9 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     // Both partitions are empty now; dropping them removes their completion marks.
     let mut leftover = Vec::new();
     for p in tq.list_partitions().await? {
-        let status = tq.consumption_status(&p, "none").await?;
+        let status = tq.partition(&p).consumption_status("none").await?;
         if status.samples.is_empty() {
-            tq.clear_partition(&p).await?;
+            tq.partition(&p).clear().await?;
         } else {
             leftover.push(format!("{p} ({} samples)", status.samples.len()));
         }

@@ -47,24 +47,34 @@ async fn conformance_kit_passes_against_a_remote_deployment() {
 async fn remote_client_has_the_embedded_behaviour() {
     let (_tq, url) = serve(2, &[]);
     let tq = Client::connect_with(&url, config(10_000)).await.unwrap();
-    tq.kv_batch_put("p", &["a", "b", "c"], Some(&rows(3, 0)), None)
+    tq.partition("p")
+        .kv_batch_put(&["a", "b", "c"], &rows(3, 0), None)
         .await
         .unwrap();
     assert_eq!(
-        tq.kv_batch_get("p", &["a", "b", "c"], None).await.unwrap(),
+        tq.partition("p")
+            .kv_batch_get(&["a", "b", "c"], None)
+            .await
+            .unwrap(),
         rows(3, 0)
     );
     let e = tq
-        .kv_batch_put("p", &["a", "a"], Some(&rows(2, 0)), None)
+        .partition("p")
+        .kv_batch_put(&["a", "a"], &rows(2, 0), None)
         .await
         .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Invalid);
-    let e = tq.kv_batch_get("p", &["zz"], None).await.unwrap_err();
+    let e = tq
+        .partition("p")
+        .kv_batch_get(&["zz"], None)
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::NotFound, "{e}");
-    let m = tq.fetch("p", &["x"], "t", 3).await.unwrap();
+    let m = tq.partition("p").fetch(&["x"], "t", 3).await.unwrap();
     assert_eq!(m.len(), 3);
     assert!(tq
-        .consumption_status("p", "t")
+        .partition("p")
+        .consumption_status("t")
         .await
         .unwrap()
         .all_consumed());
@@ -80,7 +90,7 @@ async fn remote_client_has_the_embedded_behaviour() {
         .await
         .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Timeout, "{e}");
-    tq.kv_clear("p", &["a", "b", "c"], None).await.unwrap();
+    tq.partition("p").kv_clear(&["a", "b", "c"]).await.unwrap();
     assert!(tq.list_partitions().await.unwrap().is_empty());
 }
 
@@ -110,7 +120,10 @@ async fn many_clients_across_processes_lose_and_duplicate_nothing() {
             let tq = Client::connect_with(&url, config(10_000)).await.unwrap();
             for i in 0..per_producer {
                 let id = (p * per_producer + i) as i64;
-                tq.put_new("stream", &rows(1, id * 8)).await.unwrap();
+                tq.partition("stream")
+                    .put_new(&rows(1, id * 8))
+                    .await
+                    .unwrap();
             }
         }));
     }
@@ -201,19 +214,15 @@ async fn a_killed_unit_fails_fast_and_recovers_after_restart() {
     let u1_endpoint = u1.listening(1)[0].endpoint.clone();
     let tq = Client::connect_with(&url, config(3_000)).await.unwrap();
     let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
-    tq.kv_batch_put("p", &keys, Some(&rows(8, 0)), None)
+    tq.partition("p")
+        .kv_batch_put(&keys, &rows(8, 0), None)
         .await
         .unwrap();
     // Which keys live on which unit: sample index % 2.
-    let kv = tq
-        .control()
-        .kv_retrieve_meta("p", &keys, false)
-        .await
-        .unwrap();
-    let on_unit0: Vec<String> = kv
-        .keys
+    let meta = tq.partition("p").kv_meta(&keys).await.unwrap();
+    let on_unit0: Vec<String> = keys
         .iter()
-        .zip(kv.meta.samples())
+        .zip(meta.samples())
         .filter(|(_, s)| s.index % 2 == 0)
         .map(|(k, _)| k.clone())
         .collect();
@@ -221,7 +230,11 @@ async fn a_killed_unit_fails_fast_and_recovers_after_restart() {
 
     u1.kill();
     let started = Instant::now();
-    let e = tq.kv_batch_get("p", &keys, None).await.unwrap_err();
+    let e = tq
+        .partition("p")
+        .kv_batch_get(&keys, None)
+        .await
+        .unwrap_err();
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "failed within the deadline"
@@ -233,10 +246,14 @@ async fn a_killed_unit_fails_fast_and_recovers_after_restart() {
     assert!(e.message().contains("unit-1"), "error names the unit: {e}");
     // The other unit and the controller keep serving.
     assert_eq!(
-        tq.kv_batch_get("p", &on_unit0, None).await.unwrap().len(),
+        tq.partition("p")
+            .kv_batch_get(&on_unit0, None)
+            .await
+            .unwrap()
+            .len(),
         on_unit0.len()
     );
-    assert_eq!(tq.kv_list(Some("p")).await.unwrap()[0].entries.len(), 8);
+    assert_eq!(tq.partition("p").kv_list().await.unwrap().entries.len(), 8);
 
     // Restart unit-1 on the same address: the same client recovers without a restart.
     let mut u1 = Tq::spawn(&[
@@ -250,16 +267,21 @@ async fn a_killed_unit_fails_fast_and_recovers_after_restart() {
     ]);
     u1.listening(1);
     let fresh: Vec<String> = (0..4).map(|i| format!("n{i}")).collect();
-    tq.kv_batch_put("p", &fresh, Some(&rows(4, 100)), None)
+    tq.partition("p")
+        .kv_batch_put(&fresh, &rows(4, 100), None)
         .await
         .unwrap();
     assert_eq!(
-        tq.kv_batch_get("p", &fresh, None).await.unwrap(),
+        tq.partition("p").kv_batch_get(&fresh, None).await.unwrap(),
         rows(4, 100)
     );
     // What the dead unit held is gone, and that is an error, not empty data.
     let lost: Vec<&String> = keys.iter().filter(|k| !on_unit0.contains(k)).collect();
-    let e = tq.kv_batch_get("p", &lost, None).await.unwrap_err();
+    let e = tq
+        .partition("p")
+        .kv_batch_get(&lost, None)
+        .await
+        .unwrap_err();
     assert!(
         matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DataLost),
         "{e}"
@@ -330,11 +352,13 @@ async fn garbage_on_every_port_leaves_the_servers_serving() {
     }
     // Every server still answers real clients.
     let tq = Client::connect_with(&url, config(5_000)).await.unwrap();
-    tq.kv_batch_put("p", &["a", "b", "c", "d"], Some(&rows(4, 0)), None)
+    tq.partition("p")
+        .kv_batch_put(&["a", "b", "c", "d"], &rows(4, 0), None)
         .await
         .unwrap();
     assert_eq!(
-        tq.kv_batch_get("p", &["a", "b", "c", "d"], None)
+        tq.partition("p")
+            .kv_batch_get(&["a", "b", "c", "d"], None)
             .await
             .unwrap(),
         rows(4, 0)
@@ -353,7 +377,10 @@ async fn servers_refuse_peers_without_the_token() {
     let mut with = config(3_000);
     with.net.token = Some("s3cret".into());
     let tq = Client::connect_with(&url, with).await.unwrap();
-    tq.kv_put("p", "a", Some(&rows(1, 0)), None).await.unwrap();
+    tq.partition("p")
+        .kv_put("a", &rows(1, 0), None)
+        .await
+        .unwrap();
     // A unit with the wrong token cannot register.
     let mut ctl = Tq::spawn_env(
         &[
@@ -435,7 +462,11 @@ async fn a_put_that_never_notified_stays_invisible() {
         writer.storage().put(&meta, &rows(4, 0)).await.unwrap();
     }
     let reader = Client::connect_with(&url, config(5_000)).await.unwrap();
-    let status = reader.production_status("p", &["x"]).await.unwrap();
+    let status = reader
+        .partition("p")
+        .production_status(&["x"])
+        .await
+        .unwrap();
     assert_eq!(status.samples.len(), 4);
     assert!(
         status.produced.iter().all(|&p| !p),
@@ -447,7 +478,7 @@ async fn a_put_that_never_notified_stays_invisible() {
         .unwrap();
     assert!(m.is_empty());
     // The orphaned samples can be cleared like any other.
-    reader.clear_partition("p").await.unwrap();
+    reader.partition("p").clear().await.unwrap();
     assert!(reader.list_partitions().await.unwrap().is_empty());
 }
 
@@ -461,9 +492,12 @@ async fn same_host_clients_can_use_a_unix_socket() {
     let lines = tq_proc.listening(2);
     assert_eq!(Tq::controller_endpoint(&lines), url);
     let tq = Client::connect_with(&url, config(5_000)).await.unwrap();
-    tq.kv_put("p", "a", Some(&rows(1, 5)), None).await.unwrap();
+    tq.partition("p")
+        .kv_put("a", &rows(1, 5), None)
+        .await
+        .unwrap();
     assert_eq!(
-        tq.kv_batch_get("p", &["a"], None).await.unwrap(),
+        tq.partition("p").kv_batch_get(&["a"], None).await.unwrap(),
         rows(1, 5)
     );
     let _ = tq_proc.terminate(Duration::from_secs(5));
@@ -478,13 +512,15 @@ async fn streams_updates_and_links_work_remotely() {
     let (_tq, url) = serve(2, &[]);
     let tq = Client::connect_with(&url, config(10_000)).await.unwrap();
     // kv_update merges on the remote units; closures cannot cross the network.
-    tq.kv_batch_put("p", &["a", "b"], Some(&rows(2, 0)), None)
+    tq.partition("p")
+        .kv_batch_put(&["a", "b"], &rows(2, 0), None)
         .await
         .unwrap();
-    tq.kv_batch_update("p", &["a", "b"], &rows(2, 100), &tq_core::MergeOp::Add)
+    tq.partition("p")
+        .kv_batch_update(&["a", "b"], &rows(2, 100), &tq_core::MergeOp::Add)
         .await
         .unwrap();
-    let got = tq.kv_batch_get("p", &["a"], None).await.unwrap();
+    let got = tq.partition("p").kv_batch_get(&["a"], None).await.unwrap();
     let Column::Dense(t) = got.column("x").unwrap() else {
         panic!("dense")
     };
@@ -492,25 +528,28 @@ async fn streams_updates_and_links_work_remotely() {
     let closure: tq_core::MergeFn =
         Arc::new(|_: &tq_core::Value, n: &tq_core::Value| Ok(n.clone()));
     let e = tq
-        .kv_update("p", "a", &rows(1, 0), &tq_core::MergeOp::Custom(closure))
+        .partition("p")
+        .kv_update("a", &rows(1, 0), &tq_core::MergeOp::Custom(closure))
         .await
         .unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::Unsupported { .. }), "{e}");
     // kv_link through the remote controller; reads resolve on the remote units.
-    tq.kv_put("__public__", "v", Some(&rows(1, 500)), None)
+    tq.partition("__public__")
+        .kv_put("v", &rows(1, 500), None)
         .await
         .unwrap();
-    tq.kv_link(
-        "d",
-        &["r0", "r1", "r2"],
-        &["v", "v", "v"],
-        &["x"],
-        &LinkOptions::default(),
-    )
-    .await
-    .unwrap();
+    tq.partition("d")
+        .kv_link(
+            &["r0", "r1", "r2"],
+            &["v", "v", "v"],
+            &["x"],
+            &LinkOptions::default(),
+        )
+        .await
+        .unwrap();
     let got = tq
-        .kv_batch_get("d", &["r0", "r1", "r2"], None)
+        .partition("d")
+        .kv_batch_get(&["r0", "r1", "r2"], None)
         .await
         .unwrap();
     let Column::Dense(t) = got.column("x").unwrap() else {
@@ -518,7 +557,8 @@ async fn streams_updates_and_links_work_remotely() {
     };
     assert_eq!(t.to_vec::<i64>().unwrap()[16], 500);
     assert_eq!(
-        tq.kv_clear("__public__", &["v"], None)
+        tq.partition("__public__")
+            .kv_clear(&["v"])
             .await
             .unwrap_err()
             .kind(),
@@ -526,11 +566,12 @@ async fn streams_updates_and_links_work_remotely() {
     );
     // A stream in acknowledged mode across processes ends when the partition is complete.
     for i in 0..3 {
-        tq.put_new("s", &rows(4, i * 100)).await.unwrap();
+        tq.partition("s").put_new(&rows(4, i * 100)).await.unwrap();
     }
-    tq.complete_partition("s").await.unwrap();
+    tq.partition("s").complete().await.unwrap();
     let mut s = tq
-        .stream(StreamConfig::new("s", "t", &["x"], 4).acknowledged(Duration::from_secs(10)))
+        .partition("s")
+        .stream(StreamConfig::new("t", &["x"], 4).acknowledged(Duration::from_secs(10)))
         .unwrap();
     let mut n = 0;
     while let Some(item) = s.next().await {
@@ -547,11 +588,15 @@ async fn storage_units_can_offload_to_ssd() {
     let path = dir.display().to_string();
     let (mut server, url) = serve(2, &["--ssd-path", &path, "--ssd-threshold", "32"]);
     let tq = Client::connect_with(&url, config(10_000)).await.unwrap();
-    tq.kv_batch_put("p", &["a", "b", "c"], Some(&rows(3, 0)), None)
+    tq.partition("p")
+        .kv_batch_put(&["a", "b", "c"], &rows(3, 0), None)
         .await
         .unwrap(); // 64 B rows
     assert_eq!(
-        tq.kv_batch_get("p", &["a", "b", "c"], None).await.unwrap(),
+        tq.partition("p")
+            .kv_batch_get(&["a", "b", "c"], None)
+            .await
+            .unwrap(),
         rows(3, 0)
     );
     let count = |d: &std::path::Path| -> usize {
@@ -598,19 +643,23 @@ async fn key_cache_speculation_never_answers_stale_metadata() {
     let stats = |c: &Client| c.key_cache_stats().expect("cache on by default");
 
     // Read-your-writes: the put remembered the key, the get's early read is confirmed.
-    a.kv_put("kc", "k", Some(&rows(1, 0)), None).await.unwrap();
+    a.partition("kc")
+        .kv_put("k", &rows(1, 0), None)
+        .await
+        .unwrap();
     assert_eq!(
-        a.kv_batch_get("kc", &["k"], None).await.unwrap(),
+        a.partition("kc").kv_batch_get(&["k"], None).await.unwrap(),
         rows(1, 0)
     );
     assert_eq!((stats(&a).hits, stats(&a).misses), (1, 0));
 
     // Another process rewrites the bytes (same metadata): the answer has the new bytes.
-    b.kv_put("kc", "k", Some(&rows(1, 100)), None)
+    b.partition("kc")
+        .kv_put("k", &rows(1, 100), None)
         .await
         .unwrap();
     assert_eq!(
-        a.kv_batch_get("kc", &["k"], None).await.unwrap(),
+        a.partition("kc").kv_batch_get(&["k"], None).await.unwrap(),
         rows(1, 100)
     );
     assert_eq!(stats(&a).hits, 2);
@@ -621,20 +670,24 @@ async fn key_cache_speculation_never_answers_stale_metadata() {
         Column::Dense(Tensor::from_slice(vec![1, 2], &[7i64, 8]).unwrap()),
     )])
     .unwrap();
-    b.kv_put("kc", "k", Some(&y), None).await.unwrap();
-    let got = a.kv_batch_get("kc", &["k"], None).await.unwrap();
+    b.partition("kc").kv_put("k", &y, None).await.unwrap();
+    let got = a.partition("kc").kv_batch_get(&["k"], None).await.unwrap();
     assert_eq!(got.field_names().collect::<Vec<_>>(), vec!["x", "y"]);
     assert_eq!((first_i64(&got, "x"), first_i64(&got, "y")), (100, 7));
     assert_eq!(stats(&a).misses, 1);
     // ... and the fresh metadata is remembered: the next get is confirmed again.
-    a.kv_batch_get("kc", &["k"], Some(&["y"])).await.unwrap();
+    a.partition("kc")
+        .kv_batch_get(&["k"], Some(&["y"]))
+        .await
+        .unwrap();
     assert_eq!((stats(&a).hits, stats(&a).misses), (3, 1));
 
     // Another process clears the key, gives its sample index to a new key (next generation)
     // and writes the key again elsewhere: the answer is the key's new value, never the bytes
     // of whichever sample now sits at the cached index.
-    b.kv_clear("kc", &["k"], None).await.unwrap();
-    b.kv_put("kc", "other", Some(&rows(1, 900)), None)
+    b.partition("kc").kv_clear(&["k"]).await.unwrap();
+    b.partition("kc")
+        .kv_put("other", &rows(1, 900), None)
         .await
         .unwrap();
     let wide = Batch::from_columns([(
@@ -642,13 +695,20 @@ async fn key_cache_speculation_never_answers_stale_metadata() {
         Column::Dense(Tensor::from_slice(vec![1, 3], &[5i64, 6, 7]).unwrap()),
     )])
     .unwrap();
-    b.kv_put("kc", "k", Some(&wide), None).await.unwrap();
-    assert_eq!(a.kv_batch_get("kc", &["k"], None).await.unwrap(), wide);
+    b.partition("kc").kv_put("k", &wide, None).await.unwrap();
+    assert_eq!(
+        a.partition("kc").kv_batch_get(&["k"], None).await.unwrap(),
+        wide
+    );
     assert_eq!(stats(&a).misses, 2);
 
     // Cleared by another process: NotFound, not the remembered bytes.
-    b.kv_clear("kc", &["k", "other"], None).await.unwrap();
-    let e = a.kv_batch_get("kc", &["k"], None).await.unwrap_err();
+    b.partition("kc").kv_clear(&["k", "other"]).await.unwrap();
+    let e = a
+        .partition("kc")
+        .kv_batch_get(&["k"], None)
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::NotFound, "{e}");
     assert_eq!(stats(&a).hits, 3, "nothing stale was confirmed");
 }
@@ -672,7 +732,10 @@ async fn storage_units_rejoin_a_restarted_controller() {
     let mut u0 = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-0"]);
     u0.listening(1);
     let tq = Client::connect_with(&url, config(3_000)).await.unwrap();
-    tq.kv_put("p", "k", Some(&rows(1, 0)), None).await.unwrap();
+    tq.partition("p")
+        .kv_put("k", &rows(1, 0), None)
+        .await
+        .unwrap();
 
     controller.kill();
     let mut controller = start_controller();
@@ -680,16 +743,21 @@ async fn storage_units_rejoin_a_restarted_controller() {
     // A new client waits (up to its connect timeout) until both units registered again.
     let fresh = Client::connect_with(&url, config(3_000)).await.unwrap();
     fresh
-        .kv_put("q", "k", Some(&rows(1, 5)), None)
+        .partition("q")
+        .kv_put("k", &rows(1, 5), None)
         .await
         .unwrap();
     assert_eq!(
-        fresh.kv_batch_get("q", &["k"], None).await.unwrap(),
+        fresh
+            .partition("q")
+            .kv_batch_get(&["k"], None)
+            .await
+            .unwrap(),
         rows(1, 5)
     );
     // The client from before the restart routes the same way as the new one.
     assert_eq!(
-        tq.kv_batch_get("q", &["k"], None).await.unwrap(),
+        tq.partition("q").kv_batch_get(&["k"], None).await.unwrap(),
         rows(1, 5)
     );
     let _ = controller.terminate(Duration::from_secs(5));

@@ -80,7 +80,7 @@ impl Client {
 
     /// Clears every sample of `partition` and removes the partition (with its completion mark
     /// and sampler state).
-    pub async fn clear_partition(&self, partition: &str) -> Result<()> {
+    pub(crate) async fn clear_partition(&self, partition: &str) -> Result<()> {
         self.forget_cached(partition, None);
         self.clear(partition, None).await?;
         self.control().drop_partition(partition).await
@@ -110,7 +110,7 @@ impl Client {
     /// removed and keys, other fields, tags and consumption stay. Keys or fields that do not
     /// exist are skipped, so clearing twice is harmless; a key whose earlier clear failed
     /// half-way is cleared for good. An empty field list is `Invalid`.
-    pub async fn kv_clear<K: AsRef<str>>(
+    pub(crate) async fn kv_clear<K: AsRef<str>>(
         &self,
         partition: &str,
         keys: &[K],

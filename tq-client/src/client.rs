@@ -147,7 +147,7 @@ impl Client {
         self.key_cache.as_ref().map(|c| c.stats())
     }
 
-    pub fn control(&self) -> &Arc<dyn ControlPlane> {
+    pub(crate) fn control(&self) -> &Arc<dyn ControlPlane> {
         &self.control
     }
     pub fn storage(&self) -> &Arc<dyn StorageManager> {
@@ -176,7 +176,7 @@ impl Client {
 
     /// Fetches up to `batch_size` samples produced for `fields` and not yet consumed by `task`,
     /// waiting up to the configured fetch timeout. The samples are consumed by `task`.
-    pub async fn fetch(
+    pub(crate) async fn fetch(
         &self,
         partition: &str,
         fields: &[&str],
@@ -192,7 +192,7 @@ impl Client {
 
     /// Writes `batch` into new samples of `partition` and returns their metadata. If the write
     /// fails, the new samples are removed again.
-    pub async fn put_new(&self, partition: &str, batch: &Batch) -> Result<BatchMeta> {
+    pub(crate) async fn put_new(&self, partition: &str, batch: &Batch) -> Result<BatchMeta> {
         check_batch(partition, batch)?;
         let meta = self
             .get_meta(GetMetaRequest {
@@ -377,7 +377,7 @@ impl Client {
         }
     }
 
-    pub async fn production_status(
+    pub(crate) async fn production_status(
         &self,
         partition: &str,
         fields: &[&str],
@@ -386,7 +386,7 @@ impl Client {
         self.control.production_status(partition, &fields).await
     }
 
-    pub async fn consumption_status(
+    pub(crate) async fn consumption_status(
         &self,
         partition: &str,
         task: &str,
@@ -395,7 +395,11 @@ impl Client {
     }
 
     /// Forgets what `task` (or every task, with `None`) consumed in `partition`.
-    pub async fn reset_consumption(&self, partition: &str, task: Option<&str>) -> Result<()> {
+    pub(crate) async fn reset_consumption(
+        &self,
+        partition: &str,
+        task: Option<&str>,
+    ) -> Result<()> {
         self.control.reset_consumption(partition, task).await
     }
 
@@ -407,7 +411,7 @@ impl Client {
     // KV API
 
     /// Writes one key: `fields` is a one-row batch; `tags` are merged into the key's tags.
-    pub async fn kv_put(
+    pub(crate) async fn kv_put(
         &self,
         partition: &str,
         key: &str,
@@ -429,7 +433,7 @@ impl Client {
     /// Writes several keys at once (created on first use). Row `i` of `fields` and `tags[i]`
     /// belong to `keys[i]`. Everything is validated before anything changes; if the storage
     /// write fails, keys this call created are removed again.
-    pub async fn kv_batch_put<K: AsRef<str>>(
+    pub(crate) async fn kv_batch_put<K: AsRef<str>>(
         &self,
         partition: &str,
         keys: &[K],
@@ -567,7 +571,7 @@ impl Client {
 
     /// Reads keys. Every key must exist and every requested field be produced for every key;
     /// without `fields`, the fields all keys hold are returned. Rows follow `keys`' order.
-    pub async fn kv_batch_get<K: AsRef<str>>(
+    pub(crate) async fn kv_batch_get<K: AsRef<str>>(
         &self,
         partition: &str,
         keys: &[K],
@@ -652,7 +656,7 @@ impl Client {
     }
 
     /// Keys and tags of `partition`, or of every partition. A missing partition lists nothing.
-    pub async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
+    pub(crate) async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
         self.control.kv_list(partition).await
     }
 }

@@ -33,19 +33,21 @@ mod clear;
 mod client;
 mod config;
 mod key_cache;
+mod partition;
 #[cfg(feature = "remote")]
 mod remote;
 mod shared;
 mod stream;
 
 pub use backends::BackendFactory;
-pub use blocking::BlockingClient;
+pub use blocking::{BlockingBatchStream, BlockingClient, BlockingPartition};
 pub use builder::ClientBuilder;
 pub use client::{Client, KvBatchMeta};
 pub use config::{
     Backend, Config, ControllerSection, KvSection, NetSection, NotBuilt, SsdSection, StorageSection,
 };
 pub use key_cache::KeyCacheStats;
+pub use partition::Partition;
 #[cfg(feature = "remote")]
 pub use remote::pool_config;
 pub use shared::LinkOptions;

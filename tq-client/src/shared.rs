@@ -31,7 +31,7 @@ fn keys_of<K: AsRef<str>>(keys: &[K]) -> Vec<String> {
 impl Client {
     /// Merges the one-row `fields` into the stored cells of `key` with `merge`; see
     /// [`Client::kv_batch_update`].
-    pub async fn kv_update(
+    pub(crate) async fn kv_update(
         &self,
         partition: &str,
         key: &str,
@@ -55,7 +55,7 @@ impl Client {
     /// checks every result, then commits once (all-or-nothing per unit; not across units).
     /// Consumption and tags do not change. Never retried: if this returns an error after the
     /// storage step, storage may already hold the merged values, and the message says so.
-    pub async fn kv_batch_update<K: AsRef<str>>(
+    pub(crate) async fn kv_batch_update<K: AsRef<str>>(
         &self,
         partition: &str,
         keys: &[K],
@@ -139,7 +139,7 @@ impl Client {
     /// Makes `fields` of `keys[i]` read the payload of `public_keys[i]` in the public partition,
     /// without copying it (GRPO: one prompt payload, `n` responses linking to it). Missing keys
     /// are created. All-or-nothing: every key, public key, field and type is checked first.
-    pub async fn kv_link<K: AsRef<str>, P: AsRef<str>>(
+    pub(crate) async fn kv_link<K: AsRef<str>, P: AsRef<str>>(
         &self,
         partition: &str,
         keys: &[K],
@@ -184,7 +184,7 @@ impl Client {
 
     /// Drops the links of `fields` of `keys`: those fields read as never written until written
     /// again (a write to a linked field is refused until it is unlinked). Returns how many links.
-    pub async fn kv_unlink<K: AsRef<str>>(
+    pub(crate) async fn kv_unlink<K: AsRef<str>>(
         &self,
         partition: &str,
         keys: &[K],
@@ -198,7 +198,7 @@ impl Client {
     /// Clears the public keys (of `public_partition`, starting with `prefix`) that were linked
     /// at least once and are linked no more; returns the cleared keys. Keys never linked yet
     /// are left alone, so a producer between its `kv_put` and its `kv_link` loses nothing.
-    pub async fn kv_clear_unlinked_public(
+    pub(crate) async fn kv_clear_unlinked_public(
         &self,
         public_partition: &str,
         prefix: &str,
@@ -225,7 +225,30 @@ impl Client {
     }
 
     /// Tags of `keys` (convenience for tests and tools).
-    pub async fn kv_tags<K: AsRef<str>>(&self, partition: &str, keys: &[K]) -> Result<Vec<Tags>> {
+    pub(crate) async fn kv_meta<K: AsRef<str>>(
+        &self,
+        partition: &str,
+        keys: &[K],
+    ) -> Result<tq_core::BatchMeta> {
+        let keys = crate::client::owned_keys(partition, keys)?;
+        let kv = self
+            .control()
+            .kv_retrieve_meta(partition, &keys, false)
+            .await?;
+        if !kv.missing.is_empty() {
+            return Err(Error::not_found(format!(
+                "partition `{partition}`: keys not found: {:?}",
+                kv.missing
+            )));
+        }
+        Ok(kv.meta)
+    }
+
+    pub(crate) async fn kv_tags<K: AsRef<str>>(
+        &self,
+        partition: &str,
+        keys: &[K],
+    ) -> Result<Vec<Tags>> {
         let keys = crate::client::owned_keys(partition, keys)?;
         let kv = self
             .control()

@@ -8,9 +8,10 @@
 //!   that is not acknowledged in time expires and the samples are handed out again (to this or
 //!   another consumer): at-least-once. An acknowledgement after expiry consumes nothing.
 //!
-//! The stream waits on the controller (one long-poll per batch, no busy polling) and ends when
-//! the partition is declared complete (`Client::complete_partition`) and the task has consumed
-//! all of it, or when nothing arrives for `idle_timeout`.
+//! The stream waits on the controller (one long-poll per batch, no busy polling) and ends
+//! cleanly when the partition is declared complete ([`crate::Partition::complete`]) and the
+//! task has consumed all of it. When nothing arrives for `idle_timeout` it yields one
+//! `Timeout` error item and then ends, so a consumer can tell "done" from "gave up waiting".
 
 use crate::Client;
 use futures::Stream;
@@ -21,7 +22,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tq_controller::{GetMetaRequest, Wait};
-use tq_core::{Batch, BatchMeta, Error, ErrorKind, FieldName, Result};
+use tq_core::{Batch, BatchMeta, Error, ErrorKind, FieldName, Result, Retry};
 
 /// When handed-out samples count as consumed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +36,6 @@ pub enum Delivery {
 /// What to stream.
 #[derive(Debug, Clone)]
 pub struct StreamConfig {
-    pub partition: String,
     pub task: String,
     pub fields: Vec<FieldName>,
     /// Samples per batch (per rank for rank-aware samplers).
@@ -48,21 +48,17 @@ pub struct StreamConfig {
     pub delivery: Delivery,
     /// Batches fetched ahead while the caller works (at least 1).
     pub prefetch: usize,
-    /// The stream ends when no batch arrives for this long.
+    /// The stream stops waiting when no batch arrives for this long (it yields a `Timeout`
+    /// error, then ends).
     pub idle_timeout: Duration,
 }
 
 impl StreamConfig {
     /// Streams `batch_size` samples of `fields` at a time for `task`: at-most-once, default
-    /// sampler, 2 batches of prefetch, 60 s idle timeout.
-    pub fn new(
-        partition: impl Into<String>,
-        task: impl Into<String>,
-        fields: &[&str],
-        batch_size: usize,
-    ) -> Self {
+    /// sampler, 2 batches of prefetch, 60 s idle timeout. The partition is the one whose
+    /// [`crate::Partition::stream`] takes this configuration.
+    pub fn new(task: impl Into<String>, fields: &[&str], batch_size: usize) -> Self {
         StreamConfig {
-            partition: partition.into(),
             task: task.into(),
             fields: fields.iter().map(|f| f.to_string()).collect(),
             batch_size,
@@ -178,12 +174,17 @@ impl Stream for BatchStream {
 }
 
 /// Fetches batches into `tx` until the stream ends or the receiver goes away.
-async fn fetch_loop(client: Client, cfg: StreamConfig, tx: mpsc::Sender<Result<StreamItem>>) {
+async fn fetch_loop(
+    client: Client,
+    partition: String,
+    cfg: StreamConfig,
+    tx: mpsc::Sender<Result<StreamItem>>,
+) {
     let mut batch_index = 0u64;
     let field_refs: Vec<&str> = cfg.fields.iter().map(String::as_str).collect();
     loop {
         let mut req = GetMetaRequest::fetch(
-            cfg.partition.clone(),
+            partition.clone(),
             &field_refs,
             cfg.task.clone(),
             cfg.batch_size,
@@ -203,11 +204,21 @@ async fn fetch_loop(client: Client, cfg: StreamConfig, tx: mpsc::Sender<Result<S
                 batch_index,
             }),
             Err(e) if e.kind() == &ErrorKind::Closed => {
-                tracing::debug!(partition = %cfg.partition, task = %cfg.task, "stream finished: partition complete");
+                tracing::debug!(partition = %partition, task = %cfg.task, "stream finished: partition complete");
                 return;
             }
             Err(e) if e.kind() == &ErrorKind::Timeout => {
-                tracing::info!(partition = %cfg.partition, task = %cfg.task, "stream ended: idle for {:?}", cfg.idle_timeout);
+                // Waiting stopped, the partition is not complete: say so with a last error
+                // item, so that a consumer can tell it from the clean end of a completed
+                // partition. Nothing was consumed by the fetch that timed out.
+                tracing::info!(partition = %partition, task = %cfg.task, "stream ended: idle for {:?}", cfg.idle_timeout);
+                let idle = Error::timeout(format!(
+                    "partition `{}`, task `{}`: no ready batch within the stream's idle timeout \
+                     of {:?}; the stream ends (the partition is not complete)",
+                    partition, cfg.task, cfg.idle_timeout
+                ))
+                .with_retry(Retry::Safe);
+                let _ = tx.send(Err(idle)).await;
                 return;
             }
             Err(e) => Err(e),
@@ -221,16 +232,14 @@ async fn fetch_loop(client: Client, cfg: StreamConfig, tx: mpsc::Sender<Result<S
 }
 
 impl Client {
-    /// Streams ready batches for a consumer task; see the module docs for delivery guarantees.
-    /// Must be called inside a tokio runtime.
-    pub fn stream(&self, config: StreamConfig) -> Result<BatchStream> {
+    /// Streams ready batches of `partition` (see [`crate::Partition::stream`]).
+    pub(crate) fn stream(&self, partition: &str, config: StreamConfig) -> Result<BatchStream> {
         if config.batch_size == 0 {
             return Err(Error::invalid("stream batch size must be at least 1"));
         }
         if config.fields.is_empty() {
             return Err(Error::invalid(format!(
-                "partition `{}`: a stream needs at least one field",
-                config.partition
+                "partition `{partition}`: a stream needs at least one field"
             )));
         }
         if let Delivery::Acknowledged { lease } = config.delivery {
@@ -239,8 +248,8 @@ impl Client {
             }
         }
         let (tx, rx) = mpsc::channel(config.prefetch.max(1));
-        let (partition, task) = (config.partition.clone(), config.task.clone());
-        let fetcher = tokio::spawn(fetch_loop(self.clone(), config, tx));
+        let (partition, task) = (partition.to_string(), config.task.clone());
+        let fetcher = tokio::spawn(fetch_loop(self.clone(), partition.clone(), config, tx));
         Ok(BatchStream {
             rx,
             counters: Arc::default(),
@@ -266,7 +275,7 @@ impl Client {
 
     /// Declares that producers will add no more samples to `partition`: streams end once they
     /// consumed everything. The mark stays until `clear_partition`.
-    pub async fn complete_partition(&self, partition: &str) -> Result<()> {
+    pub(crate) async fn complete_partition(&self, partition: &str) -> Result<()> {
         self.control().mark_complete(partition).await
     }
 }

@@ -63,11 +63,18 @@ fn kv_client_with(
 }
 
 async fn refused_writes_keep_the_stored_value(tq: &Client, backend: &str) {
-    tq.kv_put("p", "k", Some(&ints(1, 7)), None).await.unwrap();
+    tq.partition("p")
+        .kv_put("k", &ints(1, 7), None)
+        .await
+        .unwrap();
     for (what, wrong) in [("f32", floats(1)), ("object", objects(1))] {
-        let e = tq.kv_put("p", "k", Some(&wrong), None).await.unwrap_err();
+        let e = tq
+            .partition("p")
+            .kv_put("k", &wrong, None)
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Invalid, "{backend}, {what}: {e}");
-        let got = tq.kv_batch_get("p", &["k"], None).await.unwrap();
+        let got = tq.partition("p").kv_batch_get(&["k"], None).await.unwrap();
         assert_eq!(
             got,
             ints(1, 7),
@@ -75,7 +82,7 @@ async fn refused_writes_keep_the_stored_value(tq: &Client, backend: &str) {
         );
     }
     // The metadata API, on existing samples.
-    let meta = tq.put_new("q", &ints(2, 100)).await.unwrap();
+    let meta = tq.partition("q").put_new(&ints(2, 100)).await.unwrap();
     for wrong in [floats(2), objects(2)] {
         let e = tq.put(&meta, &wrong).await.unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Invalid, "{backend}: {e}");
@@ -96,7 +103,7 @@ async fn defect_1_a_read_that_disagrees_with_the_metadata_is_corrupted_not_data(
     // Storage holding something else than what was published (here: bytes put behind the
     // controller's back) is refused at read time instead of handed out as data.
     let tq = Client::embedded(Config::default()).unwrap();
-    let meta = tq.put_new("p", &ints(2, 0)).await.unwrap();
+    let meta = tq.partition("p").put_new(&ints(2, 0)).await.unwrap();
     tq.storage().put(&meta, &floats(2)).await.unwrap();
     let e = tq.get_data(&meta).await.unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Corrupted, "{e}");
@@ -108,15 +115,23 @@ async fn defect_3_a_get_without_fields_of_keys_with_no_data_is_not_an_empty_succ
     for config in [Config::default(), kv_memory_config()] {
         let tq = Client::embedded(config).unwrap();
         // Tags only: the key exists, nothing is produced yet.
-        tq.kv_put("p", "k", None, Some(tq_core::Tags::new()))
+        tq.partition("p")
+            .kv_set_tags(&["k"], vec![tq_core::Tags::new()])
             .await
             .unwrap();
-        let e = tq.kv_batch_get("p", &["k"], None).await.unwrap_err();
+        let e = tq
+            .partition("p")
+            .kv_batch_get(&["k"], None)
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::NotFound, "{e}");
         assert!(e.message().contains("not produced"), "{e}");
-        tq.kv_put("p", "k", Some(&ints(1, 0)), None).await.unwrap();
+        tq.partition("p")
+            .kv_put("k", &ints(1, 0), None)
+            .await
+            .unwrap();
         assert_eq!(
-            tq.kv_batch_get("p", &["k"], None).await.unwrap(),
+            tq.partition("p").kv_batch_get(&["k"], None).await.unwrap(),
             ints(1, 0)
         );
     }
@@ -126,7 +141,7 @@ async fn defect_3_a_get_without_fields_of_keys_with_no_data_is_not_an_empty_succ
 async fn defect_4_a_stale_put_leaves_nothing_in_the_kv_store() {
     let (tq, controller, store) = kv_client_with(|s, _| s);
     for round in 0..20 {
-        let meta = tq.put_new("p", &ints(2, round)).await.unwrap();
+        let meta = tq.partition("p").put_new(&ints(2, round)).await.unwrap();
         tq.clear_samples(&meta).await.unwrap();
         let e = tq.put(&meta, &ints(2, 999)).await.unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Conflict, "{e}");
@@ -205,12 +220,13 @@ async fn defect_4_a_write_refused_after_a_racing_clear_deletes_what_it_wrote() {
     });
     // Existing keys: the put passes its check, the clear runs, then the write lands and its
     // notice is refused.
-    tq.control()
+    controller
         .kv_retrieve_meta("p", &["a".to_string(), "b".to_string()], true)
         .await
         .unwrap();
     let e = tq
-        .kv_batch_put("p", &["a", "b"], Some(&ints(2, 0)), None)
+        .partition("p")
+        .kv_batch_put(&["a", "b"], &ints(2, 0), None)
         .await
         .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Conflict, "{e}");
@@ -228,7 +244,7 @@ async fn defect_7_a_read_racing_a_clear_is_not_found_not_data_lost() {
             before_get: true,
         })
     });
-    let meta = tq.put_new("p", &ints(2, 0)).await.unwrap();
+    let meta = tq.partition("p").put_new(&ints(2, 0)).await.unwrap();
     let e = tq.get_data(&meta).await.unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::NotFound, "{e}");
     assert_eq!(store.resident_keys(), 0);
@@ -237,7 +253,7 @@ async fn defect_7_a_read_racing_a_clear_is_not_found_not_data_lost() {
 #[tokio::test]
 async fn defect_7_data_that_is_really_gone_is_still_data_lost() {
     let (tq, _, store) = kv_client_with(|s, _| s);
-    let meta = tq.put_new("p", &ints(2, 0)).await.unwrap();
+    let meta = tq.partition("p").put_new(&ints(2, 0)).await.unwrap();
     // Delete one cell behind the controller's back: the sample is live, its data is gone.
     let cell = tq_backend_kv::codec::KeyScheme::new("tq", "p").cell(meta.samples()[0], "x");
     store.delete(&[cell]).await.unwrap();
@@ -250,7 +266,7 @@ async fn defect_8_an_embedded_polling_loop_lets_the_producer_run() {
     let tq = Client::embedded(Config::default()).unwrap();
     let producer = tokio::spawn({
         let tq = tq.clone();
-        async move { tq.put_new("p", &ints(1, 0)).await.unwrap() }
+        async move { tq.partition("p").put_new(&ints(1, 0)).await.unwrap() }
     });
     let mut polls = 0u64;
     loop {

@@ -34,12 +34,9 @@ fn tag(k: &str, v: i64) -> Tags {
     [(k.to_string(), TagValue::Int(v))].into()
 }
 
-fn keys_of(listing: &[KeyListing], partition: &str) -> Vec<String> {
-    listing
-        .iter()
-        .find(|l| l.partition == partition)
-        .map(|l| l.entries.iter().map(|(k, _)| k.clone()).collect())
-        .unwrap_or_default()
+fn keys_of(listing: &KeyListing, partition: &str) -> Vec<String> {
+    assert_eq!(listing.partition, partition);
+    listing.entries.iter().map(|(k, _)| k.clone()).collect()
 }
 
 #[tokio::test]
@@ -47,37 +44,41 @@ async fn kv_put_get_tags_and_cumulative_fields() {
     let tq = client();
     let one = batch(1, 0);
     let m = tq
-        .kv_put("p", "k", Some(&one), Some(tag("step", 1)))
+        .partition("p")
+        .kv_put("k", &one, Some(tag("step", 1)))
         .await
         .unwrap();
     assert_eq!(m.fields, vec!["ids", "text"]);
     assert_eq!(m.tags[0]["step"], TagValue::Int(1));
     // Tag-only update merges.
     let m = tq
-        .kv_put("p", "k", None, Some(tag("score", 7)))
+        .partition("p")
+        .kv_set_tags(&["k"], vec![tag("score", 7)])
         .await
         .unwrap();
     assert_eq!(m.tags[0].len(), 2);
     // Adding a field keeps the old ones; the returned field list is cumulative.
     let extra = Batch::from_columns([("reward", dense_i64(1, 1, 42))]).unwrap();
-    let m = tq.kv_put("p", "k", Some(&extra), None).await.unwrap();
+    let m = tq.partition("p").kv_put("k", &extra, None).await.unwrap();
     assert_eq!(m.fields, vec!["ids", "reward", "text"]);
-    let got = tq.kv_batch_get("p", &["k"], None).await.unwrap();
+    let got = tq.partition("p").kv_batch_get(&["k"], None).await.unwrap();
     assert_eq!(
         got.field_names().collect::<Vec<_>>(),
         vec!["ids", "reward", "text"]
     );
     assert_eq!(got.column("ids"), one.column("ids"));
     let got = tq
-        .kv_batch_get("p", &["k"], Some(&["reward"]))
+        .partition("p")
+        .kv_batch_get(&["k"], Some(&["reward"]))
         .await
         .unwrap();
     assert_eq!(got.field_names().collect::<Vec<_>>(), vec!["reward"]);
-    let listing = tq.kv_list(Some("p")).await.unwrap();
-    assert_eq!(listing[0].entries[0].1["score"], TagValue::Int(7));
+    let listing = tq.partition("p").kv_list().await.unwrap();
+    assert_eq!(listing.entries[0].1["score"], TagValue::Int(7));
     // A multi-row batch is refused for kv_put.
     let e = tq
-        .kv_put("p", "k2", Some(&batch(2, 0)), None)
+        .partition("p")
+        .kv_put("k2", &batch(2, 0), None)
         .await
         .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Invalid);
@@ -88,9 +89,13 @@ async fn differing_shapes_come_back_ragged() {
     let tq = client();
     let short = Batch::from_columns([("resp", dense_i64(1, 2, 0))]).unwrap();
     let long = Batch::from_columns([("resp", dense_i64(1, 5, 0))]).unwrap();
-    tq.kv_put("p", "a", Some(&short), None).await.unwrap();
-    tq.kv_put("p", "b", Some(&long), None).await.unwrap();
-    let got = tq.kv_batch_get("p", &["a", "b"], None).await.unwrap();
+    tq.partition("p").kv_put("a", &short, None).await.unwrap();
+    tq.partition("p").kv_put("b", &long, None).await.unwrap();
+    let got = tq
+        .partition("p")
+        .kv_batch_get(&["a", "b"], None)
+        .await
+        .unwrap();
     match got.column("resp").unwrap() {
         Column::Ragged(rows) => {
             assert_eq!(rows[0].shape(), &[2]);
@@ -119,12 +124,17 @@ async fn heterogeneous_keys_return_common_fields() {
         Batch::from_columns([("f_a", dense_i64(1, 1, 1)), ("f_b", dense_i64(1, 1, 2))]).unwrap();
     let b =
         Batch::from_columns([("f_a", dense_i64(1, 1, 3)), ("f_c", dense_i64(1, 1, 4))]).unwrap();
-    tq.kv_put("p", "a", Some(&a), None).await.unwrap();
-    tq.kv_put("p", "b", Some(&b), None).await.unwrap();
-    let got = tq.kv_batch_get("p", &["a", "b"], None).await.unwrap();
+    tq.partition("p").kv_put("a", &a, None).await.unwrap();
+    tq.partition("p").kv_put("b", &b, None).await.unwrap();
+    let got = tq
+        .partition("p")
+        .kv_batch_get(&["a", "b"], None)
+        .await
+        .unwrap();
     assert_eq!(got.field_names().collect::<Vec<_>>(), vec!["f_a"]);
     let e = tq
-        .kv_batch_get("p", &["a", "b"], Some(&["f_b"]))
+        .partition("p")
+        .kv_batch_get(&["a", "b"], Some(&["f_b"]))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Invalid);
@@ -136,26 +146,38 @@ async fn invalid_kv_input_changes_nothing() {
     let tq = client();
     let b2 = batch(2, 0);
     let cases: Vec<tq_core::Error> = vec![
-        tq.kv_batch_put("p", &["a", "a"], Some(&b2), None)
+        tq.partition("p")
+            .kv_batch_put(&["a", "a"], &b2, None)
             .await
             .unwrap_err(),
-        tq.kv_batch_put::<&str>("p", &[], Some(&b2), None)
+        tq.partition("p")
+            .kv_batch_put::<&str>(&[], &b2, None)
             .await
             .unwrap_err(),
-        tq.kv_batch_put("p", &["a", "b", "c"], Some(&b2), None)
+        tq.partition("p")
+            .kv_batch_put(&["a", "b", "c"], &b2, None)
             .await
             .unwrap_err(),
-        tq.kv_batch_put("p", &["a", "b"], Some(&b2), Some(vec![Tags::new()]))
+        tq.partition("p")
+            .kv_batch_put(&["a", "b"], &b2, Some(vec![Tags::new()]))
             .await
             .unwrap_err(),
-        tq.kv_batch_put("p", &["a", "b"], None, None)
+        tq.partition("p")
+            .kv_set_tags(&["a", "b"], vec![Tags::new()])
             .await
             .unwrap_err(),
-        tq.kv_batch_put("p", &["a", ""], Some(&b2), None)
+        tq.partition("p")
+            .kv_batch_put(&["a", ""], &b2, None)
             .await
             .unwrap_err(),
-        tq.kv_batch_get("p", &["a", "a"], None).await.unwrap_err(),
-        tq.kv_clear("p", &["a"], Some(&[])).await.unwrap_err(),
+        tq.partition("p")
+            .kv_batch_get(&["a", "a"], None)
+            .await
+            .unwrap_err(),
+        tq.partition("p")
+            .kv_clear_fields(&["a"], &[])
+            .await
+            .unwrap_err(),
     ];
     for e in cases {
         assert_eq!(e.kind(), &ErrorKind::Invalid, "{e}");
@@ -165,15 +187,21 @@ async fn invalid_kv_input_changes_nothing() {
         "nothing was created"
     );
     // A missing key is NotFound naming the key, never a shorter result.
-    tq.kv_batch_put("p", &["a", "b"], Some(&b2), None)
+    tq.partition("p")
+        .kv_batch_put(&["a", "b"], &b2, None)
         .await
         .unwrap();
-    let e = tq.kv_batch_get("p", &["a", "zz"], None).await.unwrap_err();
+    let e = tq
+        .partition("p")
+        .kv_batch_get(&["a", "zz"], None)
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::NotFound);
     assert!(e.message().contains("zz"), "{e}");
     // Bad field selection is Invalid.
     let e = tq
-        .kv_batch_get("p", &["a"], Some(&["nope"]))
+        .partition("p")
+        .kv_batch_get(&["a"], Some(&["nope"]))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Invalid);
@@ -182,15 +210,17 @@ async fn invalid_kv_input_changes_nothing() {
 #[tokio::test]
 async fn kv_clear_is_idempotent_and_isolated_between_partitions() {
     let tq = client();
-    tq.kv_put("p1", "a", Some(&batch(1, 0)), None)
+    tq.partition("p1")
+        .kv_put("a", &batch(1, 0), None)
         .await
         .unwrap();
-    tq.kv_clear("p1", &["a"], None).await.unwrap();
-    assert!(keys_of(&tq.kv_list(None).await.unwrap(), "p1").is_empty());
-    tq.kv_clear("p1", &["a"], None).await.unwrap();
-    tq.kv_clear("nope", &["a"], None).await.unwrap();
+    tq.partition("p1").kv_clear(&["a"]).await.unwrap();
+    assert!(keys_of(&tq.partition("p1").kv_list().await.unwrap(), "p1").is_empty());
+    tq.partition("p1").kv_clear(&["a"]).await.unwrap();
+    tq.partition("nope").kv_clear(&["a"]).await.unwrap();
     // p2 reuses the index of p1's cleared key; p1 sees nothing.
-    tq.kv_put("p2", "b", Some(&batch(1, 100)), None)
+    tq.partition("p2")
+        .kv_put("b", &batch(1, 100), None)
         .await
         .unwrap();
     let m = tq
@@ -198,9 +228,9 @@ async fn kv_clear_is_idempotent_and_isolated_between_partitions() {
         .await
         .unwrap();
     assert!(m.is_empty());
-    assert!(tq.kv_list(Some("p1")).await.unwrap().is_empty());
+    assert!(tq.partition("p1").kv_list().await.unwrap().is_empty());
     assert_eq!(
-        tq.kv_batch_get("p2", &["b"], None).await.unwrap(),
+        tq.partition("p2").kv_batch_get(&["b"], None).await.unwrap(),
         batch(1, 100)
     );
 }
@@ -208,63 +238,81 @@ async fn kv_clear_is_idempotent_and_isolated_between_partitions() {
 #[tokio::test]
 async fn field_level_clear_keeps_keys_tags_and_consumption() {
     let tq = client();
-    tq.kv_batch_put(
-        "p",
-        &["a", "b"],
-        Some(&batch(2, 0)),
-        Some(vec![tag("t", 1), tag("t", 2)]),
-    )
-    .await
-    .unwrap();
+    tq.partition("p")
+        .kv_batch_put(
+            &["a", "b"],
+            &batch(2, 0),
+            Some(vec![tag("t", 1), tag("t", 2)]),
+        )
+        .await
+        .unwrap();
     // Consume both for task "train".
-    assert_eq!(tq.fetch("p", &["ids"], "train", 2).await.unwrap().len(), 2);
-    tq.kv_clear("p", &["a"], Some(&["text"])).await.unwrap();
+    assert_eq!(
+        tq.partition("p")
+            .fetch(&["ids"], "train", 2)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+    tq.partition("p")
+        .kv_clear_fields(&["a"], &["text"])
+        .await
+        .unwrap();
     // a's text is gone, b's is not; a's ids stay; tags stay.
     let e = tq
-        .kv_batch_get("p", &["a"], Some(&["text"]))
+        .partition("p")
+        .kv_batch_get(&["a"], Some(&["text"]))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Invalid);
-    let got = tq.kv_batch_get("p", &["a", "b"], None).await.unwrap();
+    let got = tq
+        .partition("p")
+        .kv_batch_get(&["a", "b"], None)
+        .await
+        .unwrap();
     assert_eq!(got.field_names().collect::<Vec<_>>(), vec!["ids"]);
     assert_eq!(
-        tq.kv_batch_get("p", &["b"], Some(&["text"]))
+        tq.partition("p")
+            .kv_batch_get(&["b"], Some(&["text"]))
             .await
             .unwrap()
             .len(),
         1
     );
-    let listing = tq.kv_list(Some("p")).await.unwrap();
+    let listing = tq.partition("p").kv_list().await.unwrap();
     assert_eq!(keys_of(&listing, "p"), vec!["a", "b"]);
-    assert_eq!(listing[0].entries[0].1["t"], TagValue::Int(1));
+    assert_eq!(listing.entries[0].1["t"], TagValue::Int(1));
     assert!(tq
-        .consumption_status("p", "train")
+        .partition("p")
+        .consumption_status("train")
         .await
         .unwrap()
         .all_consumed());
     // Clearing again, or a field some keys lack, is fine; writing it again works.
-    tq.kv_clear("p", &["a", "b"], Some(&["text"]))
+    tq.partition("p")
+        .kv_clear_fields(&["a", "b"], &["text"])
         .await
         .unwrap();
-    tq.kv_put(
-        "p",
-        "a",
-        Some(&batch(1, 9).select_fields(&["text"]).unwrap()),
-        None,
-    )
-    .await
-    .unwrap();
+    tq.partition("p")
+        .kv_put("a", &batch(1, 9).select_fields(&["text"]).unwrap(), None)
+        .await
+        .unwrap();
     assert_eq!(
-        tq.kv_batch_get("p", &["a"], Some(&["text"]))
+        tq.partition("p")
+            .kv_batch_get(&["a"], Some(&["text"]))
             .await
             .unwrap()
             .len(),
         1
     );
     // Clearing every field leaves the key listed.
-    tq.kv_clear("p", &["b"], Some(&["ids"])).await.unwrap();
+    tq.partition("p")
+        .kv_clear_fields(&["b"], &["ids"])
+        .await
+        .unwrap();
     assert_eq!(
-        keys_of(&tq.kv_list(Some("p")).await.unwrap(), "p"),
+        keys_of(&tq.partition("p").kv_list().await.unwrap(), "p"),
         vec!["a", "b"]
     );
 }
@@ -273,26 +321,33 @@ async fn field_level_clear_keeps_keys_tags_and_consumption() {
 async fn metadata_api_round_trip() {
     let tq = client();
     let data = batch(8, 0);
-    let put = tq.put_new("train", &data).await.unwrap();
+    let put = tq.partition("train").put_new(&data).await.unwrap();
     assert!(put.is_ready());
     assert_eq!(put.len(), 8);
     // Partial production: ids+text produced, reward not.
     assert!(tq
-        .production_status("train", &["ids", "text"])
+        .partition("train")
+        .production_status(&["ids", "text"])
         .await
         .unwrap()
         .all_produced());
     assert!(!tq
-        .production_status("train", &["ids", "reward"])
+        .partition("train")
+        .production_status(&["ids", "reward"])
         .await
         .unwrap()
         .all_produced());
     // Consumption is marked at fetch time, before any data is read.
     let m = tq
-        .fetch("train", &["ids", "text"], "learner", 5)
+        .partition("train")
+        .fetch(&["ids", "text"], "learner", 5)
         .await
         .unwrap();
-    let status = tq.consumption_status("train", "learner").await.unwrap();
+    let status = tq
+        .partition("train")
+        .consumption_status("learner")
+        .await
+        .unwrap();
     assert_eq!(status.consumed.iter().filter(|&&c| c).count(), 5);
     let got = tq.get_data(&m).await.unwrap();
     assert_eq!(got, data.select_rows(&[0, 1, 2, 3, 4]).unwrap());
@@ -300,7 +355,11 @@ async fn metadata_api_round_trip() {
     let reward = Batch::from_columns([("reward", dense_i64(5, 1, 0))]).unwrap();
     let m2 = tq.put(&m, &reward).await.unwrap();
     assert!(m2.fields().contains_key("reward"));
-    let m3 = tq.fetch("train", &["reward"], "critic", 5).await.unwrap();
+    let m3 = tq
+        .partition("train")
+        .fetch(&["reward"], "critic", 5)
+        .await
+        .unwrap();
     assert_eq!(m3.samples(), m.samples());
     // Clearing an empty meta is a no-op; clearing the fetched samples leaves the others.
     tq.clear_samples(&tq_core::BatchMeta::empty("train"))
@@ -308,14 +367,15 @@ async fn metadata_api_round_trip() {
         .unwrap();
     tq.clear_samples(&m).await.unwrap();
     assert_eq!(
-        tq.consumption_status("train", "learner")
+        tq.partition("train")
+            .consumption_status("learner")
             .await
             .unwrap()
             .samples
             .len(),
         3
     );
-    tq.clear_partition("train").await.unwrap();
+    tq.partition("train").clear().await.unwrap();
     assert!(tq.list_partitions().await.unwrap().is_empty());
     // Bad puts.
     let e = tq
@@ -330,9 +390,9 @@ async fn metadata_api_round_trip() {
 #[tokio::test]
 async fn stale_metadata_cannot_touch_a_reused_index() {
     let tq = client();
-    let old = tq.put_new("p1", &batch(2, 0)).await.unwrap();
+    let old = tq.partition("p1").put_new(&batch(2, 0)).await.unwrap();
     tq.clear_samples(&old).await.unwrap();
-    let new = tq.put_new("p2", &batch(2, 50)).await.unwrap();
+    let new = tq.partition("p2").put_new(&batch(2, 50)).await.unwrap();
     let old_idx: HashSet<u32> = old.samples().iter().map(|s| s.index).collect();
     let new_idx: HashSet<u32> = new.samples().iter().map(|s| s.index).collect();
     assert_eq!(old_idx, new_idx, "indexes are reused");
@@ -353,27 +413,31 @@ async fn capacity_exceeded_leaves_nothing_behind() {
     cfg.storage.num_units = 1;
     cfg.storage.capacity_per_unit = Some(4);
     let tq = Client::embedded(cfg).unwrap();
-    tq.kv_batch_put("p", &["a", "b", "c"], Some(&batch(3, 0)), None)
+    tq.partition("p")
+        .kv_batch_put(&["a", "b", "c"], &batch(3, 0), None)
         .await
         .unwrap();
     let e = tq
-        .kv_batch_put("p", &["d", "e"], Some(&batch(2, 0)), None)
+        .partition("p")
+        .kv_batch_put(&["d", "e"], &batch(2, 0), None)
         .await
         .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::CapacityExceeded, "{e}");
     assert_eq!(
-        keys_of(&tq.kv_list(Some("p")).await.unwrap(), "p"),
+        keys_of(&tq.partition("p").kv_list().await.unwrap(), "p"),
         vec!["a", "b", "c"]
     );
-    let e = tq.put_new("q", &batch(2, 0)).await.unwrap_err();
+    let e = tq.partition("q").put_new(&batch(2, 0)).await.unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::CapacityExceeded);
     assert_eq!(tq.list_partitions().await.unwrap(), vec!["p"]);
     // Overwriting existing keys still works, and freeing room lets new keys in.
-    tq.kv_batch_put("p", &["a", "b"], Some(&batch(2, 7)), None)
+    tq.partition("p")
+        .kv_batch_put(&["a", "b"], &batch(2, 7), None)
         .await
         .unwrap();
-    tq.kv_clear("p", &["c"], None).await.unwrap();
-    tq.kv_batch_put("p", &["d", "e"], Some(&batch(2, 0)), None)
+    tq.partition("p").kv_clear(&["c"]).await.unwrap();
+    tq.partition("p")
+        .kv_batch_put(&["d", "e"], &batch(2, 0), None)
         .await
         .unwrap();
 }
@@ -390,7 +454,7 @@ async fn concurrent_producers_and_consumers_lose_and_duplicate_nothing() {
             for i in 0..per_producer {
                 let id = (p * per_producer + i) as i64;
                 let b = Batch::from_columns([("id", dense_i64(1, 1, id))]).unwrap();
-                tq.put_new("stream", &b).await.unwrap();
+                tq.partition("stream").put_new(&b).await.unwrap();
             }
         }));
     }
@@ -468,13 +532,14 @@ async fn concurrent_producers_and_consumers_lose_and_duplicate_nothing() {
 #[test]
 fn blocking_client_round_trip() {
     let tq = BlockingClient::embedded(Config::default()).unwrap();
-    tq.kv_batch_put("p", &["x", "y"], Some(&batch(2, 3)), None)
+    tq.partition("p")
+        .kv_batch_put(&["x", "y"], &batch(2, 3), None)
         .unwrap();
     assert_eq!(
-        tq.kv_batch_get("p", &["x", "y"], None).unwrap(),
+        tq.partition("p").kv_batch_get(&["x", "y"], None).unwrap(),
         batch(2, 3)
     );
-    tq.kv_clear("p", &["x", "y"], None).unwrap();
+    tq.partition("p").kv_clear(&["x", "y"]).unwrap();
     assert!(tq.list_partitions().unwrap().is_empty());
 }
 
@@ -490,20 +555,23 @@ async fn ssd_offload_from_the_config() {
         let tq = Client::embedded(cfg).unwrap();
         let big = batch(4, 0); // ids rows are 32 bytes, text rows smaller: all in memory
         let large = Batch::from_columns([("big", dense_i64(4, 64, 0))]).unwrap(); // 512 B rows
-        tq.kv_batch_put("p", &["a", "b", "c", "d"], Some(&big), None)
+        tq.partition("p")
+            .kv_batch_put(&["a", "b", "c", "d"], &big, None)
             .await
             .unwrap();
-        tq.kv_batch_put("p", &["a", "b", "c", "d"], Some(&large), None)
+        tq.partition("p")
+            .kv_batch_put(&["a", "b", "c", "d"], &large, None)
             .await
             .unwrap();
         let files = walk(&dir);
         assert_eq!(files, 4, "one file per large cell");
         let got = tq
-            .kv_batch_get("p", &["a", "b", "c", "d"], Some(&["big"]))
+            .partition("p")
+            .kv_batch_get(&["a", "b", "c", "d"], Some(&["big"]))
             .await
             .unwrap();
         assert_eq!(got, large);
-        tq.kv_clear("p", &["a", "b"], None).await.unwrap();
+        tq.partition("p").kv_clear(&["a", "b"]).await.unwrap();
         assert_eq!(walk(&dir), 2, "clear deletes the files at once");
     }
     // Dropping the client shuts the units down: the run's files go, the user's directory stays.

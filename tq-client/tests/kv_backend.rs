@@ -21,18 +21,22 @@ async fn embedded_client_on_the_kv_backend() {
         ("text", Column::Objects(vec![Bytes::from_static(b"hello")])),
     ])
     .unwrap();
-    tq.kv_put("p", "k", Some(&one), None).await.unwrap();
-    let got = tq.kv_batch_get("p", &["k"], None).await.unwrap();
+    tq.partition("p").kv_put("k", &one, None).await.unwrap();
+    let got = tq.partition("p").kv_batch_get(&["k"], None).await.unwrap();
     assert_eq!(got.column("ids"), one.column("ids"));
     assert_eq!(got.column("text"), one.column("text"));
-    tq.kv_clear("p", &["k"], None).await.unwrap();
-    let e = tq.kv_batch_get("p", &["k"], None).await.unwrap_err();
+    tq.partition("p").kv_clear(&["k"]).await.unwrap();
+    let e = tq
+        .partition("p")
+        .kv_batch_get(&["k"], None)
+        .await
+        .unwrap_err();
     assert!(
         matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Invalid),
         "{e}"
     );
     // The reused index gets a new generation and reads back its own data.
-    tq.kv_put("p", "k2", Some(&one), None).await.unwrap();
-    let got = tq.kv_batch_get("p", &["k2"], None).await.unwrap();
+    tq.partition("p").kv_put("k2", &one, None).await.unwrap();
+    let got = tq.partition("p").kv_batch_get(&["k2"], None).await.unwrap();
     assert_eq!(got.column("ids"), one.column("ids"));
 }

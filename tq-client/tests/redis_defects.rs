@@ -49,14 +49,16 @@ async fn defect_2_keys_whose_put_failed_during_an_outage_are_not_stuck() {
     }
     let mut redis = RedisServer::start();
     let tq = client_on(&redis, "");
-    tq.kv_put("p", "old", Some(&ints(1, 0)), None)
+    tq.partition("p")
+        .kv_put("old", &ints(1, 0), None)
         .await
         .unwrap();
     redis.kill();
     // New keys: created, the write fails, their removal fails too (storage is down).
     for key in ["again", "cleared", "background"] {
         let e = tq
-            .kv_put("p", key, Some(&ints(1, 1)), None)
+            .partition("p")
+            .kv_put(key, &ints(1, 1), None)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Unavailable, "{key}: {e}");
@@ -64,29 +66,35 @@ async fn defect_2_keys_whose_put_failed_during_an_outage_are_not_stuck() {
     assert_eq!(tq.unfinished_clears(), 3);
     let redis = redis.restart();
     // 1. A put of the key finishes its clear first.
-    tq.kv_put("p", "again", Some(&ints(1, 5)), None)
+    tq.partition("p")
+        .kv_put("again", &ints(1, 5), None)
         .await
         .unwrap();
     assert_eq!(
-        tq.kv_batch_get("p", &["again"], None).await.unwrap(),
+        tq.partition("p")
+            .kv_batch_get(&["again"], None)
+            .await
+            .unwrap(),
         ints(1, 5)
     );
     // 2. A clear of the key finishes it (and the key can be written afterwards).
-    tq.kv_clear("p", &["cleared"], None).await.unwrap();
-    tq.kv_put("p", "cleared", Some(&ints(1, 6)), None)
+    tq.partition("p").kv_clear(&["cleared"]).await.unwrap();
+    tq.partition("p")
+        .kv_put("cleared", &ints(1, 6), None)
         .await
         .unwrap();
     // 3. The retry of unfinished clears (what the background task runs) frees the last one.
     assert_eq!(tq.retry_unfinished_clears().await.unwrap(), 0);
     assert_eq!(tq.unfinished_clears(), 0);
-    tq.kv_put("p", "background", Some(&ints(1, 7)), None)
+    tq.partition("p")
+        .kv_put("background", &ints(1, 7), None)
         .await
         .unwrap();
-    let listed = tq.kv_list(Some("p")).await.unwrap();
-    let keys: Vec<&str> = listed[0].entries.iter().map(|(k, _)| k.as_str()).collect();
+    let listed = tq.partition("p").kv_list().await.unwrap();
+    let keys: Vec<&str> = listed.entries.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(keys.len(), 4, "{keys:?}");
     // Nothing left behind once everything is cleared.
-    tq.clear_partition("p").await.unwrap();
+    tq.partition("p").clear().await.unwrap();
     assert_eq!(dbsize(&redis), 0);
 }
 
@@ -97,15 +105,20 @@ async fn defect_4_refused_stale_writes_leave_no_keys_in_redis() {
     }
     let redis = RedisServer::start();
     let tq = client_on(&redis, "");
-    tq.kv_put("keep", "k", Some(&ints(1, 0)), None)
+    tq.partition("keep")
+        .kv_put("k", &ints(1, 0), None)
         .await
         .unwrap();
     let baseline = dbsize(&redis);
     for round in 0..40 {
-        let meta = tq.put_new("p", &ints(2, round)).await.unwrap();
+        let meta = tq.partition("p").put_new(&ints(2, round)).await.unwrap();
         tq.clear_samples(&meta).await.unwrap();
         // Reuse the index, then write with the stale metadata.
-        let fresh = tq.put_new("p", &ints(2, 100 + round)).await.unwrap();
+        let fresh = tq
+            .partition("p")
+            .put_new(&ints(2, 100 + round))
+            .await
+            .unwrap();
         let e = tq.put(&meta, &ints(2, 999)).await.unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Conflict, "{e}");
         assert_eq!(tq.get_data(&fresh).await.unwrap(), ints(2, 100 + round));
@@ -121,14 +134,18 @@ async fn defect_5_rewriting_one_field_re_arms_the_ttl_of_the_whole_sample() {
     }
     let redis = RedisServer::start();
     let tq = client_on(&redis, "data_ttl_ms = 600000");
-    tq.kv_put("p", "k", Some(&two_fields(1)), None)
+    tq.partition("p")
+        .kv_put("k", &two_fields(1), None)
         .await
         .unwrap();
     let keys = redis.cli(&["--raw", "KEYS", "*/y"]);
     let y_key = keys.lines().next().expect("the key of field y").to_string();
     // Pretend field y was written long ago: its deadline is near.
     redis.cli(&["PEXPIRE", &y_key, "5000"]);
-    tq.kv_put("p", "k", Some(&ints(1, 2)), None).await.unwrap();
+    tq.partition("p")
+        .kv_put("k", &ints(1, 2), None)
+        .await
+        .unwrap();
     let ttl: i64 = redis.cli(&["PTTL", &y_key]).trim().parse().unwrap();
     assert!(
         ttl > 500_000,
@@ -136,7 +153,8 @@ async fn defect_5_rewriting_one_field_re_arms_the_ttl_of_the_whole_sample() {
     );
     // kv_update re-arms it too.
     redis.cli(&["PEXPIRE", &y_key, "5000"]);
-    tq.kv_update("p", "k", &ints(1, 1), &tq_core::MergeOp::Add)
+    tq.partition("p")
+        .kv_update("k", &ints(1, 1), &tq_core::MergeOp::Add)
         .await
         .unwrap();
     let ttl: i64 = redis.cli(&["PTTL", &y_key]).trim().parse().unwrap();

@@ -58,7 +58,7 @@ async fn produce(tq: &Client, partition: &str, total: usize, chunk: usize) {
         next += n;
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    tq.complete_partition(partition).await.unwrap();
+    tq.partition(partition).complete().await.unwrap();
 }
 
 fn values(item: &StreamItem) -> Vec<i64> {
@@ -76,8 +76,9 @@ async fn balanced_rank_streams(tq: &Client, idle: Duration) -> (Vec<Vec<i64>>, V
             let tq = tq.clone();
             tokio::spawn(async move {
                 let mut s = tq
+                    .partition("p")
                     .stream(
-                        StreamConfig::new("p", "t", &["id"], 4)
+                        StreamConfig::new("t", &["id"], 4)
                             .sampler("balanced")
                             .dp_rank(rank)
                             .idle_timeout(idle),
@@ -106,7 +107,10 @@ async fn at_most_once_stream_ends_when_the_partition_is_complete() {
         let tq = tq.clone();
         async move { produce(&tq, "p", 40, 3).await }
     });
-    let mut s = tq.stream(StreamConfig::new("p", "t", &["id"], 5)).unwrap();
+    let mut s = tq
+        .partition("p")
+        .stream(StreamConfig::new("t", &["id"], 5))
+        .unwrap();
     let mut seen = Vec::new();
     while let Some(item) = s.next().await {
         let item = item.unwrap();
@@ -124,19 +128,33 @@ async fn at_most_once_stream_ends_when_the_partition_is_complete() {
 async fn a_stream_ends_after_its_idle_timeout() {
     let tq = client_with(&[]);
     let (b, _) = ids(0, 2);
-    tq.put_new("p", &b).await.unwrap();
+    tq.partition("p").put_new(&b).await.unwrap();
     let mut s = tq
-        .stream(StreamConfig::new("p", "t", &["id"], 2).idle_timeout(Duration::from_millis(150)))
+        .partition("p")
+        .stream(StreamConfig::new("t", &["id"], 2).idle_timeout(Duration::from_millis(150)))
         .unwrap();
     assert_eq!(s.next().await.unwrap().unwrap().meta.len(), 2);
     let started = std::time::Instant::now();
-    assert!(s.next().await.is_none(), "ended after being idle");
+    // Giving up waiting is said with a Timeout item, unlike the clean end of a completed
+    // partition (`streams_of_a_completed_partition_end_cleanly` below).
+    let e = s.next().await.unwrap().unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Timeout, "{e}");
+    assert_eq!(e.retry(), tq_core::Retry::Safe, "nothing was consumed: {e}");
+    assert!(e.message().contains("partition `p`, task `t`"), "{e}");
     assert!(started.elapsed() >= Duration::from_millis(140));
+    assert!(s.next().await.is_none(), "ended after the Timeout item");
     // Bad configurations are refused up front.
-    assert!(tq.stream(StreamConfig::new("p", "t", &[], 2)).is_err());
-    assert!(tq.stream(StreamConfig::new("p", "t", &["id"], 0)).is_err());
     assert!(tq
-        .stream(StreamConfig::new("p", "t", &["id"], 1).acknowledged(Duration::ZERO))
+        .partition("p")
+        .stream(StreamConfig::new("t", &[], 2))
+        .is_err());
+    assert!(tq
+        .partition("p")
+        .stream(StreamConfig::new("t", &["id"], 0))
+        .is_err());
+    assert!(tq
+        .partition("p")
+        .stream(StreamConfig::new("t", &["id"], 1).acknowledged(Duration::ZERO))
         .is_err());
 }
 
@@ -144,14 +162,15 @@ async fn a_stream_ends_after_its_idle_timeout() {
 async fn prefetch_fetches_ahead_but_boundedly() {
     let tq = client_with(&[]);
     let (b, _) = ids(0, 40);
-    tq.put_new("p", &b).await.unwrap();
+    tq.partition("p").put_new(&b).await.unwrap();
     let mut s = tq
-        .stream(StreamConfig::new("p", "t", &["id"], 4).prefetch(2))
+        .partition("p")
+        .stream(StreamConfig::new("t", &["id"], 4).prefetch(2))
         .unwrap();
     let first = s.next().await.unwrap().unwrap();
     assert_eq!(first.meta.len(), 4);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let consumed = tq.consumption_status("p", "t").await.unwrap();
+    let consumed = tq.partition("p").consumption_status("t").await.unwrap();
     let n = consumed.consumed.iter().filter(|&&c| c).count();
     // The one taken, up to 2 queued and one more in flight: fetched ahead, but not everything.
     assert!((8..=16).contains(&n), "consumed {n}");
@@ -161,14 +180,15 @@ async fn prefetch_fetches_ahead_but_boundedly() {
 async fn a_killed_consumer_has_its_leased_samples_redelivered() {
     let tq = client_with(&[]);
     let (b, _) = ids(0, 8);
-    tq.put_new("p", &b).await.unwrap();
-    tq.complete_partition("p").await.unwrap();
+    tq.partition("p").put_new(&b).await.unwrap();
+    tq.partition("p").complete().await.unwrap();
     let lease = Duration::from_millis(300);
     // A consumer takes a batch and dies without acknowledging it.
     let taken = {
         let mut s = tq
+            .partition("p")
             .stream(
-                StreamConfig::new("p", "t", &["id"], 4)
+                StreamConfig::new("t", &["id"], 4)
                     .acknowledged(lease)
                     .prefetch(1),
             )
@@ -179,7 +199,8 @@ async fn a_killed_consumer_has_its_leased_samples_redelivered() {
     // A second consumer gets everything exactly once: its own share at once, the dead
     // consumer's share (and anything it prefetched) after the lease expires.
     let mut s = tq
-        .stream(StreamConfig::new("p", "t", &["id"], 4).acknowledged(Duration::from_secs(10)))
+        .partition("p")
+        .stream(StreamConfig::new("t", &["id"], 4).acknowledged(Duration::from_secs(10)))
         .unwrap();
     let mut seen = Vec::new();
     while let Some(item) = s.next().await {
@@ -195,7 +216,8 @@ async fn a_killed_consumer_has_its_leased_samples_redelivered() {
         "redelivered: {taken:?}"
     );
     assert!(tq
-        .consumption_status("p", "t")
+        .partition("p")
+        .consumption_status("t")
         .await
         .unwrap()
         .all_consumed());
@@ -215,12 +237,12 @@ async fn rank_aware_groups_get_identical_batches_and_each_sample_once() {
         for rank in 0..2 {
             let tq = tq.clone();
             ranks.push(tokio::spawn(async move {
-                let cfg = StreamConfig::new("p", "train", &["id"], 4)
+                let cfg = StreamConfig::new("train", &["id"], 4)
                     .sampler("rank")
                     .dp_rank(group)
                     .acknowledged(Duration::from_secs(30))
                     .idle_timeout(Duration::from_secs(10));
-                let mut s = tq.stream(cfg).unwrap();
+                let mut s = tq.partition("p").stream(cfg).unwrap();
                 let mut batches = Vec::new();
                 while let Some(item) = s.next().await {
                     let item = item.unwrap();
@@ -274,17 +296,65 @@ async fn grpo_streams_hand_out_only_complete_groups() {
     .await
     .unwrap();
     let mut s = tq
+        .partition("p")
         .stream(
-            StreamConfig::new("p", "t", &["id"], 2)
+            StreamConfig::new("t", &["id"], 2)
                 .sampler("grpo")
                 .idle_timeout(Duration::from_millis(200)),
         )
         .unwrap();
     let mut got = Vec::new();
     while let Some(item) = s.next().await {
-        got.push(values(&item.unwrap()));
+        match item {
+            Ok(item) => got.push(values(&item)),
+            // The incomplete group never becomes ready: the stream stops waiting.
+            Err(e) => assert_eq!(e.kind(), &ErrorKind::Timeout, "{e}"),
+        }
     }
     assert_eq!(got, vec![vec![0, 1], vec![4, 5]]);
+}
+
+#[tokio::test]
+async fn streams_of_a_completed_partition_end_cleanly() {
+    let tq = client_with(&[]);
+    let (b, _) = ids(0, 4);
+    let p = tq.partition("p");
+    p.put_new(&b).await.unwrap();
+    p.complete().await.unwrap();
+    let mut s = p
+        .stream(StreamConfig::new("t", &["id"], 2).idle_timeout(Duration::from_secs(30)))
+        .unwrap();
+    let mut items = Vec::new();
+    while let Some(item) = s.next().await {
+        items.push(item.expect("no error item when the partition is complete"));
+    }
+    assert_eq!(items.len(), 2);
+}
+
+#[test]
+fn a_blocking_stream_is_an_iterator_with_the_same_end() {
+    let tq = BlockingClient::embedded(Config::default()).unwrap();
+    let p = tq.partition("p");
+    let (b, _) = ids(0, 4);
+    p.put_new(&b).unwrap();
+    let s = p
+        .stream(StreamConfig::new("t", &["id"], 2).idle_timeout(Duration::from_millis(100)))
+        .unwrap();
+    let items: Vec<_> = s.collect();
+    assert_eq!(items.len(), 3, "two batches, then the idle Timeout");
+    assert!(items[0].is_ok() && items[1].is_ok());
+    assert_eq!(items[2].as_ref().unwrap_err().kind(), &ErrorKind::Timeout);
+    let mut s = p
+        .stream(
+            StreamConfig::new("acked", &["id"], 4)
+                .acknowledged(Duration::from_secs(10))
+                .idle_timeout(Duration::from_secs(30)),
+        )
+        .unwrap();
+    let item = s.next().unwrap().unwrap();
+    assert_eq!(s.ack(&item).unwrap(), 4);
+    p.complete().unwrap();
+    assert!(s.next().is_none(), "complete and consumed: a clean end");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,7 +374,7 @@ async fn seqlen_balanced_ranks_get_disjoint_balanced_shares() {
         .unwrap();
     meta.tags_mut().clone_from_slice(&tags);
     tq.put(&meta, &b).await.unwrap();
-    tq.complete_partition("p").await.unwrap();
+    tq.partition("p").complete().await.unwrap();
     let weight: HashMap<i64, i64> = (0..32).map(|i| (i, 10 + (i % 7) * 13)).collect();
     let (r0, r1) = balanced_rank_streams(&tq, Duration::from_secs(5)).await;
     assert_eq!(r0.len(), r1.len());

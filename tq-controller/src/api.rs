@@ -165,6 +165,13 @@ pub struct KeyListing {
     pub entries: Vec<(String, Tags)>,
 }
 
+impl KeyListing {
+    /// No key listed.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
 /// The control plane as clients see it. The in-process [`crate::Controller`] implements it;
 /// a remote stub will implement the same trait, so client code has one path.
 #[async_trait]

@@ -10,15 +10,20 @@ async fn main() -> tq_core::Result<()> {
         "input_ids",
         Column::Dense(Tensor::from_slice(vec![2, 3], &[1i64, 2, 3, 4, 5, 6])?),
     )])?;
-    tq.kv_batch_put("train", &["a", "b"], Some(&prompts), None)
+    tq.partition("train")
+        .kv_batch_put(&["a", "b"], &prompts, None)
         .await?; // KV API
     let back = tq
-        .kv_batch_get("train", &["b", "a"], Some(&["input_ids"]))
+        .partition("train")
+        .kv_batch_get(&["b", "a"], Some(&["input_ids"]))
         .await?;
     assert_eq!(back.len(), 2);
 
     // Metadata API: a consumer task takes samples once they are produced.
-    let meta = tq.fetch("train", &["input_ids"], "rollout", 2).await?; // waits, marks consumed
+    let meta = tq
+        .partition("train")
+        .fetch(&["input_ids"], "rollout", 2)
+        .await?; // waits, marks consumed
     let data = tq.get_data(&meta).await?;
     assert_eq!(data.len(), 2);
     tq.clear_samples(&meta).await?; // hide → delete → release
