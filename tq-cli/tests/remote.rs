@@ -762,3 +762,59 @@ async fn storage_units_rejoin_a_restarted_controller() {
     );
     let _ = controller.terminate(Duration::from_secs(5));
 }
+
+/// Sends `signal` (e.g. `STOP`, `CONT`) to a process.
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_update_reports_outcome_unknown_and_a_timed_out_read_is_safe() {
+    let mut controller = Tq::spawn(&[
+        "controller",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--units",
+        "1",
+    ]);
+    let url = Tq::controller_endpoint(&controller.listening(1));
+    let mut unit = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-0"]);
+    unit.listening(1);
+    let tq = Client::connect_with(&url, config(400)).await.unwrap();
+    let p = tq.partition("p");
+    p.kv_put("k", &rows(1, 0), None).await.unwrap();
+
+    // A frozen unit accepts the bytes on its socket but never answers: the update was sent
+    // and may be applied when the unit wakes up, so its outcome is unknown.
+    signal(unit.pid(), "STOP");
+    let e = p
+        .kv_update("k", &rows(1, 100), &tq_core::MergeOp::Add)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Timeout, "{e}");
+    assert_eq!(e.retry(), tq_core::Retry::OutcomeUnknown, "{e}");
+    assert!(
+        !e.is_retryable(),
+        "an update that may have been applied is not safe to repeat"
+    );
+    // A read is idempotent: it was retried once and is safe to repeat.
+    let e = p.kv_batch_get(&["k"], None).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Timeout, "{e}");
+    assert_eq!(e.retry(), tq_core::Retry::Safe, "{e}");
+    assert!(e.is_retryable());
+    signal(unit.pid(), "CONT");
+
+    // Nothing was published for the timed-out update: the key still reads its first value
+    // (the unit may have merged the cells meanwhile; the controller did not publish them).
+    let got = p.kv_batch_get(&["k"], Some(&["x"])).await.unwrap();
+    assert_eq!(got.len(), 1);
+    controller.kill();
+    // A peer that cannot be reached was never sent the request: safe to retry.
+    let e = p.kv_batch_get(&["k"], None).await.unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    assert_eq!(e.retry(), tq_core::Retry::Safe, "{e}");
+}

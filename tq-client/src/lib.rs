@@ -5,23 +5,28 @@
 //! use tq_core::{Batch, Column, Tensor};
 //!
 //! # async fn run() -> tq_core::Result<()> {
-//! let tq = Client::embedded(Config::default())?;
+//! let tq = Client::builder().config(Config::default()).build()?;
 //! let batch = Batch::from_columns([(
 //!     "input_ids",
 //!     Column::Dense(Tensor::from_slice(vec![2, 3], &[1i64, 2, 3, 4, 5, 6])?),
 //! )])?;
-//! tq.kv_batch_put("train", &["a", "b"], Some(&batch), None).await?;
-//! let back = tq.kv_batch_get("train", &["b", "a"], Some(&["input_ids"])).await?;
+//! let train = tq.partition("train");
+//! train.kv_batch_put(&["a", "b"], &batch, None).await?;
+//! let back = train.kv_batch_get(&["b", "a"], Some(&["input_ids"])).await?;
 //! assert_eq!(back.len(), 2);
-//! tq.kv_clear("train", &["a", "b"], None).await?;
+//! train.kv_clear(&["a", "b"]).await?;
 //! # Ok(()) }
 //! ```
 //!
 //! Two APIs over the same store:
-//! - **KV**: samples named by string keys in a partition (`kv_put`, `kv_batch_put`,
-//!   `kv_batch_get`, `kv_list`, `kv_clear`).
-//! - **Metadata**: the controller hands out [`tq_core::BatchMeta`]s (`get_meta`/`fetch`,
-//!   `put`/`put_new`, `get_data`, `clear_samples`, `clear_partition`, status queries).
+//! - **KV**: samples named by string keys in a partition ([`Partition::kv_put`],
+//!   `kv_batch_put`, `kv_batch_get`, `kv_list`, `kv_clear`, `kv_clear_fields`, ...).
+//! - **Metadata**: the controller hands out [`tq_core::BatchMeta`]s ([`Partition::fetch`],
+//!   [`Client::get_meta`], [`Client::put`], [`Partition::put_new`], [`Client::get_data`],
+//!   [`Client::clear_samples`], [`Partition::clear`], status queries).
+//!
+//! Partition-scoped operations live on a [`Partition`] handle (`tq.partition("train")`), so a
+//! partition name is never confused with a key or a task name.
 //!
 //! [`Client::embedded`] runs everything in this process; [`BlockingClient`] wraps it for
 //! callers without an async runtime.

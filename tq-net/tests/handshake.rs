@@ -80,16 +80,16 @@ async fn a_server_without_a_token_accepts_any_client() {
 
 #[tokio::test]
 async fn a_newer_server_gives_the_client_a_clear_version_message() {
-    // A hand-made "server" that speaks version 3 and refuses version 2.
+    // A hand-made "server" that speaks version 4 and refuses version 3.
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let peer = Endpoint::Tcp(listener.local_addr().expect("addr").to_string());
     let fake = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.expect("accept");
         let mut hello = [0u8; 8];
         s.read_exact(&mut hello).await.expect("hello");
-        assert_eq!(&hello, b"TQNET\x02\x00\x00", "client hello bytes");
+        assert_eq!(&hello, b"TQNET\x03\x00\x00", "client hello bytes");
         let text = b"upgrade your client";
-        let mut reply = b"TQNET\x03\x01".to_vec();
+        let mut reply = b"TQNET\x04\x01".to_vec();
         reply.extend_from_slice(&(text.len() as u16).to_le_bytes());
         reply.extend_from_slice(text);
         s.write_all(&reply).await.expect("reply");
@@ -99,7 +99,7 @@ async fn a_newer_server_gives_the_client_a_clear_version_message() {
         .await
         .expect_err("mismatch");
     assert_eq!(err.kind(), &ErrorKind::PermissionDenied);
-    let expected = format!("peer {peer} speaks tq protocol version 3, this build speaks 2");
+    let expected = format!("peer {peer} speaks tq protocol version 4, this build speaks 3");
     assert!(err.message().contains(&expected), "{err}");
     assert!(err.message().contains("upgrade your client"), "{err}");
     fake.await.expect("fake server");
@@ -110,8 +110,8 @@ async fn an_older_or_newer_client_gets_a_version_mismatch_reply_then_close() {
     let server = common::serve(common::Echo, ServerConfig::default()).await;
     let peer = server.local_endpoint().clone();
     let mut s = raw(&peer).await;
-    // Version 3, with a hello layout this server cannot know.
-    s.write_all(b"TQNET\x03\x00\x00\x00\x00whatever-v3-sends")
+    // Version 4, with a hello layout this server cannot know.
+    s.write_all(b"TQNET\x04\x00\x00\x00\x00whatever-v4-sends")
         .await
         .expect("hello");
     let mut head = [0u8; 9];
@@ -122,7 +122,7 @@ async fn an_older_or_newer_client_gets_a_version_mismatch_reply_then_close() {
     let mut text = vec![0u8; u16::from_le_bytes([head[7], head[8]]) as usize];
     s.read_exact(&mut text).await.expect("message");
     let text = String::from_utf8(text).expect("utf-8");
-    assert!(text.contains("version 2") && text.contains("3"), "{text}");
+    assert!(text.contains("version 3") && text.contains("4"), "{text}");
     assert_closed_by_server(&mut s, Duration::from_secs(3)).await;
     assert_serving(&common::pool(), &peer).await;
     server.shutdown().await;

@@ -28,10 +28,11 @@
 //!     "input_ids",
 //!     Column::Dense(Tensor::from_slice(vec![2, 3], &[1i64, 2, 3, 4, 5, 6])?),
 //! )])?;
-//! tq.kv_batch_put("train", &["a", "b"], &batch, None).await?;
-//! let back = tq.kv_batch_get("train", &["b", "a"], Some(&["input_ids"])).await?;
+//! let train = tq.partition("train");
+//! train.kv_batch_put(&["a", "b"], &batch, None).await?;
+//! let back = train.kv_batch_get(&["b", "a"], Some(&["input_ids"])).await?;
 //! assert_eq!(back.len(), 2);
-//! tq.kv_clear("train", &["a", "b"]).await?;
+//! train.kv_clear(&["a", "b"]).await?;
 //! # Ok(()) }
 //! ```
 
