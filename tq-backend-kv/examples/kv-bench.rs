@@ -13,6 +13,7 @@
 //! `TQ_KV_BENCH_CALLS_IN_FLIGHT` override the store's `max_keys_per_call` (1024) and
 //! `max_concurrent_calls` (16); `TQ_KV_BENCH_METHODS=unlink,adapter-expire-pipeline` picks clear
 //! methods.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;

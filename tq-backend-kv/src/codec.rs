@@ -50,11 +50,24 @@ const DTYPES: [DType; 13] = [
     DType::F64,
 ];
 
+/// The stored code of `d`: its position in [`DTYPES`]. An exhaustive match, so a new dtype
+/// cannot compile without a code (a unit test checks the two agree).
 fn dtype_code(d: DType) -> u8 {
-    DTYPES
-        .iter()
-        .position(|x| *x == d)
-        .expect("every dtype is listed") as u8
+    match d {
+        DType::Bool => 0,
+        DType::U8 => 1,
+        DType::I8 => 2,
+        DType::I16 => 3,
+        DType::I32 => 4,
+        DType::I64 => 5,
+        DType::U16 => 6,
+        DType::U32 => 7,
+        DType::U64 => 8,
+        DType::F16 => 9,
+        DType::Bf16 => 10,
+        DType::F32 => 11,
+        DType::F64 => 12,
+    }
 }
 
 /// The header of `value` (the payload is `value.bytes()`).
@@ -102,7 +115,9 @@ pub fn decode_value(key: &str, raw: Bytes) -> Result<Value> {
             let shape = (0..ndim)
                 .map(|i| {
                     let o = FIXED_HEADER + 8 * i;
-                    u64::from_le_bytes(raw[o..o + 8].try_into().expect("8 bytes")) as usize
+                    let mut word = [0u8; 8];
+                    word.copy_from_slice(&raw[o..o + 8]);
+                    u64::from_le_bytes(word) as usize
                 })
                 .collect();
             Tensor::new(dtype, shape, raw.slice(start..))
@@ -172,6 +187,13 @@ pub fn decode_generation(key: &str, raw: &[u8]) -> Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_dtype_code_indexes_its_dtype() {
+        for d in DTYPES {
+            assert_eq!(DTYPES[dtype_code(d) as usize], d);
+        }
+    }
 
     #[test]
     fn keys_are_unique_and_escaped() {

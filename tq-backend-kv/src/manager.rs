@@ -492,7 +492,7 @@ impl KvStorageManager {
                 }
             )));
         }
-        Ok(cells.into_iter().map(|c| c.expect("checked")).unzip())
+        Ok(cells.into_iter().flatten().unzip())
     }
 
     fn check_rows(&self, meta: &BatchMeta, batch: &Batch) -> Result<()> {

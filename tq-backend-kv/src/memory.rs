@@ -57,7 +57,9 @@ impl Inner {
             if *d > now {
                 break;
             }
-            let (_, key) = self.expiries.pop_first().expect("checked non-empty");
+            let Some((_, key)) = self.expiries.pop_first() else {
+                break;
+            };
             self.map.remove(&key);
             n += 1;
         }
@@ -88,12 +90,19 @@ impl MemoryKvStore {
 
     /// Number of keys held in memory (including expired keys not yet swept).
     pub fn resident_keys(&self) -> usize {
-        self.inner.lock().expect("poisoned").map.len()
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map
+            .len()
     }
 
     /// Reclaims expired keys now; returns how many.
     pub fn sweep(&self) -> usize {
-        self.inner.lock().expect("poisoned").sweep(Instant::now())
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .sweep(Instant::now())
     }
 }
 
@@ -120,7 +129,7 @@ async fn sweep_loop(inner: Weak<Mutex<Inner>>, interval: Duration) {
             return;
         };
         let now = Instant::now();
-        inner.lock().expect("poisoned").sweep(now);
+        inner.lock().unwrap_or_else(|p| p.into_inner()).sweep(now);
     }
 }
 
@@ -142,7 +151,7 @@ impl KvStore for MemoryKvStore {
     async fn mset(&self, items: Vec<(String, KvValue)>, ttl: Option<Duration>) -> Result<()> {
         let now = Instant::now();
         let deadline = ttl.map(|t| now + t);
-        let mut g = self.inner.lock().expect("poisoned");
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if self.sweeper.is_none() {
             g.sweep(now);
         }
@@ -167,7 +176,7 @@ impl KvStore for MemoryKvStore {
 
     async fn mget(&self, keys: &[String]) -> Result<Vec<Option<Bytes>>> {
         let now = Instant::now();
-        let g = self.inner.lock().expect("poisoned");
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         Ok(keys
             .iter()
             .map(|k| {
@@ -180,7 +189,7 @@ impl KvStore for MemoryKvStore {
     }
 
     async fn delete(&self, keys: &[String]) -> Result<()> {
-        let mut g = self.inner.lock().expect("poisoned");
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         for k in keys {
             g.remove(k);
         }
@@ -189,7 +198,7 @@ impl KvStore for MemoryKvStore {
 
     async fn expire(&self, keys: &[String], after: Duration) -> Result<()> {
         let now = Instant::now();
-        let mut g = self.inner.lock().expect("poisoned");
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         for k in keys {
             let live = g
                 .map

@@ -194,6 +194,7 @@ impl ToRedisArgs for ValueArg<'_> {
         use std::io::Write;
         let mut w = out.writer_for_next_arg();
         for p in self.0.parts() {
+            #[allow(clippy::expect_used)] // writing into a Vec cannot fail
             w.write_all(p).expect("writing to memory");
         }
     }
@@ -438,7 +439,7 @@ impl RedisStore {
     /// The cluster's slot ranges and the primary serving each, from `CLUSTER SLOTS`; cached
     /// until a node pipeline fails (resharding, failover).
     async fn slot_map(&self, conn: &ClusterConnection) -> Result<SlotMap> {
-        if let Some(map) = self.slots.lock().expect("slot map").clone() {
+        if let Some(map) = self.slots.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             return Ok(map);
         }
         let mut c = conn.clone();
@@ -476,7 +477,7 @@ impl RedisStore {
             };
             map.push((*start as u16, *end as u16, host, *port as u16));
         }
-        *self.slots.lock().expect("slot map") = Some(map.clone());
+        *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = Some(map.clone());
         Ok(map)
     }
 
@@ -544,10 +545,13 @@ impl RedisStore {
                         .iter()
                         .find(|v| matches!(v, redis::Value::ServerError(_)))
                     {
-                        return Err(map_err(
-                            &self.what,
-                            e.clone().extract_error().expect_err("a server error"),
-                        ));
+                        return Err(match e.clone().extract_error() {
+                            Err(e) => map_err(&self.what, e),
+                            Ok(_) => Error::internal(format!(
+                                "{}: a server error reply did not convert to an error",
+                                self.what
+                            )),
+                        });
                     }
                     let mut it = replies.into_iter();
                     for (g, n) in members.into_iter().zip(counts) {
@@ -561,7 +565,7 @@ impl RedisStore {
                     // Slots moved (or a node failed): forget the map; the caller falls back to
                     // per-slot requests, which the cluster connection routes and redirects.
                     tracing::debug!(error = %e, "node pipeline failed; sending per slot");
-                    *self.slots.lock().expect("slot map") = None;
+                    *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     return Ok(None);
                 }
             }

@@ -1,5 +1,6 @@
 //! The tq-core conformance kit against every KV store.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 mod common;
 
 use std::collections::BTreeMap;

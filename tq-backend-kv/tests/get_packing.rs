@@ -1,6 +1,7 @@
 //! How `KvStorageManager::get` builds columns: dense fields are packed as store calls complete
 //! (in any order), and rows that disagree with the metadata fall back to the values.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::collections::BTreeMap;

@@ -1,6 +1,7 @@
 //! TTL semantics (upstream PR #156's scenario) and fault handling against real Redis servers
 //! started by the tests, plus the same TTL scenario on the in-memory store under paused time.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 #![cfg(feature = "redis")]
 
 mod common;

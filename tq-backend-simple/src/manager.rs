@@ -179,6 +179,7 @@ impl SimpleStorage {
                 owner
                     .iter()
                     .map(|&u| {
+                        #[allow(clippy::expect_used)] // each position is routed to one unit
                         per_unit[u]
                             .next()
                             .expect("every position is routed to exactly one unit")
@@ -324,8 +325,8 @@ impl SimpleStorage {
         for ((field, plan), column) in fields.iter().zip(&plans).zip(cells) {
             let column: Vec<Fetched> = column
                 .into_iter()
-                .map(|c| c.expect("every position is routed to exactly one unit"))
-                .collect();
+                .collect::<Option<Vec<Fetched>>>()
+                .ok_or_else(|| unrouted(meta, field))?;
             let as_planned = plan.as_ref().filter(|plan| {
                 column.iter().enumerate().all(|(r, c)| {
                     matches!(c, Fetched::Placed { dtype, shape, .. }
@@ -426,7 +427,9 @@ impl SimpleStorage {
             );
         }
         let n_failed = failed.len();
-        let (u, e) = failed.into_iter().next().expect("non-empty");
+        let Some((u, e)) = failed.into_iter().next() else {
+            return Ok(ok); // not reached: `failed` is not empty here
+        };
         let mut prefix = format!(
             "partition `{}`: {op} on {asked} storage units: {n_failed} failed",
             meta.partition()
@@ -629,8 +632,8 @@ impl StorageManager for SimpleStorage {
         for (field, slot) in shapes {
             let slot = slot
                 .into_iter()
-                .map(|s| s.expect("every position is routed to exactly one unit"))
-                .collect();
+                .collect::<Option<_>>()
+                .ok_or_else(|| unrouted(meta, field))?;
             schemas.insert(field.to_string(), schema_of(meta.partition(), field, slot)?);
         }
         Ok(PutReceipt {
@@ -713,4 +716,13 @@ impl Placement {
             RowShapes::Ragged(shapes) => &shapes[r],
         }
     }
+}
+
+/// A row no unit answered for: every position is routed to exactly one unit, so this is a bug,
+/// reported instead of a panic.
+fn unrouted(meta: &BatchMeta, field: &str) -> Error {
+    Error::internal(format!(
+        "partition `{}`: field `{field}`: a row was routed to no storage unit",
+        meta.partition()
+    ))
 }

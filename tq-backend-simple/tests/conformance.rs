@@ -1,5 +1,6 @@
 //! The backend conformance suite of tq-core, against SimpleStorage over in-memory units.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use std::sync::Arc;
 use tq_backend_simple::{SimpleConfig, SimpleStorage};
 use tq_core::StorageManager;

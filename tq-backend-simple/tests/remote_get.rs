@@ -1,6 +1,7 @@
 //! Gets from units over real loopback TCP: large dense rows are read straight into the final
 //! column buffer (one allocation, no packing copy), everything else as before, and the data is
 //! the same either way.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 #![cfg(feature = "net")]
 
 use bytes::BytesMut;

@@ -1,6 +1,7 @@
 //! Behaviour of storage units and of SimpleStorage beyond the conformance suite: capacity,
 //! all-or-nothing requests, zero copy, compaction, routing, update and error reporting.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use async_trait::async_trait;
 use std::sync::Arc;
 use tq_backend_simple::{

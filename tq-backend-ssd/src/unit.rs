@@ -76,7 +76,7 @@ impl DiskIndex {
         if !map.get(&index).is_some_and(|c| remove(c.generation)) {
             return None;
         }
-        let cell = map.remove(&index).expect("checked present");
+        let cell = map.remove(&index)?;
         if map.is_empty() {
             self.fields.remove(field);
         }
@@ -423,6 +423,7 @@ impl SsdUnit {
         let disk = disk
             .into_iter()
             .map(|(p, file)| {
+                #[allow(clippy::expect_used)] // the plan was made from these very fields
                 let rows = req
                     .fields
                     .get_mut(&p.field)
@@ -616,6 +617,7 @@ pub fn trim_heap() {
 /// Copies a value into a buffer of its own.
 fn owned_copy(value: &Value) -> Value {
     match value {
+        #[allow(clippy::expect_used)] // a copy has the same dtype, shape and length
         Value::Tensor(t) => Value::Tensor(
             Tensor::new(
                 t.dtype(),

@@ -1,6 +1,7 @@
 //! Behaviour of the hybrid memory/SSD unit, with real files in temporary directories, through
 //! both I/O engines.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::collections::BTreeMap;

@@ -215,7 +215,7 @@ impl Client {
         match published {
             Ok(receipt) => {
                 let mut out = meta;
-                let receipt = receipt.expect("the receipt is kept when asked for");
+                let receipt = receipt.ok_or_else(lost_receipt)?;
                 out.add_fields(receipt.schemas, receipt.backend_meta)?;
                 Ok(out)
             }
@@ -243,7 +243,7 @@ impl Client {
         let receipt = self
             .store_and_publish(&target, meta.tags().to_vec(), batch, true)
             .await?
-            .expect("the receipt is kept when asked for");
+            .ok_or_else(lost_receipt)?;
         let mut out = meta.clone();
         out.add_fields(receipt.schemas, receipt.backend_meta)?;
         Ok(out)
@@ -659,6 +659,11 @@ impl Client {
     pub(crate) async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
         self.control.kv_list(partition).await
     }
+}
+
+/// `store_and_publish` keeps the receipt when asked to; a missing one is a bug in this crate.
+fn lost_receipt() -> Error {
+    Error::internal("the storage receipt of a put was not kept")
 }
 
 /// The shape checks of a put of `batch` for `meta`'s samples (before anything is sent).

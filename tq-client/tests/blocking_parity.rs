@@ -2,6 +2,7 @@
 //! `Partition` and `BatchStream` must have a blocking method of the same name on
 //! `BlockingClient`, `BlockingPartition` and `BlockingBatchStream`. The test reads the crate's
 //! sources, so adding an async operation without its blocking counterpart fails here.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -1,6 +1,7 @@
 //! `Client::builder()`: custom storage, custom backends chosen by name in configuration, merge
 //! functions and samplers; settings that cannot apply are errors, never dropped.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tq_client::*;

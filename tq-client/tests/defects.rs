@@ -1,6 +1,7 @@
 //! Defects found by trying tq as a new user would (the adversarial-testing issue), each with a
 //! test that failed before its fix. In process: the simple backend and the in-memory KV store.
 //! The Redis ones are in `redis_defects.rs`, the restarted controller in tq-cli's `remote.rs`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 
 use async_trait::async_trait;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! End-to-end behaviour of the embedded deployment (reference §10 cases 35–39 and the fixes).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! The embedded client on `storage.backend = "kv"` (the in-memory KV store; Redis and
 //! object_store are tested in tq-backend-kv).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use tq_client::*;
 use tq_core::{Batch, Bytes, Column, ErrorKind, Tensor};
 

@@ -1,6 +1,7 @@
 //! Defects of the adversarial-testing issue that need a real Redis: keys stuck after a put
 //! failed during an outage, stale writes leaking keys, and the TTL re-arm of a whole sample.
 //! Each test starts its own `redis-server` on a free loopback port.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 
 #[path = "../../tq-backend-kv/tests/common/mod.rs"]
 mod common;

@@ -1,6 +1,7 @@
 //! kv_update, field-level clear and kv_link: one test per rule of reference §11.2–§11.7 and
 //! checklist §11.10 (embedded deployment).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use std::sync::Arc;
 use tq_client::*;
 use tq_core::{Batch, Column, ErrorKind, MergeOp, MergeRegistry, TagValue, Tags, Tensor, Value};

@@ -1,5 +1,6 @@
 //! Streaming consumers: several simulated ranks stream concurrently while producers write.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;

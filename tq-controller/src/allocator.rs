@@ -37,11 +37,22 @@ impl IndexAllocator {
         self.units
     }
 
+    /// How many more indexes can be handed out, keeping one unit's worth in reserve for the
+    /// values `allocate` skips while it looks for an index on the unit it targets. A request is
+    /// checked against this before anything is allocated, so it never fails half-way.
+    pub fn available(&self) -> u64 {
+        let never_used = u64::from(u32::MAX - self.next);
+        let released: u64 = self.free.iter().map(|f| f.len() as u64).sum();
+        (never_used + released).saturating_sub(u64::from(self.units))
+    }
+
     pub fn unit_of(&self, index: u32) -> usize {
         (index % self.units) as usize
     }
 
-    /// Allocates one index for a partition whose rows per unit are `owned`, and counts it there.
+    /// Allocates one index for a partition whose rows per unit are `owned` (one count per
+    /// unit), and counts it there. The caller checked [`IndexAllocator::available`] first.
+    #[allow(clippy::expect_used)] // the invariants named in each message; see `available`
     pub fn allocate(&mut self, owned: &mut [u32]) -> SampleId {
         let fewest = *owned.iter().min().expect("one count per unit");
         let tied = |u: usize| owned[u] == fewest;
@@ -67,6 +78,7 @@ impl IndexAllocator {
         SampleId::new(index, self.generation[index as usize])
     }
 
+    #[allow(clippy::expect_used)] // `available` keeps callers below u32::MAX
     fn fresh(&mut self) -> u32 {
         let i = self.next;
         self.next = self

@@ -14,6 +14,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tq_core::{BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
 
+/// The largest `Insert` one request may ask for: bigger requests are refused before anything is
+/// allocated (they would otherwise reserve memory for any number a caller or peer sends).
+pub const MAX_INSERT_COUNT: usize = 1 << 24;
+
 /// Controller settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -44,6 +48,17 @@ impl Default for ControllerConfig {
 /// The sampler a configuration string names (see [`SamplerSpec`] for the forms).
 pub fn sampler_from_name(name: &str) -> Result<Arc<dyn Sampler>> {
     name.parse::<SamplerSpec>()?.build()
+}
+
+/// A partition the caller checked exists under the same lock; `Internal` if it does not (a
+/// bug, reported instead of a panic).
+fn present<'a>(
+    partitions: &'a mut HashMap<String, Partition>,
+    name: &str,
+) -> Result<&'a mut Partition> {
+    partitions
+        .get_mut(name)
+        .ok_or_else(|| Error::internal(format!("partition `{name}` vanished under the lock")))
 }
 
 struct State {
@@ -105,7 +120,7 @@ impl State {
         let slots = select(p);
         let selected: Vec<SampleId> = slots.iter().map(|&s| p.sample_of(s)).collect();
         self.refuse_linked(partition, &selected, "clear")?;
-        let p = self.partitions.get_mut(partition).expect("checked above");
+        let p = present(&mut self.partitions, partition)?;
         Ok(p.mark_clearing(&slots))
     }
 
@@ -155,10 +170,8 @@ impl State {
             );
             self.order.push(name.to_string());
         }
-        Ok((
-            self.partitions.get_mut(name).expect("just ensured"),
-            &mut self.alloc,
-        ))
+        let p = present(&mut self.partitions, name)?;
+        Ok((p, &mut self.alloc))
     }
 
     /// Removes a partition that holds no samples and was not declared complete (a complete
@@ -212,7 +225,7 @@ impl Controller {
     pub fn register_sampler(&self, name: impl Into<String>, sampler: Arc<dyn Sampler>) {
         self.samplers
             .write()
-            .expect("sampler registry poisoned")
+            .unwrap_or_else(|p| p.into_inner())
             .insert(name.into(), sampler);
     }
 
@@ -241,7 +254,7 @@ impl Controller {
             Some(n) => self
                 .samplers
                 .read()
-                .expect("sampler registry poisoned")
+                .unwrap_or_else(|p| p.into_inner())
                 .get(n)
                 .cloned()
                 .ok_or_else(|| Error::invalid(format!("no sampler named `{n}` is registered"))),
@@ -253,7 +266,7 @@ impl Controller {
         for s in self
             .samplers
             .read()
-            .expect("sampler registry poisoned")
+            .unwrap_or_else(|p| p.into_inner())
             .values()
         {
             s.clear_partition(partition);
@@ -539,7 +552,22 @@ impl ControlPlane for Controller {
                         req.partition
                     )));
                 }
+                if *count > MAX_INSERT_COUNT {
+                    return Err(Error::invalid(format!(
+                        "partition `{}`: insert of {count} samples; at most {MAX_INSERT_COUNT} \
+                         per request",
+                        req.partition
+                    )));
+                }
                 let mut st = self.lock();
+                if *count as u64 > st.alloc.available() {
+                    return Err(Error::capacity_exceeded(format!(
+                        "partition `{}`: insert of {count} samples, but only {} sample indexes \
+                         are left (clear samples to reuse theirs)",
+                        req.partition,
+                        st.alloc.available()
+                    )));
+                }
                 let (p, alloc) = st.partition_or_create(&req.partition)?;
                 let slots = p.allocate(alloc, *count);
                 Ok(p.build_meta(&slots, &[], Production::NoneReady))
@@ -620,7 +648,7 @@ impl ControlPlane for Controller {
             Some(p) => {
                 let selected = p.selected_samples(Some(samples));
                 st.refuse_linked(partition, &selected, "clear fields of")?;
-                let p = st.partitions.get_mut(partition).expect("checked above");
+                let p = present(&mut st.partitions, partition)?;
                 let (meta, dropped) = p.begin_clear_fields(samples, fields);
                 for (dest, field, src) in dropped {
                     st.remove_link(src, &(partition.to_string(), dest, field));
@@ -852,10 +880,7 @@ impl ControlPlane for Controller {
             }
             st.add_link(src, cell);
         }
-        let public = st
-            .partitions
-            .get_mut(&req.public_partition)
-            .expect("checked above");
+        let public = present(&mut st.partitions, &req.public_partition)?;
         for (src, _) in &sources {
             public.mark_ever_linked(*src);
         }
@@ -919,10 +944,7 @@ impl ControlPlane for Controller {
             .into_iter()
             .filter(|(_, id)| !st.is_linked(*id))
             .unzip();
-        let p = st
-            .partitions
-            .get_mut(public_partition)
-            .expect("checked above");
+        let p = present(&mut st.partitions, public_partition)?;
         let meta = if ids.is_empty() {
             BatchMeta::empty(public_partition)
         } else {

@@ -22,7 +22,7 @@ pub use api::{
     ConsumptionStatus, ControlPlane, GetMetaMode, GetMetaRequest, KeyListing, KvMeta, LinkRequest,
     ProductionNotice, ProductionStatus, Wait,
 };
-pub use controller::{sampler_from_name, Controller, ControllerConfig};
+pub use controller::{sampler_from_name, Controller, ControllerConfig, MAX_INSERT_COUNT};
 #[cfg(feature = "net")]
 pub use net::{ControllerServer, RemoteControlPlane, Topology, UnitInfo};
 pub use partition::{is_public, PUBLIC_PARTITION};

@@ -363,6 +363,7 @@ impl Partition {
     }
 
     /// Builds the metadata of `slots` for the fields `fids`.
+    #[allow(clippy::expect_used)] // every per-row vector below is built from the same `slots`
     pub fn build_meta(&self, slots: &[u32], fids: &[usize], production: Production) -> BatchMeta {
         let samples = slots.iter().map(|&s| self.ids[slot_u(s)]).collect();
         let fields: BTreeMap<FieldName, FieldMeta> = fids
@@ -937,12 +938,23 @@ impl Partition {
     ) -> Result<(Vec<u32>, Vec<String>)> {
         let (mut slots, missing) = self.resolve_keys(keys, true)?;
         if !missing.is_empty() {
+            if missing.len() as u64 > alloc.available() {
+                return Err(Error::capacity_exceeded(format!(
+                    "partition `{}`: {} new keys, but only {} sample indexes are left (clear \
+                     keys to reuse theirs)",
+                    self.name,
+                    missing.len(),
+                    alloc.available()
+                )));
+            }
+            // `allocate` hands out exactly one slot per missing key, so every key gets one.
             let mut fresh = self.allocate(alloc, missing.len()).into_iter();
             for (k, s) in keys.iter().zip(slots.iter_mut()) {
                 if s.is_none() {
-                    let slot = fresh.next().expect("one fresh slot per missing key");
-                    self.bind_key(k, slot);
-                    *s = Some(slot);
+                    if let Some(slot) = fresh.next() {
+                        self.bind_key(k, slot);
+                        *s = Some(slot);
+                    }
                 }
             }
         }

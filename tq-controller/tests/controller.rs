@@ -1,5 +1,6 @@
 //! Behaviour of the in-process controller (reference §10 cases 10–30 and the fixes of §11).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,5 +1,6 @@
 //! The rank-aware and seqlen-balanced samplers behind a real controller (reference §4.4, §4.5).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use std::collections::HashSet;
 use std::sync::Arc;
 use tq_controller::*;

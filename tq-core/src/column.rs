@@ -204,8 +204,10 @@ fn is_contiguous_run(positions: &[usize]) -> bool {
 }
 
 /// Copies equal-shaped tensor cells into one tensor of `shape` (the batch shape).
+/// Callers pass rows they checked (or took from one tensor), so the sizes always agree.
 fn pack_dense(dtype: DType, shape: Vec<usize>, rows: &[Value]) -> Tensor {
     let buf = crate::buffer::concatenated(rows.iter().map(|r| &r.bytes()[..]));
+    #[allow(clippy::expect_used)] // every row has the checked dtype and row shape
     Tensor::new(dtype, shape, buf).expect("rows were checked to share dtype and shape")
 }
 

@@ -116,6 +116,7 @@ impl Tensor {
     /// A 1-D tensor holding `values`.
     pub fn from_vec<T: Element>(values: Vec<T>) -> Self {
         let n = values.len();
+        #[allow(clippy::expect_used)] // a 1-D shape of `n` always matches `n` values
         Tensor::from_slice(vec![n], &values).expect("1-D shape always matches its data")
     }
 

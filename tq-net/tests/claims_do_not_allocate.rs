@@ -4,6 +4,7 @@
 //! Alone in its test binary so that no other test's allocations disturb the measurement. It
 //! measures VmData (the process's allocated address space), which an eager `Vec::with_capacity`
 //! of the claimed size would raise even though untouched pages never show up in RSS.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 
 mod common;
 

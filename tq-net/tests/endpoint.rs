@@ -1,5 +1,6 @@
 //! Endpoint URLs: parsing, display, serde, loopback detection.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use std::path::PathBuf;
 use tq_core::ErrorKind;
 use tq_net::Endpoint;

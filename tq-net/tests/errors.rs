@@ -1,6 +1,7 @@
 //! Handler errors reach the caller with the same kind and message; requests the handler cannot
 //! decode get an error response and leave the connection usable.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 mod common;
 
 use serde::{Deserialize, Serialize};

@@ -1,6 +1,7 @@
 //! Faults: stopped and restarted servers, handlers that never answer, lost connections, and
 //! which requests are retried.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

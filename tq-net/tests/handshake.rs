@@ -1,6 +1,7 @@
 //! The handshake: tokens, version mismatch (in both directions, bytes crafted by hand), and
 //! clients that never send one.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 mod common;
 
 use common::{assert_closed_by_server, assert_serving, raw};

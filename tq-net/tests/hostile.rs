@@ -1,6 +1,7 @@
 //! Garbage, truncated and oversized input: the offending connection is closed quickly, and the
 //! server keeps serving everyone else throughout.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 mod common;
 
 use common::{assert_closed_by_server, assert_serving, prefix, raw, raw_handshaken};

@@ -1,6 +1,7 @@
 //! Many requests in flight on one connection, answered out of order and matched by id; pooled
 //! connections are reused.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 mod common;
 
 use bytes::Bytes;

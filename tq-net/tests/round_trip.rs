@@ -1,6 +1,7 @@
 //! Round trips over real sockets: a postcard header plus frames (empty ones and a 64 MiB one)
 //! arrive intact, as slices of one receive buffer.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 mod common;
 
 use bytes::Bytes;

@@ -118,10 +118,11 @@ impl BlockTable {
         block.live_bytes -= nbytes;
         self.counters.live_bytes -= nbytes;
         if block.live_cells == 0 {
-            let block = self.blocks.remove(&id).expect("present above");
-            self.counters.blocks -= 1;
-            self.counters.retained_bytes -= block.total_bytes;
+            let total_bytes = block.total_bytes;
             debug_assert_eq!(block.live_bytes, 0);
+            self.blocks.remove(&id);
+            self.counters.blocks -= 1;
+            self.counters.retained_bytes -= total_bytes;
         } else if Self::becomes_sparse(self.threshold, block) {
             self.pending.push(id);
         }

@@ -159,6 +159,7 @@ impl State {
 /// Copies a value into a buffer of its own, so that it no longer pins a shared allocation.
 fn owned_copy(value: &Value) -> Value {
     match value {
+        #[allow(clippy::expect_used)] // a copy has the same dtype, shape and length as its source
         Value::Tensor(t) => Value::Tensor(
             Tensor::new(
                 t.dtype(),
@@ -201,6 +202,7 @@ pub struct MemoryUnit {
 impl MemoryUnit {
     /// A unit with no capacity limit, the default compaction threshold and no named merges.
     pub fn new(id: impl Into<String>) -> Self {
+        #[allow(clippy::expect_used)] // the default threshold is within 0..=1
         Self::with_config(id, UnitConfig::default()).expect("the default config is valid")
     }
 

@@ -1,5 +1,6 @@
 //! The README example. Run: `cargo run -p tq-client --example quickstart`
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use tq_client::{Client, Config};
 use tq_core::{Batch, Column, Tensor};
 

@@ -267,6 +267,7 @@ fn run_batch<B: Batch>(
                 Err(e) => status[i] = Some(Err(e)),
                 Ok((_, _, 0)) => status[i] = Some(Ok(())),
                 Ok((file, ptr, len)) => {
+                    #[allow(clippy::expect_used)] // the loop runs only while slots are free
                     let key = free.pop().expect("checked non-empty");
                     let slot = Slot {
                         op: i,
@@ -339,6 +340,7 @@ fn run_batch<B: Batch>(
                     slots[key] = Some(slot);
                     // SAFETY: as above.
                     if unsafe { ring.submission().push(&sqe) }.is_err() {
+                        #[allow(clippy::expect_used)] // stored into this slot just above
                         let slot = slots[key].take().expect("just stored");
                         status[slot.op] =
                             Some(Err(io::Error::other("io_uring submission queue full")));

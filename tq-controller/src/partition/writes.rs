@@ -65,6 +65,7 @@ impl Partition {
     /// What storage is handed with a write to `slots`: the fields every row holds, tags, and
     /// the backend meta of *every* field of each row (not only the common ones), so a backend
     /// can find a sample's other cells (the KV adapter re-arms their TTL).
+    #[allow(clippy::expect_used)] // one backend meta per slot, by construction
     pub fn write_meta(&self, slots: &[u32]) -> BatchMeta {
         let fids = self.common_fields(slots);
         let full = slots

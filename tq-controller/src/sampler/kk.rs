@@ -153,9 +153,10 @@ pub(crate) fn karmarkar_karp(weights: &[f64], k: usize, equal_size: bool) -> Vec
     }
 
     while heap.len() > 1 {
-        let a = heap.pop().expect("two states").state;
-        let b = heap.pop().expect("two states").state;
-        heap.push(BySpread::new(a.merge(b)));
+        let (Some(a), Some(b)) = (heap.pop(), heap.pop()) else {
+            break;
+        };
+        heap.push(BySpread::new(a.state.merge(b.state)));
     }
 
     let mut sets = match heap.pop() {
