@@ -747,6 +747,14 @@ impl StorageManager for KvStorageManager {
     }
 
     async fn get(&self, meta: &BatchMeta) -> Result<Batch> {
+        // Links are not resolved here (capabilities say so; the controller refuses to make
+        // them): reading the sample's own cells instead would return the wrong data.
+        if meta.has_links() {
+            return Err(Error::unsupported(
+                format!("read of linked fields in partition `{}`", meta.partition()),
+                self.name(),
+            ));
+        }
         if meta.fields().is_empty() || meta.is_empty() {
             return Ok(Batch::empty(meta.len()));
         }

@@ -1,1 +1,261 @@
+//! The conformance kit for [`KvStore`] implementations (feature `testkit`): one `pub async fn`
+//! per contract the KV adapter relies on, and [`run_all`].
+//!
+//! ```ignore
+//! #[tokio::test]
+//! async fn my_store_conforms() {
+//!     tq_backend_kv::testkit::run_all(|| async { Arc::new(MyStore::new()) as Arc<dyn KvStore> })
+//!         .await;
+//! }
+//! ```
+//!
+//! Each case gets a fresh store from the factory and uses keys of its own (a random prefix),
+//! so a factory may hand out the same server every time. Cases about deadlines wait for them
+//! in real time (a store's TTL is the store's clock); they take about two seconds in all.
+//! A store that declares no `native_ttl` / `native_expire` is held to the fallback instead:
+//! TTLs ignored, `expire` deletes at once.
 
+// A kit reports a violated contract by panicking with the case's name, like any test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::{KvStore, KvStoreExt, KvValue};
+use bytes::Bytes;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The TTL the deadline cases write with; long enough for a noisy machine to do the steps in
+/// between well within it.
+const TTL: Duration = Duration::from_millis(900);
+
+/// Runs every case against stores made by `make`, each case in its own task, then panics
+/// naming every case that failed.
+pub async fn run_all<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Arc<dyn KvStore>>,
+{
+    let mut failed: Vec<String> = Vec::new();
+    macro_rules! case {
+        ($name:ident) => {{
+            let s = make().await;
+            let task = tokio::spawn(async move { $name(s.as_ref()).await });
+            if let Err(e) = task.await {
+                let why = match e.try_into_panic() {
+                    Ok(p) => p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panicked".into()),
+                    Err(e) => e.to_string(),
+                };
+                failed.push(format!("{}: {why}", stringify!($name)));
+            }
+        }};
+    }
+    case!(values_round_trip);
+    case!(missing_keys_come_back_as_missing);
+    case!(delete_and_expire_are_idempotent);
+    case!(every_write_rearms_the_ttl);
+    case!(a_write_without_ttl_removes_the_deadline);
+    case!(expire_sets_a_deadline_or_deletes);
+    case!(batches_beyond_the_call_limit);
+    assert!(
+        failed.is_empty(),
+        "{} KvStore conformance case(s) failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+/// A prefix no other case (or earlier run on the same server) uses.
+fn prefix(case: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "tq-kit/{case}/{}-{}-{}",
+        std::process::id(),
+        nanos,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn value(head: &[u8], body: &[u8]) -> KvValue {
+    KvValue::new(Bytes::copy_from_slice(head), Bytes::copy_from_slice(body))
+}
+
+async fn present(s: &dyn KvStore, key: &str) -> bool {
+    s.mget(&[key.to_string()]).await.expect("mget")[0].is_some()
+}
+
+/// Values come back byte for byte (header then body), including empty ones; a second write
+/// replaces the first.
+pub async fn values_round_trip(s: &dyn KvStore) {
+    let p = prefix("round-trip");
+    let keys: Vec<String> = (0..3).map(|i| format!("{p}/{i}")).collect();
+    let items = vec![
+        (keys[0].clone(), value(b"head", b"body")),
+        (keys[1].clone(), value(b"", &[0u8, 255, 7])),
+        (keys[2].clone(), value(b"", b"")),
+    ];
+    s.mset(items, None).await.expect("mset");
+    let got = s.mget(&keys).await.expect("mget");
+    assert_eq!(
+        got[0].as_deref(),
+        Some(&b"headbody"[..]),
+        "header then body"
+    );
+    assert_eq!(got[1].as_deref(), Some(&[0u8, 255, 7][..]), "binary body");
+    assert_eq!(
+        got[2].as_deref(),
+        Some(&b""[..]),
+        "an empty value is present, not missing"
+    );
+    s.mset(vec![(keys[0].clone(), value(b"", b"new"))], None)
+        .await
+        .expect("overwrite");
+    assert_eq!(
+        s.mget(&keys[..1]).await.expect("mget")[0].as_deref(),
+        Some(&b"new"[..])
+    );
+    s.delete(&keys).await.expect("tidy");
+}
+
+/// `mget` answers every key, in order, with `None` for the ones not stored.
+pub async fn missing_keys_come_back_as_missing(s: &dyn KvStore) {
+    let p = prefix("missing");
+    let (a, gone, b) = (format!("{p}/a"), format!("{p}/gone"), format!("{p}/b"));
+    s.mset(
+        vec![(a.clone(), value(b"", b"A")), (b.clone(), value(b"", b"B"))],
+        None,
+    )
+    .await
+    .expect("mset");
+    let got = s
+        .mget(&[a.clone(), gone.clone(), b.clone(), a.clone()])
+        .await
+        .expect("mget");
+    assert_eq!(got.len(), 4, "one answer per key, duplicates included");
+    assert_eq!(got[0].as_deref(), Some(&b"A"[..]));
+    assert_eq!(got[1], None, "a missing key is None");
+    assert_eq!(got[2].as_deref(), Some(&b"B"[..]));
+    assert_eq!(got[3].as_deref(), Some(&b"A"[..]));
+    assert_eq!(s.mget(&[]).await.expect("empty mget").len(), 0);
+    s.delete(&[a, b]).await.expect("tidy");
+}
+
+/// Deleting or expiring keys that are not stored (or twice) succeeds and changes nothing else.
+pub async fn delete_and_expire_are_idempotent(s: &dyn KvStore) {
+    let p = prefix("idempotent");
+    let (kept, gone) = (format!("{p}/kept"), format!("{p}/gone"));
+    s.mset(vec![(kept.clone(), value(b"", b"K"))], None)
+        .await
+        .expect("mset");
+    s.delete(std::slice::from_ref(&gone))
+        .await
+        .expect("delete of a missing key");
+    s.delete(std::slice::from_ref(&gone))
+        .await
+        .expect("delete twice");
+    s.expire(std::slice::from_ref(&gone), TTL)
+        .await
+        .expect("expire of a missing key");
+    s.delete(&[]).await.expect("delete of nothing");
+    s.expire(&[], TTL).await.expect("expire of nothing");
+    assert!(present(s, &kept).await, "other keys untouched");
+    s.delete(std::slice::from_ref(&kept)).await.expect("delete");
+    s.delete(std::slice::from_ref(&kept))
+        .await
+        .expect("delete again");
+    assert!(!present(s, &kept).await, "deleted");
+}
+
+/// With `native_ttl`, every write states the TTL and replaces the deadline the key had: a key
+/// written again before its deadline lives a full TTL from the second write.
+pub async fn every_write_rearms_the_ttl(s: &dyn KvStore) {
+    let key = format!("{}/k", prefix("rearm"));
+    s.mset(vec![(key.clone(), value(b"", b"1"))], Some(TTL))
+        .await
+        .expect("first write");
+    if !s.capabilities().native_ttl {
+        assert!(
+            present(s, &key).await,
+            "a store without native_ttl keeps the key"
+        );
+        s.delete(&[key]).await.expect("tidy");
+        return;
+    }
+    tokio::time::sleep(TTL / 2).await;
+    s.mset(vec![(key.clone(), value(b"", b"2"))], Some(TTL))
+        .await
+        .expect("second write");
+    // Past the first write's deadline, within the second's.
+    tokio::time::sleep(TTL * 3 / 4).await;
+    assert!(present(s, &key).await, "the second write re-armed the TTL");
+    tokio::time::sleep(TTL).await;
+    assert!(
+        !present(s, &key).await,
+        "gone after the second write's deadline"
+    );
+}
+
+/// With `native_ttl`, a write without a TTL removes the deadline an earlier write set.
+pub async fn a_write_without_ttl_removes_the_deadline(s: &dyn KvStore) {
+    let key = format!("{}/k", prefix("persist"));
+    s.mset(vec![(key.clone(), value(b"", b"1"))], Some(TTL / 2))
+        .await
+        .expect("write with a TTL");
+    s.mset(vec![(key.clone(), value(b"", b"2"))], None)
+        .await
+        .expect("write without");
+    tokio::time::sleep(TTL).await;
+    assert_eq!(
+        s.mget(std::slice::from_ref(&key)).await.expect("mget")[0].as_deref(),
+        Some(&b"2"[..]),
+        "a write without TTL lives until deleted"
+    );
+    s.delete(&[key]).await.expect("tidy");
+}
+
+/// `expire` sets a deadline on existing keys (`native_expire`) or deletes them at once.
+pub async fn expire_sets_a_deadline_or_deletes(s: &dyn KvStore) {
+    let key = format!("{}/k", prefix("expire"));
+    s.mset(vec![(key.clone(), value(b"", b"1"))], None)
+        .await
+        .expect("mset");
+    s.expire(std::slice::from_ref(&key), TTL / 2)
+        .await
+        .expect("expire");
+    if s.capabilities().native_expire {
+        tokio::time::sleep(TTL).await;
+    }
+    assert!(!present(s, &key).await, "expired keys go away");
+}
+
+/// The batch helpers split work beyond `max_keys_per_call` (and survive a store that declares
+/// zero) and keep answers in order.
+pub async fn batches_beyond_the_call_limit(s: &dyn KvStore) {
+    let p = prefix("batches");
+    let n = s.capabilities().max_keys_per_call.clamp(1, 5000) * 2 + 3;
+    let keys: Vec<String> = (0..n).map(|i| format!("{p}/{i}")).collect();
+    let items = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.clone(), value(b"", i.to_string().as_bytes())))
+        .collect();
+    s.mset_all(items, None).await.expect("mset_all");
+    let got = s.mget_all(&keys).await.expect("mget_all");
+    for (i, v) in got.iter().enumerate() {
+        assert_eq!(v.as_deref(), Some(i.to_string().as_bytes()), "key {i}");
+    }
+    s.delete_all(&keys).await.expect("delete_all");
+    assert!(s
+        .mget_all(&keys)
+        .await
+        .expect("mget_all")
+        .iter()
+        .all(Option::is_none));
+}

@@ -126,6 +126,18 @@ mod tests {
     }
 
     #[test]
+    fn available_counts_unused_and_released_indexes_minus_a_reserve() {
+        let mut a = IndexAllocator::new(2);
+        let reserve = 2;
+        assert_eq!(a.available(), u64::from(u32::MAX) - reserve);
+        let mut p = vec![0u32; 2];
+        let ids: Vec<_> = (0..3).map(|_| a.allocate(&mut p)).collect();
+        assert_eq!(a.available(), u64::from(u32::MAX) - 3 - reserve);
+        a.release(ids[0], &mut p);
+        assert_eq!(a.available(), u64::from(u32::MAX) - 3 + 1 - reserve);
+    }
+
+    #[test]
     fn reuse_bumps_generation_and_loses_nothing() {
         let mut a = IndexAllocator::new(1);
         let mut p = vec![0u32; 1];

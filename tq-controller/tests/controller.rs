@@ -801,3 +801,32 @@ async fn a_complete_partition_hands_out_its_last_smaller_batch() {
     c.mark_complete("q").await.unwrap();
     assert!(fetch(&c, "q", &["a"], "t", 4).await.is_empty());
 }
+
+#[tokio::test]
+async fn an_oversized_insert_is_refused_before_anything_is_allocated() {
+    let c = controller(2);
+    for count in [MAX_INSERT_COUNT + 1, usize::MAX] {
+        let e = c
+            .get_meta(GetMetaRequest {
+                partition: "p".into(),
+                fields: vec![],
+                mode: GetMetaMode::Insert { count },
+                sampler: None,
+                dp_rank: None,
+                batch_index: None,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Invalid, "{e}");
+        assert!(e.message().contains("at most"), "{e}");
+    }
+    assert!(
+        c.list_partitions().await.unwrap().is_empty(),
+        "nothing was created"
+    );
+    assert_eq!(
+        insert(&c, "p", 3).await.len(),
+        3,
+        "a sane insert still works"
+    );
+}

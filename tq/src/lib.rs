@@ -64,6 +64,8 @@ pub mod sampler {
 /// A backend is a [`StorageManager`]; `docs/backends-guide.md` walks through writing one (and
 /// a [`KvStore`], which the `kv` feature's adapter turns into a full backend).
 pub mod storage {
+    /// The attribute the storage traits are implemented with (`#[async_trait]`).
+    pub use async_trait::async_trait;
     pub use tq_core::{BackendMeta, Capabilities, FieldFilter, Links, PutReceipt, StorageManager};
 
     #[cfg(feature = "simple")]
