@@ -32,7 +32,7 @@ fn dense(dtype: DType, rows: usize, row_elems: usize, seed: u64) -> Column {
     Column::Dense(Tensor::new(dtype, vec![rows, row_elems], bytes).expect("sized"))
 }
 
-/// `simple-*`: four dense fields f32[4k], i64[2k], f32[4k], i64[2k] per sample.
+/// `simple-*`: four dense fields `f32[4k]`, `i64[2k]`, `f32[4k]`, `i64[2k]` per sample.
 pub fn simple(rows: usize, k: usize) -> Batch {
     Batch::from_columns([
         ("f0", dense(DType::F32, rows, 4 * k, 1)),
@@ -43,7 +43,7 @@ pub fn simple(rows: usize, k: usize) -> Batch {
     .expect("equal rows")
 }
 
-/// `complex-*`: one dense f32[S], one ragged f32 with lengths 1..S, one object of 4·S bytes.
+/// `complex-*`: one dense `f32[S]`, one ragged f32 with lengths 1..S, one object of 4·S bytes.
 pub fn complex(rows: usize, s: usize) -> Batch {
     let ragged = (0..rows)
         .map(|i| {
@@ -62,7 +62,7 @@ pub fn complex(rows: usize, s: usize) -> Batch {
     .expect("equal rows")
 }
 
-/// `perftest-small`: nine dense f32[8192] fields.
+/// `perftest-small`: nine dense `f32[8192]` fields.
 pub fn perftest(rows: usize) -> Batch {
     let cols: Vec<(String, Column)> = (0..9)
         .map(|i| (format!("f{i}"), dense(DType::F32, rows, 8192, 20 + i)))

@@ -254,7 +254,7 @@ impl BlockingPartition {
     }
 }
 
-/// A [`BatchStream`] as a blocking iterator (from [`BlockingClient::stream`]). Like the
+/// A [`BatchStream`] as a blocking iterator (from [`BlockingPartition::stream`]). Like the
 /// stream, it ends cleanly when the partition is complete and yields a `Timeout` error before
 /// ending when it stops waiting.
 pub struct BlockingBatchStream {

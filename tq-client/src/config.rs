@@ -102,7 +102,7 @@ pub struct ControllerSection {
     /// Sampler for fetches that name none (a [`tq_controller::SamplerSpec`]: `sequential`,
     /// `grpo:<n>`, `rank-aware`, `seqlen-balanced:<dp_size>` or `seqlen-balanced:<dp_size>:<n>`).
     pub default_sampler: String,
-    /// How long [`crate::Client::fetch`] waits for enough ready samples, in milliseconds.
+    /// How long [`crate::Partition::fetch`] waits for enough ready samples, in milliseconds.
     pub fetch_timeout_ms: u64,
     /// Extra samplers fetches can name (`GetMetaRequest::with_sampler`): name → any of the
     /// forms `default_sampler` accepts.

@@ -4,7 +4,7 @@ use crate::{Client, KvBatchMeta};
 use tq_controller::{LinkRequest, ProductionNotice, PUBLIC_PARTITION};
 use tq_core::{Batch, Error, FieldFilter, FieldName, MergeOp, Result, Tags};
 
-/// Options of [`Client::kv_link`].
+/// Options of [`crate::Partition::kv_link`].
 #[derive(Debug, Clone)]
 pub struct LinkOptions {
     /// The public partition holding the payloads: `__public__` (default) or

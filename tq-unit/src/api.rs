@@ -160,8 +160,9 @@ impl Fetched {
     }
 }
 
-/// The one interface through which [`crate::SimpleStorage`] talks to a storage unit, in process
-/// ([`MemoryUnit`]) or over the network (a remote stub).
+/// The one interface through which a manager (the in-memory backend's `SimpleStorage`) talks
+/// to a storage unit, in process ([`crate::MemoryUnit`], the SSD unit) or over the network (a
+/// remote stub).
 ///
 /// Requests and replies are plain data so that a stub can serialize them. Contract for every
 /// implementation:
@@ -221,7 +222,7 @@ pub trait StorageUnit: Send + Sync + 'static {
     async fn stats(&self) -> Result<UnitStats>;
 }
 
-/// Configuration of a [`MemoryUnit`].
+/// Configuration of a [`crate::MemoryUnit`].
 #[derive(Debug, Clone)]
 pub struct UnitConfig {
     /// Maximum number of distinct sample indexes held; `None` is unlimited.

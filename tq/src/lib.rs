@@ -49,8 +49,8 @@ pub use tq_core::{
     Value,
 };
 
-/// Samplers: how a fetch picks ready samples. Built-in ones by [`SamplerSpec`] (the strings
-/// configuration uses); custom ones implement [`Sampler`] and are registered with
+/// Samplers: how a fetch picks ready samples. Built-in ones by [`sampler::SamplerSpec`] (the strings
+/// configuration uses); custom ones implement [`sampler::Sampler`] and are registered with
 /// [`ClientBuilder::sampler`].
 pub mod sampler {
     pub use tq_controller::{
@@ -61,8 +61,8 @@ pub mod sampler {
 
 /// The traits a storage backend implements, and the built-in backends' building blocks.
 ///
-/// A backend is a [`StorageManager`]; `docs/backends-guide.md` walks through writing one (and
-/// a [`KvStore`], which the `kv` feature's adapter turns into a full backend).
+/// A backend is a [`storage::StorageManager`]; `docs/backends-guide.md` walks through writing one (and
+/// a `KvStore` (feature `kv`), which the `kv` feature's adapter turns into a full backend).
 pub mod storage {
     /// The attribute the storage traits are implemented with (`#[async_trait]`).
     pub use async_trait::async_trait;
