@@ -30,12 +30,42 @@ use std::sync::Arc;
 use std::time::Duration;
 use tq_core::{Error, Result};
 
-/// One store: a name (its routing tag; defaults to the scheme) and a URL.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One store: a name (its routing tag; defaults to the scheme) and a URL. The URL may carry a
+/// password (`redis://:secret@host:6379`); `Debug`, and every message tq makes, show it
+/// redacted ([`redact_url`]).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
     pub name: Option<String>,
     pub url: String,
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("name", &self.name)
+            .field("url", &redact_url(&self.url))
+            .finish()
+    }
+}
+
+/// `url` with the password of every `user:password@` part replaced by `***` (all hosts of a
+/// cluster URL), for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let hosts: Vec<String> = rest
+        .split(',')
+        .map(|part| match part.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _password)) => format!("{user}:***@{host}"),
+                None => format!("***@{host}"),
+            },
+            None => part.to_string(),
+        })
+        .collect();
+    format!("{scheme}://{}", hosts.join(","))
 }
 
 /// The routing rule between several stores.
@@ -139,7 +169,7 @@ impl KvConfig {
                 other => {
                     return Err(Error::invalid(format!(
                         "storage.kv.stores: unknown store scheme `{other}` in `{}`",
-                        s.url
+                        redact_url(&s.url)
                     )))
                 }
             }
@@ -174,7 +204,7 @@ impl KvConfig {
             #[cfg(feature = "object-store")]
             "object-memory" => Ok(Arc::new(crate::ObjectKvStore::in_memory())),
             other => Err(Error::unsupported(
-                format!("kv store `{url}`"),
+                format!("kv store `{}`", redact_url(url)),
                 format!("{other} (build tq-backend-kv with its cargo feature)"),
             )),
         }
@@ -216,5 +246,39 @@ impl KvConfig {
                 routing,
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            redact_url("redis://:s3cret@10.0.0.1:6379/0"),
+            "redis://:***@10.0.0.1:6379/0"
+        );
+        assert_eq!(redact_url("redis://tq:s3cret@h:1"), "redis://tq:***@h:1");
+        assert_eq!(
+            redact_url("redis+cluster://a:s3cret@h1:1,a:s3cret@h2:2"),
+            "redis+cluster://a:***@h1:1,a:***@h2:2"
+        );
+        assert_eq!(redact_url("file:///var/lib/tq"), "file:///var/lib/tq");
+        let c = StoreConfig {
+            name: None,
+            url: "redis://:s3cret@h:1".into(),
+        };
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let e = KvConfig {
+            stores: vec![StoreConfig {
+                name: None,
+                url: "nope://:s3cret@h".into(),
+            }],
+            ..KvConfig::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(!e.message().contains("s3cret"), "{e}");
     }
 }

@@ -33,7 +33,9 @@ mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use config::{KvConfig, RedisConfig, RedisDelete, RedisExpire, RoutingConfig, StoreConfig};
+pub use config::{
+    redact_url, KvConfig, RedisConfig, RedisDelete, RedisExpire, RoutingConfig, StoreConfig,
+};
 pub use manager::{KvOptions, KvStorageManager, Routing, DEFAULT_CLEAR_EXPIRE_AFTER};
 pub use memory::{MemoryKvStore, DEFAULT_SWEEP_INTERVAL};
 #[cfg(feature = "object-store")]

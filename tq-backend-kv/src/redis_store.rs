@@ -248,11 +248,12 @@ impl RedisStore {
     /// A single-node store at `url` (`redis://host:port[/db]`, or `rediss://` with the
     /// `redis-tls` feature).
     pub fn single(url: &str, options: RedisOptions) -> Result<Self> {
+        let shown = crate::config::redact_url(url);
         let client = redis::Client::open(url)
-            .map_err(|e| Error::invalid(format!("redis url `{url}`: {e}")))?;
+            .map_err(|e| Error::invalid(format!("redis url `{shown}`: {e}")))?;
         Ok(RedisStore {
             name: "redis".into(),
-            what: format!("redis `{url}`"),
+            what: format!("redis `{shown}`"),
             conn: Conn::Single {
                 client,
                 cm: OnceCell::new(),
@@ -271,10 +272,19 @@ impl RedisStore {
             .min_retry_wait(20)
             .max_retry_wait(500)
             .build()
-            .map_err(|e| Error::invalid(format!("redis cluster nodes {nodes:?}: {e}")))?;
+            .map_err(|e| {
+                Error::invalid(format!(
+                    "redis cluster nodes {:?}: {e}",
+                    nodes
+                        .iter()
+                        .map(|n| crate::config::redact_url(n))
+                        .collect::<Vec<_>>()
+                ))
+            })?;
+        let shown: Vec<String> = nodes.iter().map(|n| crate::config::redact_url(n)).collect();
         Ok(RedisStore {
             name: "redis-cluster".into(),
-            what: format!("redis cluster {nodes:?}"),
+            what: format!("redis cluster {shown:?}"),
             conn: Conn::Cluster {
                 client,
                 conn: OnceCell::new(),

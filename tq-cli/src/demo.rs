@@ -46,9 +46,18 @@ pub struct DemoArgs {
     /// Maximum response length in tokens (i64); actual lengths vary per response.
     #[arg(long, default_value_t = 1024)]
     response_len: usize,
-    /// Number of in-memory storage units.
+    /// Number of in-memory storage units (embedded runs on the default storage).
     #[arg(long, default_value_t = 2)]
     units: u32,
+    /// Run the stages against a running deployment (`tcp://host:port`) instead of an embedded
+    /// one, whatever its storage. Its controller must know the sampler `grpo`
+    /// (`[controller.samplers] grpo = "grpo:<responses>"` in its configuration).
+    #[arg(long)]
+    connect: Option<String>,
+    /// Configuration file (TOML): the storage of an embedded run (e.g. Redis), or the network
+    /// settings (token, timeouts) of a connected one.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -279,13 +288,20 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     {
         return Err(Error::invalid("counts and batch sizes must be at least 1"));
     }
-    let mut config = Config::default();
-    config.storage.num_units = args.units;
-    config
-        .controller
-        .samplers
-        .insert("grpo".into(), format!("grpo:{}", args.responses));
-    let tq = Client::embedded(config)?;
+    let mut config = Config::load(args.config.as_deref())?;
+    let tq = match &args.connect {
+        Some(url) => Client::connect_with(url, config).await?,
+        None => {
+            if args.config.is_none() {
+                config.storage.num_units = args.units;
+            }
+            config
+                .controller
+                .samplers
+                .insert("grpo".into(), format!("grpo:{}", args.responses));
+            Client::embedded(config)?
+        }
+    };
     let total = (args.prompts * args.responses) as u64;
     let progress = if args.quiet {
         ProgressBar::hidden()

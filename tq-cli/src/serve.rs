@@ -16,8 +16,10 @@ use tq_net::{Endpoint, Server, ServerConfig};
 #[derive(Args, Debug, Clone)]
 pub struct SsdArgs {
     /// Offload cells at least `--ssd-threshold` bytes large to files under this directory
-    /// (created if missing; each run uses its own subdirectory, removed on shutdown).
-    #[arg(long, env = "TQ_STORAGE_SSD_PATH")]
+    /// (created if missing; each run uses its own subdirectory, removed on shutdown). Without
+    /// it, the configuration's `[storage.ssd]` applies (`TQ_STORAGE_SSD_ENABLED=true` and
+    /// `TQ_STORAGE_SSD_PATH=...` from the environment).
+    #[arg(long)]
     ssd_path: Option<std::path::PathBuf>,
     /// Size from which a cell goes to disk.
     #[arg(long, default_value_t = tq_backend_ssd::DEFAULT_THRESHOLD_BYTES)]
@@ -27,15 +29,30 @@ pub struct SsdArgs {
 /// Options every server shares.
 #[derive(Args, Debug, Clone)]
 pub struct Security {
-    /// Shared token peers must present (or set TQ_NET_TOKEN). Required for non-loopback addresses.
+    /// Shared token peers must present (or set TQ_NET_TOKEN, or `net.token` in the
+    /// configuration). Required for non-loopback addresses.
     #[arg(long, env = "TQ_NET_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// Allow a non-loopback address without a token.
     #[arg(long)]
     insecure: bool,
+    /// The configuration file clients read too (TOML, see the README); `TQ_*` environment
+    /// variables override it, and flags override both.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
 }
 
 impl Security {
+    /// The configuration (file, then environment), with the token flag taking precedence.
+    fn load(&mut self) -> Result<Config> {
+        let mut config = Config::load(self.config.as_deref())?;
+        match &self.token {
+            Some(t) => config.net.token = Some(t.clone()),
+            None => self.token = config.net.token.clone(),
+        }
+        Ok(config)
+    }
+
     /// Refuses to expose a server beyond this host without a token, unless `--insecure`.
     fn check(&self, endpoint: &Endpoint) -> Result<()> {
         if !endpoint.is_loopback() && self.token.is_none() {
@@ -57,12 +74,6 @@ impl Security {
             ..ServerConfig::default()
         }
     }
-
-    fn client_config(&self) -> Config {
-        let mut c = Config::default();
-        c.net.token = self.token.clone();
-        c
-    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -70,24 +81,24 @@ pub struct ServeArgs {
     /// Controller endpoint (`tcp://host:port`, port 0 picks one; or `unix:///path`).
     #[arg(long, default_value = "tcp://127.0.0.1:7700")]
     listen: String,
-    /// Number of storage units to run in this process.
-    #[arg(long, default_value_t = 2)]
-    units: u32,
+    /// Number of storage units to run in this process (default: `storage.num_units`, 2).
+    #[arg(long)]
+    units: Option<u32>,
     /// Host the storage units listen on (each on a free port).
     #[arg(long, default_value = "127.0.0.1")]
     unit_host: String,
     /// Host name clients use to reach the units, if not `--unit-host` (e.g. when it is 0.0.0.0).
     #[arg(long)]
     advertise_host: Option<String>,
-    /// Maximum samples per storage unit (unlimited if absent).
+    /// Maximum samples per storage unit (default: `storage.capacity_per_unit`, unlimited).
     #[arg(long)]
     capacity_per_unit: Option<usize>,
     #[command(flatten)]
     ssd: SsdArgs,
     /// Default sampler of the controller (`sequential`, `grpo:<n>`, `rank-aware`,
-    /// `seqlen-balanced:<dp_size>[:<n>]`).
-    #[arg(long, default_value = "sequential")]
-    default_sampler: tq_controller::SamplerSpec,
+    /// `seqlen-balanced:<dp_size>[:<n>]`; default: `controller.default_sampler`).
+    #[arg(long)]
+    default_sampler: Option<tq_controller::SamplerSpec>,
     #[command(flatten)]
     security: Security,
 }
@@ -97,12 +108,14 @@ pub struct ControllerArgs {
     /// Endpoint to listen on.
     #[arg(long, default_value = "tcp://127.0.0.1:7700")]
     listen: String,
-    /// Number of storage units that will register (sample index i lives on unit i % units).
+    /// Number of storage units that will register (sample index i lives on unit i % units;
+    /// default: `storage.num_units`). Not for shared storage (`storage.backend = "kv"`).
     #[arg(long)]
-    units: u32,
-    /// Default sampler (`sequential`, `grpo:<n>`, `rank-aware`, `seqlen-balanced:<dp_size>[:<n>]`).
-    #[arg(long, default_value = "sequential")]
-    default_sampler: tq_controller::SamplerSpec,
+    units: Option<u32>,
+    /// Default sampler (`sequential`, `grpo:<n>`, `rank-aware`, `seqlen-balanced:<dp_size>[:<n>]`;
+    /// default: `controller.default_sampler`).
+    #[arg(long)]
+    default_sampler: Option<tq_controller::SamplerSpec>,
     #[command(flatten)]
     security: Security,
 }
@@ -121,7 +134,7 @@ pub struct UnitArgs {
     /// Stable name of this unit; a restarted unit must reuse it to keep its place.
     #[arg(long)]
     id: String,
-    /// Maximum samples this unit holds (unlimited if absent).
+    /// Maximum samples this unit holds (default: `storage.capacity_per_unit`, unlimited).
     #[arg(long)]
     capacity: Option<usize>,
     #[command(flatten)]
@@ -146,13 +159,42 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     })
 }
 
-fn controller(units: u32, sampler: tq_controller::SamplerSpec) -> Result<Arc<Controller>> {
-    Ok(Arc::new(Controller::new(ControllerConfig {
-        storage_units: units,
-        default_sampler: sampler,
-        // The servers run SimpleStorage units, which resolve links.
-        ..ControllerConfig::default()
-    })?))
+/// The controller a configuration describes: its samplers, and either `units` storage units
+/// (which resolve links) or the configuration's shared storage (which does not).
+fn controller(
+    config: &Config,
+    units: Option<u32>,
+    sampler: Option<tq_controller::SamplerSpec>,
+) -> Result<ControllerServer> {
+    let (default_sampler, named) = config.sampler_specs()?;
+    let shared = config.storage_is_shared();
+    if shared && units.is_some() {
+        return Err(Error::invalid(format!(
+            "--units: the configured storage (backend `{}`) is shared by every process and has \
+             no storage units",
+            config.storage.backend
+        )));
+    }
+    let units = units.unwrap_or(config.storage.num_units);
+    if units == 0 {
+        return Err(Error::invalid("--units must be at least 1"));
+    }
+    let controller = Controller::new(ControllerConfig {
+        storage_units: if shared { 1 } else { units },
+        default_sampler: sampler.unwrap_or(default_sampler),
+        storage_backend: config.storage.backend.to_string(),
+        links_supported: !shared,
+    })?;
+    for (name, spec) in named {
+        controller.register_sampler(name, spec.build()?);
+    }
+    let controller = Arc::new(controller);
+    Ok(if shared {
+        tracing::info!(backend = %config.storage.backend, "shared storage: clients reach it directly");
+        ControllerServer::with_shared_storage(controller, config.storage_description()?)
+    } else {
+        ControllerServer::new(controller, units)
+    })
 }
 
 async fn start_unit(
@@ -161,18 +203,27 @@ async fn start_unit(
     capacity: Option<usize>,
     ssd: &SsdArgs,
     security: &Security,
+    config: &Config,
 ) -> Result<Server> {
-    let config = UnitConfig {
-        capacity,
+    let unit_config = UnitConfig {
+        capacity: capacity.or(config.storage.capacity_per_unit),
+        compaction_threshold: config.storage.compaction_threshold,
         ..UnitConfig::default()
     };
-    let unit: Arc<dyn StorageUnit> = match &ssd.ssd_path {
-        Some(path) => Arc::new(tq_backend_ssd::SsdUnit::new(
-            id,
-            config,
-            tq_backend_ssd::SsdConfig::enabled_at(path).with_threshold(ssd.ssd_threshold),
-        )?),
-        None => Arc::new(MemoryUnit::with_config(id, config)?),
+    // The flag wins; otherwise the configuration's `[storage.ssd]`.
+    let offload = match &ssd.ssd_path {
+        Some(path) => {
+            Some(tq_backend_ssd::SsdConfig::enabled_at(path).with_threshold(ssd.ssd_threshold))
+        }
+        None => config
+            .storage
+            .ssd
+            .enabled
+            .then(|| config.storage.ssd.clone()),
+    };
+    let unit: Arc<dyn StorageUnit> = match offload {
+        Some(offload) => Arc::new(tq_backend_ssd::SsdUnit::new(id, unit_config, offload)?),
+        None => Arc::new(MemoryUnit::with_config(id, unit_config)?),
     };
     let handler = Arc::new(UnitServer::new(unit));
     Server::bind(listen, security.server_config(id), handler).await
@@ -192,21 +243,23 @@ fn advertised(local: &Endpoint, host: Option<&str>) -> Result<String> {
 }
 
 /// `tq serve`: a controller and N storage units in one process.
-pub async fn serve(args: ServeArgs) -> Result<()> {
+pub async fn serve(mut args: ServeArgs) -> Result<()> {
     let shutdown = shutdown_signal()?;
-    if args.units == 0 {
-        return Err(Error::invalid("--units must be at least 1"));
-    }
+    let config = args.security.load()?;
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
+    let service = Arc::new(controller(&config, args.units, args.default_sampler)?);
+    let unit_count = if config.storage_is_shared() {
+        0
+    } else {
+        args.units.unwrap_or(config.storage.num_units)
+    };
     let unit_listen: Endpoint = format!("tcp://{}:0", args.unit_host).parse()?;
-    args.security.check(&unit_listen)?;
-    let service = Arc::new(ControllerServer::new(
-        controller(args.units, args.default_sampler)?,
-        args.units,
-    ));
+    if unit_count > 0 {
+        args.security.check(&unit_listen)?;
+    }
     let mut units = Vec::new();
-    for i in 0..args.units {
+    for i in 0..unit_count {
         let id = format!("unit-{i}");
         let server = start_unit(
             &id,
@@ -214,6 +267,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             args.capacity_per_unit,
             &args.ssd,
             &args.security,
+            &config,
         )
         .await?;
         let endpoint = advertised(server.local_endpoint(), args.advertise_host.as_deref())?;
@@ -236,17 +290,12 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
 }
 
 /// `tq controller`: the controller alone; storage units register with it.
-pub async fn controller_server(args: ControllerArgs) -> Result<()> {
+pub async fn controller_server(mut args: ControllerArgs) -> Result<()> {
     let shutdown = shutdown_signal()?;
-    if args.units == 0 {
-        return Err(Error::invalid("--units must be at least 1"));
-    }
+    let config = args.security.load()?;
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
-    let service = Arc::new(ControllerServer::new(
-        controller(args.units, args.default_sampler)?,
-        args.units,
-    ));
+    let service = Arc::new(controller(&config, args.units, args.default_sampler)?);
     let server = Server::bind(&listen, args.security.server_config("controller"), service).await?;
     println!("listening controller {}", server.local_endpoint());
     shutdown.await;
@@ -259,17 +308,25 @@ pub async fn controller_server(args: ControllerArgs) -> Result<()> {
 const REGISTER_EVERY: Duration = Duration::from_millis(500);
 
 /// `tq storage-unit`: one storage unit that registers with a controller (and keeps doing so).
-pub async fn storage_unit(args: UnitArgs) -> Result<()> {
+pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
     let shutdown = shutdown_signal()?;
+    let config = args.security.load()?;
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
     let controller: Endpoint = args.controller.parse()?;
-    let server = start_unit(&args.id, &listen, args.capacity, &args.ssd, &args.security).await?;
+    let server = start_unit(
+        &args.id,
+        &listen,
+        args.capacity,
+        &args.ssd,
+        &args.security,
+        &config,
+    )
+    .await?;
     let advertised = match &args.advertise {
         Some(a) => a.parse::<Endpoint>()?.to_string(),
         None => server.local_endpoint().to_string(),
     };
-    let config = args.security.client_config();
     let control = RemoteControlPlane::new(
         tq_net::Pool::new(pool_config(&config)),
         controller.clone(),

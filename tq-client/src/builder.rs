@@ -20,8 +20,9 @@ use tq_core::{Error, MergeFn, MergeRegistry, Result, StorageManager};
 /// ```
 ///
 /// Settings that cannot apply to the chosen deployment are errors, never silently dropped:
-/// merge functions and samplers run where the storage units and the controller run, so a
-/// connected client cannot carry them (register them on the servers instead).
+/// samplers run in the controller, and merge functions where the payloads are written (in this
+/// process for a shared KV store, in the storage-unit processes otherwise), so a connected
+/// client refuses samplers, and merges unless the controller's storage is shared.
 #[derive(Default)]
 #[must_use = "a builder does nothing until build() or connect()"]
 pub struct ClientBuilder {
@@ -176,8 +177,7 @@ impl ClientBuilder {
         let entries = self
             .key_cache_entries
             .unwrap_or(config.net.key_cache_entries);
-        Ok(crate::remote::connect(url, config)
-            .await?
-            .with_key_cache(entries))
+        let client = crate::remote::connect(url, config, self.merges, &self.backends).await?;
+        Ok(client.with_key_cache(entries))
     }
 }

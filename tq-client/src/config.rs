@@ -68,8 +68,9 @@ pub struct Config {
     pub net: NetSection,
 }
 
-/// Settings of remote deployments (`Client::connect`, `tq serve`, ...).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Settings of remote deployments (`Client::connect`, `tq serve`, ...). `Debug` does not show
+/// the token.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NetSection {
     /// Shared secret every peer presents in its handshake (required by servers that listen on
@@ -83,6 +84,17 @@ pub struct NetSection {
     /// Keys whose metadata a remote client remembers so that small gets of them overlap the
     /// storage read with the key lookup (see `Client::with_key_cache`); `0` turns it off.
     pub key_cache_entries: usize,
+}
+
+impl std::fmt::Debug for NetSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetSection")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("request_timeout_ms", &self.request_timeout_ms)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("key_cache_entries", &self.key_cache_entries)
+            .finish()
+    }
 }
 
 impl Default for NetSection {
@@ -421,6 +433,25 @@ impl Config {
         Ok((default, named))
     }
 
+    /// The `[storage]` section alone, as TOML: what a controller whose storage is shared hands
+    /// to the clients that connect (it may hold credentials; never log it).
+    pub fn storage_description(&self) -> Result<String> {
+        #[derive(Serialize)]
+        struct Description<'a> {
+            storage: &'a StorageSection,
+        }
+        toml::to_string(&Description {
+            storage: &self.storage,
+        })
+        .map_err(|e| Error::internal(format!("the [storage] section does not serialize: {e}")))
+    }
+
+    /// True when every process reaches the payloads directly (a KV store, a custom backend),
+    /// rather than through the storage units a controller lists.
+    pub fn storage_is_shared(&self) -> bool {
+        self.storage.backend != Backend::Simple
+    }
+
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.net.request_timeout_ms)
     }
@@ -604,6 +635,37 @@ mod tests {
         assert_eq!(c.storage.kv.data_ttl_ms, Some(60000));
         assert_eq!(c.storage.kv.stores.len(), 1);
         assert_eq!(c.storage.kv.redis.delete, tq_backend_kv::RedisDelete::Del);
+    }
+
+    #[cfg(feature = "kv")]
+    #[test]
+    fn the_storage_description_round_trips() {
+        let c = Config::from_toml(
+            "[storage]\nbackend = \"kv\"\n[storage.kv]\ndata_ttl_ms = 5000\n\
+             stores = [{ name = \"a\", url = \"memory://\" }]\n\
+             routing = { kind = \"first\" }\n[net]\ntoken = \"not-in-the-description\"\n",
+        )
+        .unwrap();
+        let text = c.storage_description().unwrap();
+        assert!(!text.contains("not-in-the-description"), "{text}");
+        assert_eq!(Config::from_toml(&text).unwrap().storage, c.storage);
+        assert!(c.storage_is_shared());
+        assert!(!Config::default().storage_is_shared());
+    }
+
+    #[test]
+    fn debug_output_hides_secrets() {
+        let mut c = Config::default();
+        c.net.token = Some("t0ken-s3cret".into());
+        assert!(!format!("{c:?}").contains("t0ken-s3cret"));
+        #[cfg(feature = "kv")]
+        {
+            let c = Config::from_toml(
+                "[storage]\nbackend = \"kv\"\n[storage.kv]\nstores = [{ url = \"redis://:pw-s3cret@127.0.0.1:1\" }]\n",
+            )
+            .unwrap();
+            assert!(!format!("{c:?}").contains("pw-s3cret"));
+        }
     }
 
     #[test]

@@ -35,8 +35,14 @@ impl Client {
 
 /// Connects to a controller, waits until every storage unit has registered (up to the connect
 /// timeout) and routes to the units in the controller's order, so every process places samples
-/// identically.
-pub(crate) async fn connect(url: &str, config: Config) -> Result<Client> {
+/// identically. A controller whose storage is shared (a KV store) hands out its description
+/// instead: the client builds the same storage and reads and writes it directly.
+pub(crate) async fn connect(
+    url: &str,
+    mut config: Config,
+    merges: tq_core::MergeRegistry,
+    backends: &crate::backends::BackendRegistry,
+) -> Result<Client> {
     {
         let endpoint: Endpoint = url.parse()?;
         let pool = Pool::new(pool_config(&config));
@@ -57,6 +63,18 @@ pub(crate) async fn connect(url: &str, config: Config) -> Result<Client> {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
+        if let Some(storage) = &topology.storage {
+            adopt_storage(&mut config, storage, &endpoint)?;
+            let storage = crate::backends::build(&config, merges, backends)
+                .map_err(|e| e.context(format!("the storage of controller {endpoint}")))?;
+            return Ok(Client::from_parts(Arc::new(control), storage, config));
+        }
+        if !merges.is_empty() {
+            return Err(Error::invalid(format!(
+                "merge functions: controller {endpoint} keeps payloads in storage-unit processes, \
+                 where merges run; register them there"
+            )));
+        }
         let units = topology
             .units
             .iter()
@@ -75,4 +93,28 @@ pub(crate) async fn connect(url: &str, config: Config) -> Result<Client> {
             config,
         ))
     }
+}
+
+/// Takes the controller's `[storage]` section into `config`. A client configuration that says
+/// something else about storage is refused: two processes must never use different stores,
+/// routing or TTLs for one job.
+fn adopt_storage(config: &mut Config, description: &str, controller: &Endpoint) -> Result<()> {
+    let theirs = Config::from_toml(description)
+        .map_err(|e| {
+            e.context(format!(
+                "the storage description of controller {controller}"
+            ))
+        })?
+        .storage;
+    let ours = &config.storage;
+    if *ours != crate::StorageSection::default() && *ours != theirs {
+        return Err(Error::invalid(format!(
+            "the client configuration's [storage] (backend `{}`) contradicts the storage of \
+             controller {controller} (backend `{}`): a connected client uses the controller's \
+             storage; remove [storage] from the client configuration",
+            ours.backend, theirs.backend
+        )));
+    }
+    config.storage = theirs;
+    Ok(())
 }

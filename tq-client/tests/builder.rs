@@ -101,10 +101,6 @@ async fn a_connected_client_refuses_settings_only_an_embedded_one_can_carry() {
     // Refused before any connection is tried (nothing listens on this port).
     let url = "tcp://127.0.0.1:9";
     let cases = [
-        Client::builder().merge(
-            "m",
-            Arc::new(|_old: &tq_core::Value, new: &tq_core::Value| Ok(new.clone())),
-        ),
         Client::builder().sampler("s", Arc::new(tq_controller::SequentialSampler)),
         Client::builder().storage(in_memory()),
     ];

@@ -21,11 +21,35 @@ pub struct UnitInfo {
     pub endpoint: String,
 }
 
-/// The storage units, in routing order: sample index `i` lives on `units[i % expected_units]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The storage units, in routing order: sample index `i` lives on `units[i % expected_units]`;
+/// or, for shared storage, its description.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Topology {
     pub expected_units: u32,
     pub units: Vec<UnitInfo>,
+    /// The `[storage]` section of the controller's configuration (TOML) when the payloads live
+    /// in a store every process reaches directly (a KV backend, or a custom one) instead of in
+    /// registered storage units. Clients build the same storage from it, so all processes use
+    /// the same stores, routing and TTL. It may hold credentials (store URLs): it is only sent
+    /// to peers that passed the handshake, and never logged.
+    pub storage: Option<String>,
+}
+
+impl std::fmt::Debug for Topology {
+    /// The storage description may carry credentials: only its size is shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Topology")
+            .field("expected_units", &self.expected_units)
+            .field("units", &self.units)
+            .field(
+                "storage",
+                &self
+                    .storage
+                    .as_ref()
+                    .map(|s| format!("<redacted, {} bytes>", s.len())),
+            )
+            .finish()
+    }
 }
 
 impl Topology {
@@ -156,6 +180,21 @@ impl ControllerServer {
             topology: Mutex::new(Topology {
                 expected_units,
                 units: Vec::new(),
+                storage: None,
+            }),
+        }
+    }
+
+    /// Serves `controller` whose payloads live in the storage `storage` describes (the
+    /// `[storage]` section of a configuration, TOML), which every client builds for itself;
+    /// no storage unit registers.
+    pub fn with_shared_storage(controller: Arc<Controller>, storage: String) -> Self {
+        ControllerServer {
+            controller,
+            topology: Mutex::new(Topology {
+                expected_units: 0,
+                units: Vec::new(),
+                storage: Some(storage),
             }),
         }
     }
@@ -169,6 +208,13 @@ impl ControllerServer {
             }
             known.endpoint = info.endpoint;
             return Ok(());
+        }
+        if t.storage.is_some() {
+            return Err(Error::conflict(format!(
+                "storage unit `{}` refused: this controller's storage is shared (a KV store), \
+                 it runs no storage units",
+                info.id
+            )));
         }
         if t.is_complete() {
             return Err(Error::conflict(format!(
