@@ -163,8 +163,10 @@ async fn a_contradicting_client_configuration_is_refused_at_connect() {
     assert!(e.message().contains("contradicts"), "{e}");
     // The same storage as the controller's is fine, and so is none.
     let same = Config::load(Some(&config)).unwrap();
-    let mut same_storage = Config::default();
-    same_storage.storage = same.storage;
+    let same_storage = Config {
+        storage: same.storage,
+        ..Config::default()
+    };
     Client::connect_with(&url, same_storage).await.unwrap();
     let tq = Client::connect_with(&url, Config::default()).await.unwrap();
     let p = tq.partition("p");
