@@ -41,5 +41,7 @@ pub use memory::{MemoryKvStore, DEFAULT_SWEEP_INTERVAL};
 #[cfg(feature = "object-store")]
 pub use objstore::ObjectKvStore;
 #[cfg(feature = "redis")]
-pub use redis_store::{DeleteCommand, ExpireCommand, RedisOptions, RedisStore, EXPIRE_SCRIPT};
+pub use redis_store::{
+    DeleteCommand, ExpireCommand, RedisOptions, RedisStore, EXPIRE_SCRIPT, RAISE_GENERATIONS_SCRIPT,
+};
 pub use store::{KvCapabilities, KvStore, KvStoreExt, KvValue};

@@ -1,8 +1,7 @@
 //! [`KvStorageManager`]: [`StorageManager`] over one or more [`KvStore`]s.
 
 use crate::codec::{
-    decode_generation, decode_value, encode_generation, encode_header, encode_tensor_header,
-    KeyScheme,
+    decode_generation, decode_value, encode_header, encode_tensor_header, KeyScheme,
 };
 use crate::store::{KvStore, KvStoreExt, KvValue};
 use async_trait::async_trait;
@@ -515,6 +514,21 @@ impl KvStorageManager {
         Ok(())
     }
 
+    /// Deletes the cells a put wrote for samples it lost to a reuse of their index (best
+    /// effort: they are keyed by the stale generation, so nothing reads them either way). Runs
+    /// only on that rare path, so it asks every store rather than remembering the routing.
+    async fn discard(&self, ks: &KeyScheme, fields: &[&str], lost: &[(SampleId, u32)]) {
+        let keys: Vec<String> = lost
+            .iter()
+            .flat_map(|(s, _)| fields.iter().map(move |f| ks.cell(*s, f)))
+            .collect();
+        for store in &self.stores {
+            if let Err(e) = store.store.delete_all(&keys).await {
+                tracing::warn!(error = %e, keys = keys.len(), "could not remove the cells of a stale put");
+            }
+        }
+    }
+
     /// Writes `items` grouped per store; generation keys go with the primary store's batch.
     async fn write(&self, per_store: Vec<Vec<(String, KvValue)>>) -> Result<()> {
         let ttl = self.options.data_ttl;
@@ -727,19 +741,48 @@ impl StorageManager for KvStorageManager {
                 backend_meta[r].insert((*field).clone(), self.stores[i].tag.clone());
             }
         }
-        for (s, g) in meta.samples().iter().zip(&gens) {
-            if *g != Some(s.generation) || self.options.data_ttl.is_some() {
-                per_store[0].push((
-                    ks.generation(s.index),
-                    encode_generation(s.generation).into(),
-                ));
-            }
-        }
+        // Cells first, the generation key last: a sample becomes readable under a generation
+        // only once its cells are written, and the key is raised with a compare-and-set, so a
+        // writer that lost a race with the index's reuse can never move it back.
+        let raise: Vec<(usize, (String, u32))> = meta
+            .samples()
+            .iter()
+            .zip(&gens)
+            .enumerate()
+            .filter(|(_, (s, g))| **g != Some(s.generation) || self.options.data_ttl.is_some())
+            .map(|(r, (s, _))| (r, (ks.generation(s.index), s.generation)))
+            .collect();
         let written: Vec<&str> = batch.field_names().collect();
         let rearm = self.rearm_plan(meta, &written)?;
         self.write_rearming(per_store, rearm)
             .await
             .map_err(|e| e.context(self.ctx(meta)))?;
+        if !raise.is_empty() {
+            let (rows, items): (Vec<usize>, Vec<(String, u32)>) = raise.into_iter().unzip();
+            let held = self.stores[0]
+                .store
+                .raise_generations_all(items, self.options.data_ttl)
+                .await
+                .map_err(|e| e.context(self.ctx(meta)))?;
+            let lost: Vec<(SampleId, u32)> = rows
+                .iter()
+                .zip(held)
+                .map(|(&r, h)| (meta.samples()[r], h))
+                .filter(|(s, h)| *h > s.generation)
+                .collect();
+            if let Some(&(s, h)) = lost.first() {
+                // The index was reused while this put was in flight: its cells (keyed by the
+                // old generation) are unreadable; remove them rather than leave them behind.
+                self.discard(&ks, &written, &lost).await;
+                return Err(Error::conflict(format!(
+                    "{}: put of sample index {} with generation {} is stale; the index was \
+                     reused by generation {h} while the put was in flight",
+                    self.ctx(meta),
+                    s.index,
+                    s.generation
+                )));
+            }
+        }
         Ok(PutReceipt {
             schemas: batch.schemas(),
             backend_meta: Some(backend_meta),

@@ -145,6 +145,7 @@ impl KvStore for MemoryKvStore {
             native_expire: true,
             max_keys_per_call: 4096,
             max_concurrent_calls: 4,
+            atomic_generations: true,
         }
     }
 
@@ -186,6 +187,46 @@ impl KvStore for MemoryKvStore {
                     .map(|e| e.value.clone())
             })
             .collect())
+    }
+
+    /// Atomic per key: the whole batch runs under the store's lock.
+    async fn raise_generations(
+        &self,
+        items: Vec<(String, u32)>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u32>> {
+        let now = Instant::now();
+        let deadline = ttl.map(|t| now + t);
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::with_capacity(items.len());
+        for (key, want) in items {
+            let have = g
+                .map
+                .get(&key)
+                .filter(|e| e.deadline.is_none_or(|d| d > now))
+                .map(|e| crate::codec::decode_generation(&key, &e.value))
+                .transpose()?;
+            if let Some(h) = have.filter(|h| *h > want) {
+                out.push(h);
+                continue;
+            }
+            let value = crate::codec::encode_generation(want);
+            match g.map.get_mut(&key) {
+                Some(e) => e.value = value,
+                None => {
+                    g.map.insert(
+                        key.clone(),
+                        Entry {
+                            value,
+                            deadline: None,
+                        },
+                    );
+                }
+            }
+            g.set_deadline(&key, deadline);
+            out.push(want);
+        }
+        Ok(out)
     }
 
     async fn delete(&self, keys: &[String]) -> Result<()> {

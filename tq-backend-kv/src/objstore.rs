@@ -96,6 +96,7 @@ impl KvStore for ObjectKvStore {
             native_expire: false,
             max_keys_per_call: 256,
             max_concurrent_calls: 4,
+            atomic_generations: false,
         }
     }
 

@@ -119,6 +119,29 @@ pub struct RedisStore {
     slots: std::sync::Mutex<Option<SlotMap>>,
 }
 
+/// Raises generation keys atomically (one script run is atomic on the server): `KEYS` are the
+/// generation keys of one call (one hash slot on a cluster), `ARGV[1]` the TTL in ms (`0`:
+/// none), `ARGV[i + 1]` the generation for `KEYS[i]`. A key keeps a larger generation; the
+/// reply lists the generation each key holds afterwards. Generations are stored as 4 bytes,
+/// little endian (`codec::encode_generation`).
+pub const RAISE_GENERATIONS_SCRIPT: &str = "\
+local ttl = tonumber(ARGV[1]) \
+local out = {} \
+for i, k in ipairs(KEYS) do \
+  local want = tonumber(ARGV[i + 1]) \
+  local cur = redis.call('GET', k) \
+  local have = -1 \
+  if cur then have = struct.unpack('<I4', cur) end \
+  if have > want then \
+    out[i] = have \
+  else \
+    if ttl > 0 then redis.call('SET', k, struct.pack('<I4', want), 'PX', ttl) \
+    else redis.call('SET', k, struct.pack('<I4', want)) end \
+    out[i] = want \
+  end \
+end \
+return out";
+
 /// Slot ranges `(first, last)` and the primary `(host, port)` serving them.
 type SlotMap = Vec<(u16, u16, String, u16)>;
 
@@ -596,6 +619,7 @@ impl KvStore for RedisStore {
             native_expire: true,
             max_keys_per_call: self.options.max_keys_per_call,
             max_concurrent_calls: self.options.max_concurrent_calls,
+            atomic_generations: true,
         }
     }
 
@@ -688,6 +712,72 @@ impl KvStore for RedisStore {
             Req::Cmd(c)
         };
         self.run(self.groups(keys.iter()), &build).await.map(|_| ())
+    }
+
+    /// One [`RAISE_GENERATIONS_SCRIPT`] call per call (per hash slot on a cluster).
+    async fn raise_generations(
+        &self,
+        items: Vec<(String, u32)>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u32>> {
+        let mut out = vec![0u32; items.len()];
+        if items.is_empty() {
+            return Ok(out);
+        }
+        let ms = ttl.map_or(0, |t| t.as_millis().max(1) as u64).to_string();
+        let build = |pos: &[usize]| {
+            let bytes: usize = pos.iter().map(|&i| items[i].0.len() + 10).sum();
+            let mut c = cmd_with(
+                "EVAL",
+                2 * pos.len() + 3,
+                RAISE_GENERATIONS_SCRIPT.len() + 8 + bytes,
+            );
+            c.arg(RAISE_GENERATIONS_SCRIPT).arg(pos.len());
+            for &i in pos {
+                c.arg(&items[i].0);
+            }
+            c.arg(ms.as_str());
+            for &i in pos {
+                c.arg(items[i].1);
+            }
+            Req::Cmd(c)
+        };
+        for (pos, v) in self
+            .run(self.groups(items.iter().map(|(k, _)| k)), &build)
+            .await?
+        {
+            let redis::Value::Array(held) = v else {
+                return Err(Error::corrupted(format!(
+                    "{}: the generation script answered {v:?}",
+                    self.what
+                )));
+            };
+            if held.len() != pos.len() {
+                return Err(Error::corrupted(format!(
+                    "{}: the generation script answered {} values for {} keys",
+                    self.what,
+                    held.len(),
+                    pos.len()
+                )));
+            }
+            for (i, h) in pos.into_iter().zip(held) {
+                out[i] = match h {
+                    redis::Value::Int(g) => u32::try_from(g).map_err(|_| {
+                        Error::corrupted(format!(
+                            "{}: generation key `{}` holds {g}",
+                            self.what, items[i].0
+                        ))
+                    })?,
+                    other => {
+                        return Err(Error::corrupted(format!(
+                            "{}: generation key `{}`: script answered {other:?}",
+                            self.what, items[i].0
+                        )))
+                    }
+                };
+            }
+        }
+        Ok(out)
     }
 
     /// See [`ExpireCommand`]: pipelined `PEXPIRE`s or one [`EXPIRE_SCRIPT`] call per call (per

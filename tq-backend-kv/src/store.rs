@@ -19,6 +19,10 @@ pub struct KvCapabilities {
     pub max_keys_per_call: usize,
     /// How many calls the adapter keeps in flight at once (pipelining).
     pub max_concurrent_calls: usize,
+    /// [`KvStore::raise_generations`] is atomic per key (a compare-and-set in the store), so a
+    /// stale writer can never move a sample's generation key back. Without it the default
+    /// read-then-write is used, with the race documented in docs/backends.md.
+    pub atomic_generations: bool,
 }
 
 impl Default for KvCapabilities {
@@ -28,6 +32,7 @@ impl Default for KvCapabilities {
             native_expire: false,
             max_keys_per_call: 1024,
             max_concurrent_calls: 16,
+            atomic_generations: false,
         }
     }
 }
@@ -109,6 +114,38 @@ pub trait KvStore: Send + Sync + 'static {
         let _ = after;
         self.delete(keys).await
     }
+
+    /// Raises sample generation keys: for each `(key, generation)`, stores the generation
+    /// (`codec::encode_generation`) unless the key holds a larger one, with `ttl` as for
+    /// [`KvStore::mset`]; returns the generation each key holds afterwards, in order. A store
+    /// that declares [`KvCapabilities::atomic_generations`] does each key as one atomic step;
+    /// this default reads, then writes (not atomic).
+    async fn raise_generations(
+        &self,
+        items: Vec<(String, u32)>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u32>> {
+        let keys: Vec<String> = items.iter().map(|(k, _)| k.clone()).collect();
+        let current = self.mget(&keys).await?;
+        let mut out = Vec::with_capacity(items.len());
+        let mut writes = Vec::new();
+        for ((key, want), have) in items.into_iter().zip(current) {
+            let have = have
+                .map(|raw| crate::codec::decode_generation(&key, &raw))
+                .transpose()?;
+            match have {
+                Some(h) if h > want => out.push(h),
+                _ => {
+                    writes.push((key, crate::codec::encode_generation(want).into()));
+                    out.push(want);
+                }
+            }
+        }
+        if !writes.is_empty() {
+            self.mset(writes, ttl).await?;
+        }
+        Ok(out)
+    }
 }
 
 /// Batch helpers over any [`KvStore`]: split to the store's per-call limit and keep up to
@@ -168,6 +205,22 @@ pub trait KvStoreExt: KvStore {
         )
         .buffer_unordered(caps.max_concurrent_calls.max(1))
         .boxed()
+    }
+
+    /// [`KvStore::raise_generations`] of any number of keys, answers in order.
+    async fn raise_generations_all(
+        &self,
+        items: Vec<(String, u32)>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u32>> {
+        let per_call = self.capabilities().max_keys_per_call.max(1);
+        let mut out = Vec::with_capacity(items.len());
+        let mut it = items.into_iter().peekable();
+        while it.peek().is_some() {
+            let chunk: Vec<_> = it.by_ref().take(per_call).collect();
+            out.extend(self.raise_generations(chunk, ttl).await?);
+        }
+        Ok(out)
     }
 
     /// [`KvStore::delete`] of any number of keys.

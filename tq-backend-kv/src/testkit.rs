@@ -60,6 +60,7 @@ where
     case!(a_write_without_ttl_removes_the_deadline);
     case!(expire_sets_a_deadline_or_deletes);
     case!(batches_beyond_the_call_limit);
+    case!(raise_generations_keeps_the_largest);
     assert!(
         failed.is_empty(),
         "{} KvStore conformance case(s) failed:\n{}",
@@ -258,4 +259,54 @@ pub async fn batches_beyond_the_call_limit(s: &dyn KvStore) {
         .expect("mget_all")
         .iter()
         .all(Option::is_none));
+}
+
+/// `raise_generations` stores a generation unless the key holds a larger one and answers what
+/// each key holds afterwards; with `atomic_generations`, two writers racing on one key can
+/// never leave the smaller generation behind.
+pub async fn raise_generations_keeps_the_largest(s: &dyn KvStore) {
+    let p = prefix("generations");
+    let (a, b) = (format!("{p}/a"), format!("{p}/b"));
+    let held = s
+        .raise_generations(vec![(a.clone(), 3), (b.clone(), 0)], None)
+        .await
+        .expect("raise");
+    assert_eq!(held, vec![3, 0], "absent keys take the generation");
+    let held = s
+        .raise_generations(vec![(a.clone(), 2), (b.clone(), 5)], None)
+        .await
+        .expect("raise again");
+    assert_eq!(
+        held,
+        vec![3, 5],
+        "a smaller generation leaves the larger one"
+    );
+    let stored = s.mget(&[a.clone(), b.clone()]).await.expect("mget");
+    assert_eq!(
+        stored[0].as_deref(),
+        Some(&crate::codec::encode_generation(3)[..]),
+        "the key still holds 3"
+    );
+    if s.capabilities().atomic_generations {
+        for round in 0..30u32 {
+            let key = format!("{p}/race-{round}");
+            let (x, y) = tokio::join!(
+                s.raise_generations(vec![(key.clone(), 7)], None),
+                s.raise_generations(vec![(key.clone(), 6)], None)
+            );
+            assert_eq!(x.expect("raise 7"), vec![7], "round {round}");
+            assert!(
+                matches!(y.expect("raise 6")[..], [6] | [7]),
+                "round {round}"
+            );
+            let stored = s.mget(std::slice::from_ref(&key)).await.expect("mget");
+            assert_eq!(
+                stored[0].as_deref(),
+                Some(&crate::codec::encode_generation(7)[..]),
+                "round {round}: the larger generation stays"
+            );
+            s.delete(&[key]).await.expect("tidy");
+        }
+    }
+    s.delete(&[a, b]).await.expect("tidy");
 }

@@ -108,8 +108,7 @@ async fn clients_of_a_kv_controller_share_the_redis_store() {
     tq_core::testkit::run_all_with(
         tq_core::testkit::KitOptions {
             expire_settles_within: Duration::from_secs(1),
-            // The generation key is not yet a compare-and-set (docs/backends.md).
-            skip: &["a_stale_writer_racing_index_reuse_never_wins"],
+            skip: &[],
         },
         || {
             redis.cli(&["flushall"]);

@@ -37,6 +37,7 @@ impl KvStore for BTreeStore {
             native_expire: false,
             max_keys_per_call: 512,
             max_concurrent_calls: 1,
+            atomic_generations: false,
         }
     }
 
