@@ -7,7 +7,7 @@ mod common;
 mod redis_common;
 
 use common::Tq;
-use redis_common::{redis_available, RedisServer, TempDir};
+use redis_common::{redis_available, RedisCluster, RedisServer, TempDir};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -145,6 +145,60 @@ async fn the_demo_runs_against_a_kv_controller_in_another_process() {
     let (status, stderr) = demo.wait_exit(Duration::from_secs(120));
     assert!(status.success(), "demo failed: {stderr}");
     assert_eq!(dbsize(&redis), 0, "the demo cleared everything it wrote");
+}
+
+/// Runs the demo in its own process against a controller whose storage is `store_url`.
+fn demo_against(store_url: &str) {
+    let dir = TempDir::new();
+    let config = config_file(&dir, store_url);
+    let (_controller, url) = start_controller(&config);
+    let demo = Tq::spawn(&[
+        "demo",
+        "--connect",
+        &url,
+        "--prompts",
+        "24",
+        "--responses",
+        "4",
+        "--prompt-len",
+        "32",
+        "--response-len",
+        "32",
+        "--quiet",
+    ]);
+    let (status, stderr) = demo.wait_exit(Duration::from_secs(120));
+    assert!(status.success(), "demo on {store_url} failed: {stderr}");
+}
+
+#[test]
+fn the_demo_runs_on_a_redis_cluster_behind_a_controller() {
+    if !redis_available("the_demo_runs_on_a_redis_cluster_behind_a_controller") {
+        return;
+    }
+    let cluster = RedisCluster::start();
+    let seeds: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| u.trim_start_matches("redis://").to_string())
+        .collect();
+    demo_against(&format!("redis+cluster://{}", seeds.join(",")));
+    let keys: usize = cluster
+        .nodes
+        .iter()
+        .map(|n| n.cli(&["dbsize"]).trim().parse::<usize>().unwrap())
+        .sum();
+    assert_eq!(
+        keys, 0,
+        "the demo cleared everything it wrote on every node"
+    );
+}
+
+#[test]
+fn the_demo_runs_on_object_storage_shared_by_the_processes() {
+    let dir = TempDir::new();
+    let store = dir.0.join("objects");
+    std::fs::create_dir_all(&store).unwrap();
+    demo_against(&format!("file://{}", store.display()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
