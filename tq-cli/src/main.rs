@@ -4,6 +4,7 @@
 mod bench;
 mod demo;
 mod serve;
+mod work;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -33,6 +34,11 @@ enum Command {
     Controller(serve::ControllerArgs),
     /// Run one storage unit and register it with a controller.
     StorageUnit(serve::UnitArgs),
+    /// Write samples into a running deployment (one pipeline stage in its own process).
+    Produce(work::ProduceArgs),
+    /// Consume samples from a running deployment with acknowledged delivery, printing
+    /// `acked <id>` per sample.
+    Consume(work::ConsumeArgs),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +67,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => runtime.block_on(serve::serve(args)),
         Command::Controller(args) => runtime.block_on(serve::controller_server(args)),
         Command::StorageUnit(args) => runtime.block_on(serve::storage_unit(args)),
+        Command::Produce(args) => runtime.block_on(work::produce(args)),
+        Command::Consume(args) => runtime.block_on(work::consume(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

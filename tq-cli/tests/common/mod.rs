@@ -77,6 +77,37 @@ impl Tq {
         out
     }
 
+    /// Waits (at most `within`) for a stdout line starting with `prefix` and returns it; lines
+    /// before it are dropped.
+    pub fn wait_line(&mut self, prefix: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.starts_with(prefix) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("no line starting with `{prefix}` within {within:?}"),
+            }
+        }
+    }
+
+    /// Every stdout line not read yet, waiting for the output to end (the process exited or was
+    /// killed) for at most `within`.
+    pub fn rest_of_output(&mut self, within: Duration) -> Vec<String> {
+        let deadline = Instant::now() + within;
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => out.push(line),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return out,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("output did not end within {within:?}")
+                }
+            }
+        }
+    }
+
     /// The controller endpoint among `listening` lines.
     pub fn controller_endpoint(lines: &[Listening]) -> String {
         lines
