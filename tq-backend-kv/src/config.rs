@@ -177,7 +177,9 @@ impl KvConfig {
         Ok(())
     }
 
-    fn store(&self, s: &StoreConfig) -> Result<Arc<dyn KvStore>> {
+    /// The store one entry of `stores` describes, with this configuration's options (Redis
+    /// timeouts and commands). Benchmarks use it for raw baselines on the very same store.
+    pub fn build_store(&self, s: &StoreConfig) -> Result<Arc<dyn KvStore>> {
         let url = s.url.as_str();
         match scheme(url) {
             "memory" => Ok(Arc::new(MemoryKvStore::new())),
@@ -218,7 +220,7 @@ impl KvConfig {
             .iter()
             .map(|s| {
                 let name = s.name.clone().unwrap_or_else(|| scheme(&s.url).to_string());
-                Ok((name, self.store(s)?))
+                Ok((name, self.build_store(s)?))
             })
             .collect::<Result<Vec<_>>>()?;
         let routing = match &self.routing {

@@ -25,6 +25,9 @@ pub struct KvReport {
     pub put_baseline: Baseline,
     /// What get is compared with (memcpy embedded, raw TCP receive remote).
     pub get_baseline: Baseline,
+    /// What clear is compared with, when there is a raw equivalent (a store's own delete);
+    /// otherwise clear is shown against the put baseline.
+    pub clear_baseline: Option<Baseline>,
     pub put: Stats,
     pub get: Stats,
     pub clear: Stats,
@@ -103,6 +106,7 @@ pub fn run(
         bytes: batch.nbytes(),
         put_baseline,
         get_baseline,
+        clear_baseline: None,
         put: Stats::from_samples(put),
         get: Stats::from_samples(get),
         clear: Stats::from_samples(clear),
@@ -158,8 +162,9 @@ fn mib(b: Option<u64>) -> String {
 pub const TABLE_HEADER: &str = "| workload | op | ms median (min–max) | Gbit/s | Mcells/s | × baseline |\n|---|---|---|---|---|---|";
 
 impl KvReport {
-    /// Markdown rows: the baselines, then put, get and clear (put and clear against the put
-    /// baseline, get against the get baseline).
+    /// Markdown rows: the baselines, then put, get and clear (put against the put baseline,
+    /// get against the get baseline, clear against the clear baseline if there is one, else
+    /// the put baseline).
     pub fn rows(&self) -> String {
         let line = |op: &str, s: &Stats, base: &Stats| {
             let g = s.gbit_per_s(self.bytes);
@@ -177,9 +182,13 @@ impl KvReport {
         if gb.name != pb.name {
             out.push(line(&gb.name, &gb.stats, &gb.stats));
         }
+        if let Some(cb) = &self.clear_baseline {
+            out.push(line(&cb.name, &cb.stats, &cb.stats));
+        }
         out.push(line("put", &self.put, &pb.stats));
         out.push(line("get", &self.get, &gb.stats));
-        out.push(line("clear", &self.clear, &pb.stats));
+        let cb = self.clear_baseline.as_ref().map_or(&pb.stats, |c| &c.stats);
+        out.push(line("clear", &self.clear, cb));
         out.join("\n")
     }
 

@@ -6,6 +6,7 @@
 pub mod baseline;
 pub mod controller;
 pub mod kv;
+pub mod kv_raw;
 pub mod latency;
 pub mod links;
 pub mod measure;

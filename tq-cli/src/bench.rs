@@ -16,6 +16,9 @@ pub enum Deployment {
     Embedded,
     Remote,
     Both,
+    /// A controller process whose storage is the KV store at `--kv-url` (clients reach it
+    /// directly), next to raw pipelined writes, reads and deletes of the same cells.
+    RemoteKv,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -45,6 +48,10 @@ pub struct BenchArgs {
     /// Prompts of the shared-payload (kv_link) figure; 0 skips it.
     #[arg(long, default_value_t = 64)]
     link_prompts: usize,
+    /// The store of `--deployment remote-kv` (`redis://host:port`, `redis+cluster://h:p,..`,
+    /// `file:///dir`); its keys under `tq-bench-raw` and the `tq` namespace are overwritten.
+    #[arg(long)]
+    kv_url: Option<String>,
 }
 
 /// Server processes started for the remote figures; killed when dropped.
@@ -115,6 +122,31 @@ fn start_remote(units: u32) -> Result<Servers> {
     Ok(servers)
 }
 
+/// A controller process whose configuration puts the payloads in the KV store at `url`.
+fn start_remote_kv(url: &str) -> Result<(Servers, std::path::PathBuf)> {
+    let path = std::env::temp_dir().join(format!("tq-bench-{}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        format!("[storage]\nbackend = \"kv\"\n[storage.kv]\nstores = [{{ url = \"{url}\" }}]\n"),
+    )
+    .map_err(|e| Error::internal("cannot write the benchmark's configuration").with_source(e))?;
+    let config = path.to_string_lossy().to_string();
+    let (c, controller) = spawn_server(&[
+        "controller",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--config",
+        &config,
+    ])?;
+    Ok((
+        Servers {
+            children: vec![c],
+            controller,
+        },
+        path,
+    ))
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }
@@ -171,8 +203,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Deployment::Embedded => vec!["embedded"],
         Deployment::Remote => vec!["remote"],
         Deployment::Both => vec!["embedded", "remote"],
+        Deployment::RemoteKv => vec!["remote-kv"],
     };
     for deployment in deployments {
+        if deployment == "remote-kv" {
+            let url = args.kv_url.as_deref().ok_or_else(|| {
+                Error::invalid("--deployment remote-kv needs --kv-url (e.g. redis://127.0.0.1:6379)")
+            })?;
+            remote_kv(&runtime, &args, &names, url)?;
+            continue;
+        }
         let remote = deployment == "remote";
         let servers = if remote {
             Some(start_remote(args.units)?)
@@ -286,7 +326,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         drop(tq);
         drop(servers);
     }
-    if args.link_prompts > 0 && args.deployment != Deployment::Remote {
+    if args.link_prompts > 0
+        && matches!(args.deployment, Deployment::Embedded | Deployment::Both)
+    {
         let (n, bytes) = (8, 1 << 20);
         let r = links::run(&runtime, args.link_prompts, n, bytes, args.reps)?;
         println!();
@@ -298,4 +340,59 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("{}", r.lines());
     }
     Ok(())
+}
+
+/// `--deployment remote-kv`: put, get and clear through a client of a controller process whose
+/// storage is the KV store at `url`, next to the store's own pipelined writes, reads and deletes
+/// of the same cells, in the same run.
+fn remote_kv(
+    runtime: &tokio::runtime::Runtime,
+    args: &BenchArgs,
+    names: &[&str],
+    url: &str,
+) -> Result<()> {
+    let (servers, config_path) = start_remote_kv(url)?;
+    let result = (|| {
+        let tq = runtime.block_on(Client::connect_with(&servers.controller, Config::default()))?;
+        let raw = tq_bench::kv_raw::RawKv::open(url)?;
+        println!();
+        println!(
+            "## Remote controller + KV store `{}` ({}), {} samples per batch, {} repetitions",
+            tq_bench::kv_raw::redact_url(url),
+            raw.describe(),
+            args.samples,
+            args.reps
+        );
+        println!();
+        println!("{}", kv::TABLE_HEADER);
+        for name in names {
+            let batch = workloads::by_name(name, args.samples).expect("checked above");
+            let [put, get, delete] = runtime.block_on(raw.run(&batch, args.reps))?;
+            let mut report = kv::run(
+                runtime,
+                &tq,
+                name,
+                &batch,
+                args.reps,
+                kv::Baseline {
+                    name: "raw pipelined write".into(),
+                    stats: put,
+                },
+                kv::Baseline {
+                    name: "raw pipelined read".into(),
+                    stats: get,
+                },
+                false,
+            )?;
+            report.clear_baseline = Some(kv::Baseline {
+                name: "raw pipelined delete".into(),
+                stats: delete,
+            });
+            println!("{}", report.rows());
+        }
+        Ok(())
+    })();
+    drop(servers);
+    let _ = std::fs::remove_file(config_path);
+    result
 }
