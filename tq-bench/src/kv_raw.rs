@@ -61,7 +61,10 @@ pub async fn raw_kv(store: &Arc<dyn KvStore>, batch: &Batch, reps: usize) -> Res
                 tq_core::Value::Tensor(t) => t.into_data(),
                 tq_core::Value::Object(b) => b,
             };
-            items.push((ks.cell(SampleId::new(r as u32, 0), field), KvValue::new(head, body)));
+            items.push((
+                ks.cell(SampleId::new(r as u32, 0), field),
+                KvValue::new(head, body),
+            ));
         }
     }
     let keys: Vec<String> = items.iter().map(|(k, _)| k.clone()).collect();
@@ -75,7 +78,9 @@ pub async fn raw_kv(store: &Arc<dyn KvStore>, batch: &Batch, reps: usize) -> Res
         let values = store.mget_all(&keys).await?;
         let g = t.elapsed();
         if rep == 0 && !values.iter().all(Option::is_some) {
-            return Err(Error::internal("raw baseline: keys written were not read back"));
+            return Err(Error::internal(
+                "raw baseline: keys written were not read back",
+            ));
         }
         drop(std::hint::black_box(values));
         let t = Instant::now();

@@ -208,7 +208,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     for deployment in deployments {
         if deployment == "remote-kv" {
             let url = args.kv_url.as_deref().ok_or_else(|| {
-                Error::invalid("--deployment remote-kv needs --kv-url (e.g. redis://127.0.0.1:6379)")
+                Error::invalid(
+                    "--deployment remote-kv needs --kv-url (e.g. redis://127.0.0.1:6379)",
+                )
             })?;
             remote_kv(&runtime, &args, &names, url)?;
             continue;
@@ -326,9 +328,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         drop(tq);
         drop(servers);
     }
-    if args.link_prompts > 0
-        && matches!(args.deployment, Deployment::Embedded | Deployment::Both)
-    {
+    if args.link_prompts > 0 && matches!(args.deployment, Deployment::Embedded | Deployment::Both) {
         let (n, bytes) = (8, 1 << 20);
         let r = links::run(&runtime, args.link_prompts, n, bytes, args.reps)?;
         println!();

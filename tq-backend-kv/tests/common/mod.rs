@@ -184,13 +184,23 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
+    /// Three masters, no replicas.
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
+        Self::start_with(0)
+    }
+
+    /// Three masters with `replicas` replicas each (`redis-cli --cluster create` assigns them).
+    pub fn start_with(replicas: usize) -> Self {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| RedisServer::start_on(free_port(), true))
             .collect();
         let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
         args.extend(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        args.extend([
+            "--cluster-replicas".to_string(),
+            replicas.to_string(),
+            "--cluster-yes".into(),
+        ]);
         let out = Command::new("redis-cli")
             .args(&args)
             .output()
@@ -216,5 +226,31 @@ impl RedisCluster {
 
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Positions in `nodes` of the current masters that serve slots (`CLUSTER NODES` as seen
+    /// by the first node that answers).
+    pub fn masters(&self) -> Vec<usize> {
+        let view = self
+            .nodes
+            .iter()
+            .find_map(|n| {
+                let out = n.cli(&["cluster", "nodes"]);
+                (!out.trim().is_empty()).then_some(out)
+            })
+            .expect("a node answers");
+        view.lines()
+            .filter(|l| l.contains("master") && !l.contains("fail") && l.split(' ').count() > 8)
+            .filter_map(|l| {
+                let port: u16 = l
+                    .split(' ')
+                    .nth(1)?
+                    .split(['@', ':'])
+                    .nth(1)?
+                    .parse()
+                    .ok()?;
+                self.nodes.iter().position(|n| n.port == port)
+            })
+            .collect()
     }
 }

@@ -1,0 +1,119 @@
+//! A master of a Redis Cluster with replicas is killed (SIGKILL): requests during the failover
+//! fail with an error that is safe to retry, within the store's deadline; once a replica is
+//! promoted, the same client reads the data it wrote before (never other bytes) and writes
+//! again — nothing restarted. Real `redis-server` processes, 3 masters and 3 replicas.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tq_backend_kv::{KvOptions, KvStorageManager, RedisOptions, RedisStore};
+use tq_core::{Batch, BatchMeta, Column, ErrorKind, FieldFilter, SampleId, StorageManager, Tensor};
+
+fn batch(n: usize, base: i64) -> Batch {
+    let v: Vec<i64> = (0..n as i64 * 4).map(|i| base + i).collect();
+    Batch::from_columns([(
+        "x",
+        Column::Dense(Tensor::from_slice(vec![n, 4], &v).unwrap()),
+    )])
+    .unwrap()
+}
+
+fn meta(first: u32, n: usize, b: &Batch) -> BatchMeta {
+    let samples = (first..first + n as u32)
+        .map(|i| SampleId::new(i, 0))
+        .collect();
+    BatchMeta::new("p", samples)
+        .with_fields(b.schemas())
+        .unwrap()
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_is_replaced_and_the_client_goes_on() {
+    if !common::redis_available("a_killed_master_is_replaced_and_the_client_goes_on") {
+        return;
+    }
+    let mut cluster = common::RedisCluster::start_with(1);
+    // Wait for every replica to have synced (replication offset reported by its master).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.masters().len() != 3
+        || cluster
+            .nodes
+            .iter()
+            .filter(|n| n.cli(&["info", "replication"]).contains("role:slave"))
+            .any(|n| {
+                !n.cli(&["info", "replication"])
+                    .contains("master_link_status:up")
+            })
+    {
+        assert!(Instant::now() < deadline, "replicas never synced");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let options = RedisOptions {
+        op_timeout: Duration::from_secs(3),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::cluster(&cluster.urls(), options).unwrap();
+    let kv = Arc::new(KvStorageManager::new(Arc::new(store), KvOptions::default()).unwrap());
+    let before = batch(64, 0);
+    let before_meta = meta(0, 64, &before);
+    kv.put(&before_meta, &before).await.unwrap();
+    assert_eq!(
+        kv.get(&before_meta).await.unwrap().column("x"),
+        before.column("x")
+    );
+    // Let replication catch up with the writes (WAIT on every master: 1 replica, 2 s).
+    for m in cluster.masters() {
+        cluster.nodes[m].cli(&["wait", "1", "2000"]);
+    }
+
+    let victim = cluster.masters()[0];
+    cluster.nodes[victim].kill();
+    let killed_at = Instant::now();
+    let mut failures = 0;
+    let recovered = loop {
+        match kv.get(&before_meta).await {
+            Ok(got) => break got,
+            Err(e) => {
+                failures += 1;
+                assert!(
+                    e.is_retryable()
+                        || matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DataLost),
+                    "a failover error must be retryable or say what is missing: {e}"
+                );
+                assert!(
+                    killed_at.elapsed() < Duration::from_secs(60),
+                    "no recovery within 60 s; last error: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    // The data written before the kill comes back whole and unchanged, never other bytes.
+    assert_eq!(recovered.column("x"), before.column("x"));
+    // The same client writes and reads again.
+    let after = batch(64, 1000);
+    let after_meta = meta(100, 64, &after);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match kv.put(&after_meta, &after).await {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                assert!(Instant::now() < deadline, "writes never resumed: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    assert_eq!(
+        kv.get(&after_meta).await.unwrap().column("x"),
+        after.column("x")
+    );
+    kv.clear(&after_meta, &FieldFilter::All).await.unwrap();
+    eprintln!(
+        "failover: {failures} failed reads, recovered after {:?}",
+        killed_at.elapsed()
+    );
+}
