@@ -108,11 +108,27 @@ pub enum RedisExpire {
 }
 
 /// The `[storage.kv.redis]` table: settings of every Redis store (other stores ignore it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
     pub delete: RedisDelete,
     pub expire: RedisExpire,
+    /// Replicas that must confirm each write before it is acknowledged (`WAIT`); `0`: none.
+    /// Costs one replication round trip per write call (docs/backends.md).
+    pub wait_replicas: u32,
+    /// How long a write waits for those confirmations before it fails, in milliseconds.
+    pub wait_timeout_ms: u64,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            delete: RedisDelete::default(),
+            expire: RedisExpire::default(),
+            wait_replicas: 0,
+            wait_timeout_ms: 1000,
+        }
+    }
 }
 
 /// The `[storage.kv]` configuration section.
@@ -195,6 +211,8 @@ impl KvConfig {
                         RedisExpire::Pipeline => crate::ExpireCommand::Pipeline,
                         RedisExpire::Script => crate::ExpireCommand::Script,
                     },
+                    wait_replicas: self.redis.wait_replicas,
+                    wait_timeout: Duration::from_millis(self.redis.wait_timeout_ms.max(1)),
                     ..Default::default()
                 };
                 Ok(Arc::new(crate::RedisStore::from_url(url, options)?))

@@ -80,6 +80,13 @@ pub struct RedisOptions {
     pub expire: ExpireCommand,
     pub max_keys_per_call: usize,
     pub max_concurrent_calls: usize,
+    /// Replicas that must confirm every write before it is acknowledged (`WAIT`), so that an
+    /// acknowledged write survives the loss of its master; `0` (the default) does not wait.
+    /// Each write call is followed by `WAIT wait_replicas wait_timeout` on its connection; too
+    /// few confirmations within the timeout fail the write with `Unavailable` (the write may be
+    /// on the master: repeating it is safe, writes are idempotent).
+    pub wait_replicas: u32,
+    pub wait_timeout: Duration,
 }
 
 impl Default for RedisOptions {
@@ -92,6 +99,8 @@ impl Default for RedisOptions {
             expire: ExpireCommand::default(),
             max_keys_per_call: 1024,
             max_concurrent_calls: 16,
+            wait_replicas: 0,
+            wait_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -268,6 +277,56 @@ pub fn key_slot(key: &[u8]) -> u16 {
 }
 
 impl RedisStore {
+    /// `req` followed by a `WAIT` for the configured replicas, if any.
+    fn with_wait(&self, req: Req) -> Req {
+        if self.options.wait_replicas == 0 {
+            return req;
+        }
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.options.wait_replicas)
+            .arg(self.options.wait_timeout.as_millis().max(1) as u64);
+        let mut cmds = match req {
+            Req::Cmd(c) => vec![c],
+            Req::Pipe(cmds) => cmds,
+        };
+        cmds.push(wait);
+        Req::Pipe(cmds)
+    }
+
+    /// Checks the `WAIT` answer that ends `reply` (see [`Self::with_wait`]) and returns the
+    /// write's own replies.
+    fn checked_wait(&self, reply: redis::Value) -> Result<redis::Value> {
+        if self.options.wait_replicas == 0 {
+            return Ok(reply);
+        }
+        let redis::Value::Array(mut replies) = reply else {
+            return Err(Error::corrupted(format!(
+                "{}: a write with WAIT answered {reply:?}",
+                self.what
+            )));
+        };
+        let confirmed = match replies.pop() {
+            Some(redis::Value::Int(n)) => n,
+            other => {
+                return Err(Error::corrupted(format!(
+                    "{}: WAIT answered {other:?}",
+                    self.what
+                )))
+            }
+        };
+        if confirmed < i64::from(self.options.wait_replicas) {
+            return Err(Error::unavailable(format!(
+                "{}: {confirmed} of {} replicas confirmed a write within {:?} (the write may be \
+                 on the master only; repeating it is safe)",
+                self.what, self.options.wait_replicas, self.options.wait_timeout
+            )));
+        }
+        Ok(match replies.len() {
+            1 => replies.pop().unwrap_or(redis::Value::Nil),
+            _ => redis::Value::Array(replies),
+        })
+    }
+
     /// A single-node store at `url` (`redis://host:port[/db]`, or `rediss://` with the
     /// `redis-tls` feature).
     pub fn single(url: &str, options: RedisOptions) -> Result<Self> {
@@ -629,27 +688,32 @@ impl KvStore for RedisStore {
         }
         let groups = self.groups(items.iter().map(|(k, _)| k));
         let ms = ttl.map(|t| (t.as_millis().max(1) as u64).to_string());
-        let build = |pos: &[usize]| match &ms {
-            None => {
-                let bytes = pos.iter().map(|&i| items[i].0.len() + items[i].1.len());
-                let mut c = cmd_with("MSET", 2 * pos.len(), bytes.sum());
-                for &i in pos {
-                    c.arg(&items[i].0).arg(ValueArg(&items[i].1));
+        let build = |pos: &[usize]| {
+            self.with_wait(match &ms {
+                None => {
+                    let bytes = pos.iter().map(|&i| items[i].0.len() + items[i].1.len());
+                    let mut c = cmd_with("MSET", 2 * pos.len(), bytes.sum());
+                    for &i in pos {
+                        c.arg(&items[i].0).arg(ValueArg(&items[i].1));
+                    }
+                    Req::Cmd(c)
                 }
-                Req::Cmd(c)
-            }
-            Some(ms) => Req::Pipe(
-                pos.iter()
-                    .map(|&i| {
-                        let (k, v) = &items[i];
-                        let mut c = cmd_with("SET", 4, k.len() + v.len() + 2 + ms.len());
-                        c.arg(k).arg(ValueArg(v)).arg("PX").arg(ms.as_str());
-                        c
-                    })
-                    .collect(),
-            ),
+                Some(ms) => Req::Pipe(
+                    pos.iter()
+                        .map(|&i| {
+                            let (k, v) = &items[i];
+                            let mut c = cmd_with("SET", 4, k.len() + v.len() + 2 + ms.len());
+                            c.arg(k).arg(ValueArg(v)).arg("PX").arg(ms.as_str());
+                            c
+                        })
+                        .collect(),
+                ),
+            })
         };
-        self.run(groups, &build).await.map(|_| ())
+        for (_, reply) in self.run(groups, &build).await? {
+            self.checked_wait(reply)?;
+        }
+        Ok(())
     }
 
     async fn mget(&self, keys: &[String]) -> Result<Vec<Option<Bytes>>> {
@@ -740,12 +804,13 @@ impl KvStore for RedisStore {
             for &i in pos {
                 c.arg(items[i].1);
             }
-            Req::Cmd(c)
+            self.with_wait(Req::Cmd(c))
         };
         for (pos, v) in self
             .run(self.groups(items.iter().map(|(k, _)| k)), &build)
             .await?
         {
+            let v = self.checked_wait(v)?;
             let redis::Value::Array(held) = v else {
                 return Err(Error::corrupted(format!(
                     "{}: the generation script answered {v:?}",

@@ -1,0 +1,118 @@
+//! `wait_replicas`: a write is acknowledged only once that many replicas confirmed it (`WAIT`).
+//! A real master with a real replica: a frozen replica makes writes fail within the timeout with
+//! a retryable error naming the shortfall; thawed, writes succeed again. And on a Redis Cluster
+//! with replicas, where each node's writes wait for that node's replica.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tq_backend_kv::{KvOptions, KvStorageManager, RedisOptions, RedisStore};
+use tq_core::{Batch, BatchMeta, Column, ErrorKind, SampleId, StorageManager, Tensor};
+
+fn batch(n: usize, base: i64) -> Batch {
+    let v: Vec<i64> = (0..n as i64 * 4).map(|i| base + i).collect();
+    Batch::from_columns([(
+        "x",
+        Column::Dense(Tensor::from_slice(vec![n, 4], &v).unwrap()),
+    )])
+    .unwrap()
+}
+
+fn meta(first: u32, n: usize, b: &Batch) -> BatchMeta {
+    let samples = (first..first + n as u32)
+        .map(|i| SampleId::new(i, 0))
+        .collect();
+    BatchMeta::new("p", samples)
+        .with_fields(b.schemas())
+        .unwrap()
+}
+
+fn waiting(replicas: u32) -> RedisOptions {
+    RedisOptions {
+        wait_replicas: replicas,
+        wait_timeout: Duration::from_millis(300),
+        ..RedisOptions::default()
+    }
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn writes_wait_for_the_replica() {
+    if !common::redis_available("writes_wait_for_the_replica") {
+        return;
+    }
+    let master = common::RedisServer::start();
+    let replica = common::RedisServer::start();
+    replica.cli(&["replicaof", "127.0.0.1", &master.port.to_string()]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !replica
+        .cli(&["info", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(Instant::now() < deadline, "the replica never synced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let store = RedisStore::single(&master.url(), waiting(1)).unwrap();
+    let kv = KvStorageManager::new(Arc::new(store), KvOptions::default()).unwrap();
+    let b = batch(16, 0);
+    kv.put(&meta(0, 16, &b), &b)
+        .await
+        .expect("confirmed by the replica");
+    assert_eq!(
+        kv.get(&meta(0, 16, &b)).await.unwrap().column("x"),
+        b.column("x")
+    );
+
+    replica.signal("STOP");
+    let started = Instant::now();
+    let e = kv.put(&meta(100, 16, &b), &b).await.unwrap_err();
+    replica.signal("CONT");
+    assert_eq!(e.kind(), &ErrorKind::Unavailable, "{e}");
+    assert!(e.message().contains("0 of 1 replicas"), "{e}");
+    assert!(e.is_retryable(), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "failed within the timeout"
+    );
+    kv.put(&meta(100, 16, &b), &b)
+        .await
+        .expect("the repeated write, replica back");
+    assert_eq!(
+        kv.get(&meta(100, 16, &b)).await.unwrap().column("x"),
+        b.column("x")
+    );
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_writes_wait_for_each_masters_replica() {
+    if !common::redis_available("cluster_writes_wait_for_each_masters_replica") {
+        return;
+    }
+    let cluster = common::RedisCluster::start_with(1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster
+        .nodes
+        .iter()
+        .filter(|n| n.cli(&["info", "replication"]).contains("role:slave"))
+        .any(|n| {
+            !n.cli(&["info", "replication"])
+                .contains("master_link_status:up")
+        })
+    {
+        assert!(Instant::now() < deadline, "replicas never synced");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let store = RedisStore::cluster(&cluster.urls(), waiting(1)).unwrap();
+    let kv = KvStorageManager::new(Arc::new(store), KvOptions::default()).unwrap();
+    let b = batch(64, 7);
+    kv.put(&meta(0, 64, &b), &b)
+        .await
+        .expect("confirmed on every master");
+    assert_eq!(
+        kv.get(&meta(0, 64, &b)).await.unwrap().column("x"),
+        b.column("x")
+    );
+}
