@@ -10,6 +10,10 @@ use crate::bitmap::{BitIter, Bitmap};
 use crate::sampler::Candidate;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
+mod clear;
+mod consumption;
+mod keys;
+mod links;
 mod writes;
 
 use tq_core::{
@@ -438,32 +442,6 @@ impl Partition {
             .collect()
     }
 
-    /// Samples produced for all of `fids` and neither consumed nor leased by `task`, in
-    /// allocation order.
-    pub fn ready(&self, fids: &[usize], task: &str) -> Vec<Candidate<'_>> {
-        let state = self.tasks.get(task);
-        let mut slots: Vec<usize> = Vec::new();
-        for w in 0..self.live.num_words() {
-            let mut word = self.live.word(w) & !self.clearing.word(w);
-            if let Some(t) = state {
-                word &= !(t.consumed.word(w) | t.leased.word(w));
-            }
-            for &f in fids {
-                word &= self.fields[f].produced.word(w);
-            }
-            slots.extend(BitIter { word, base: w * 64 });
-        }
-        slots.sort_unstable_by_key(|&s| self.seq[s]);
-        slots
-            .into_iter()
-            .map(|s| Candidate {
-                id: self.ids[s],
-                seq: self.seq[s],
-                tags: &self.tags[s],
-            })
-            .collect()
-    }
-
     /// Slots of `ids`, which must all be visible samples of this partition.
     pub fn slots_of(&self, ids: &[SampleId]) -> Result<Vec<u32>> {
         ids.iter()
@@ -483,103 +461,6 @@ impl Partition {
                 Ok(slot)
             })
             .collect()
-    }
-
-    pub fn mark_consumed(&mut self, task: &str, ids: &[SampleId]) {
-        let t = self.tasks.entry(task.to_string()).or_default();
-        for id in ids {
-            if let Some(&s) = self.slot_of.get(&id.index) {
-                t.consumed.set(slot_u(s), true);
-                t.leased.set(slot_u(s), false);
-                t.leases.remove(&s);
-            }
-        }
-    }
-
-    /// Leases samples to `task` until `expiry`, skipping those already consumed or leased.
-    pub fn lease(&mut self, task: &str, ids: &[SampleId], lease: LeaseId, expiry: Instant) {
-        let t = self.tasks.entry(task.to_string()).or_default();
-        for id in ids {
-            if let Some(&s) = self.slot_of.get(&id.index) {
-                if !t.consumed.get(slot_u(s)) && !t.leased.get(slot_u(s)) {
-                    t.leased.set(slot_u(s), true);
-                    t.leases.insert(s, (lease, expiry));
-                }
-            }
-        }
-    }
-
-    /// The lease `task` holds on `id`, if any.
-    pub fn lease_of(&self, task: &str, id: SampleId) -> Option<LeaseId> {
-        let s = self.slot_for(id)?;
-        self.tasks.get(task)?.leases.get(&s).map(|(l, _)| *l)
-    }
-
-    /// Consumes the samples `task` holds under `lease`; returns how many. Samples whose lease
-    /// expired (and may have been handed to someone else) are left alone.
-    pub fn ack(&mut self, task: &str, lease: LeaseId, ids: &[SampleId]) -> usize {
-        let slots: Vec<u32> = ids.iter().filter_map(|&id| self.slot_for(id)).collect();
-        let Some(t) = self.tasks.get_mut(task) else {
-            return 0;
-        };
-        let mut acked = 0;
-        for s in slots {
-            if t.leases.get(&s).is_some_and(|(l, _)| *l == lease) {
-                t.leases.remove(&s);
-                t.leased.set(slot_u(s), false);
-                t.consumed.set(slot_u(s), true);
-                acked += 1;
-            }
-        }
-        acked
-    }
-
-    /// Returns expired leases to the ready set; gives the earliest expiry still pending.
-    pub fn expire_leases(&mut self, now: Instant) -> Option<Instant> {
-        let mut next: Option<Instant> = None;
-        for t in self.tasks.values_mut() {
-            if t.leases.is_empty() {
-                continue;
-            }
-            let leased = &mut t.leased;
-            t.leases.retain(|&s, &mut (_, expiry)| {
-                if expiry <= now {
-                    leased.set(slot_u(s), false);
-                    false
-                } else {
-                    next = Some(next.map_or(expiry, |n| n.min(expiry)));
-                    true
-                }
-            });
-        }
-        next
-    }
-
-    /// Live samples `task` has not consumed (leased ones included).
-    pub fn unconsumed(&self, task: &str) -> usize {
-        let t = self.tasks.get(task);
-        (0..self.live.num_words())
-            .map(|w| {
-                let mut word = self.live.word(w) & !self.clearing.word(w);
-                if let Some(t) = t {
-                    word &= !t.consumed.word(w);
-                }
-                word.count_ones() as usize
-            })
-            .sum()
-    }
-
-    /// True when the partition is complete and `task` has consumed every live sample (leased
-    /// samples are not consumed yet).
-    pub fn finished_for(&self, task: &str) -> bool {
-        if !self.complete {
-            return false;
-        }
-        let Some(t) = self.tasks.get(task) else {
-            return self.live.count_ones() == 0;
-        };
-        (0..self.live.num_words())
-            .all(|w| self.live.word(w) & !self.clearing.word(w) & !t.consumed.word(w) == 0)
     }
 
     /// Applies a production notice: validates everything, then changes everything.
@@ -633,245 +514,6 @@ impl Partition {
         Ok(())
     }
 
-    /// Hides the samples in `slots` (from [`Partition::select`]) and returns their metadata
-    /// with every field any of them holds.
-    pub fn mark_clearing(&mut self, slots: &[u32]) -> BatchMeta {
-        let fids: Vec<usize> = (0..self.fields.len())
-            .filter(|&f| {
-                slots
-                    .iter()
-                    .any(|&s| self.fields[f].produced.get(slot_u(s)))
-            })
-            .collect();
-        let meta = self.build_meta(slots, &fids, Production::Computed);
-        for &s in slots {
-            self.clearing.set(slot_u(s), true);
-        }
-        meta
-    }
-
-    /// The samples a clear of `ids` (or of everything) would touch.
-    pub fn selected_samples(&self, ids: Option<&[SampleId]>) -> Vec<SampleId> {
-        self.select(ids)
-            .iter()
-            .map(|&s| self.ids[slot_u(s)])
-            .collect()
-    }
-
-    /// The slots a clear of `ids` (all live samples when `None`) touches. Samples already being
-    /// cleared are included again, so a retried clear finds them; samples not owned are ignored.
-    pub fn select(&self, ids: Option<&[SampleId]>) -> Vec<u32> {
-        match ids {
-            None => {
-                let mut s: Vec<u32> = self.live.ones().map(|s| s as u32).collect();
-                s.sort_unstable_by_key(|&s| self.seq[slot_u(s)]);
-                s
-            }
-            Some(ids) => {
-                let mut seen = HashSet::new();
-                ids.iter()
-                    .filter_map(|&id| self.slot_for(id))
-                    .filter(|s| seen.insert(*s))
-                    .collect()
-            }
-        }
-    }
-
-    /// Releases samples that were marked clearing; reports them and the links they held.
-    pub fn release(&mut self, alloc: &mut IndexAllocator, ids: &[SampleId]) -> Released {
-        let mut released = Released::default();
-        for &id in ids {
-            let Some(slot) = self.slot_for(id) else {
-                continue;
-            };
-            let su = slot_u(slot);
-            if !self.clearing.get(su) {
-                tracing::warn!(partition = %self.name, sample = %id, "release of a sample that was not marked clearing; ignored");
-                continue;
-            }
-            if let Some(links) = self.links.remove(&slot) {
-                for (f, src) in links {
-                    released.links.push((id, self.fields[f].name.clone(), src));
-                }
-            }
-            self.ever_linked.set(su, false);
-            for f in &mut self.fields {
-                f.remove(slot);
-            }
-            for t in self.tasks.values_mut() {
-                t.forget(slot);
-            }
-            self.clearing_cells.retain(|&(s, _)| s != slot);
-            self.tags[su].clear();
-            self.backend_meta[su].clear();
-            if let Some(k) = self.slot_key[su].take() {
-                self.keys.remove(&k);
-            }
-            self.live.set(su, false);
-            self.clearing.set(su, false);
-            self.slot_of.remove(&id.index);
-            self.free_slots.push(slot);
-            alloc.release(id, &mut self.unit_counts);
-            released.samples.push(id);
-        }
-        if !released.samples.is_empty() {
-            self.fields.iter_mut().for_each(FieldState::normalize);
-        }
-        released
-    }
-
-    /// Removes the given fields' cells of the given samples from the metadata and blocks writes
-    /// to them until `finish_clear_fields`. Returns the affected samples' metadata.
-    /// Linked cells only lose their link (no storage cell to delete); those links are returned.
-    pub fn begin_clear_fields(
-        &mut self,
-        ids: &[SampleId],
-        names: &[FieldName],
-    ) -> (BatchMeta, Vec<LinkRecord>) {
-        let fids: Vec<usize> = names
-            .iter()
-            .filter_map(|n| self.field_ids.get(n).copied())
-            .collect();
-        let mut seen = HashSet::new();
-        let slots: Vec<u32> = ids
-            .iter()
-            .filter_map(|&id| self.slot_for(id))
-            .filter(|&s| self.visible(s) && seen.insert(s))
-            .filter(|&s| {
-                fids.iter().any(|&f| {
-                    self.fields[f].produced.get(slot_u(s)) || self.clearing_cells.contains(&(s, f))
-                })
-            })
-            .collect();
-        let meta = self.build_meta(&slots, &fids, Production::Computed);
-        let mut dropped = Vec::new();
-        for &s in &slots {
-            for &f in &fids {
-                if let Some(src) = self.unlink(s, f) {
-                    dropped.push((self.ids[slot_u(s)], self.fields[f].name.clone(), src));
-                } else if self.fields[f].remove(s) || self.clearing_cells.contains(&(s, f)) {
-                    self.clearing_cells.insert((s, f));
-                    self.backend_meta[slot_u(s)].remove(&self.fields[f].name);
-                }
-            }
-        }
-        for &f in &fids {
-            self.fields[f].normalize();
-        }
-        (meta, dropped)
-    }
-
-    /// Drops the link of field `name` of `id`, if any (the cell reads as never written).
-    pub fn unlink_by_id(&mut self, id: SampleId, name: &str) -> Option<SampleId> {
-        let slot = self.slot_for(id)?;
-        let &f = self.field_ids.get(name)?;
-        self.unlink(slot, f)
-    }
-
-    /// The public sample `slot`'s field `f` reads, if it is a link.
-    pub fn link_of(&self, slot: u32, f: usize) -> Option<SampleId> {
-        self.links.get(&slot).and_then(|l| l.get(&f)).copied()
-    }
-
-    /// Drops a link: the cell reads as never written. Returns the source it pointed to.
-    pub fn unlink(&mut self, slot: u32, f: usize) -> Option<SampleId> {
-        let links = self.links.get_mut(&slot)?;
-        let src = links.remove(&f)?;
-        if links.is_empty() {
-            self.links.remove(&slot);
-        }
-        self.fields[f].remove(slot);
-        self.fields[f].normalize();
-        Some(src)
-    }
-
-    /// Makes field `name` of `slot` read `source`'s payload, described by `schema` (one row).
-    /// Returns the source it pointed to before, if it was already a link.
-    pub fn link(
-        &mut self,
-        slot: u32,
-        name: &str,
-        source: SampleId,
-        schema: &FieldMeta,
-    ) -> Option<SampleId> {
-        let f = self.field_id(name);
-        let previous = self.unlink(slot, f);
-        self.fields[f].add(&[slot], schema);
-        self.links.entry(slot).or_default().insert(f, source);
-        previous
-    }
-
-    /// The one-row schema of field `name` of `id`, when produced (not counting links).
-    pub fn produced_schema(&self, id: SampleId, name: &str) -> Option<FieldMeta> {
-        let slot = self.slot_for(id)?;
-        let &f = self.field_ids.get(name)?;
-        if !self.visible(slot) || !self.fields[f].produced.get(slot_u(slot)) {
-            return None;
-        }
-        Some(self.fields[f].schema(&[slot]))
-    }
-
-    /// Checks that `schema` may be stored in field `name` of this partition (dtype and kind).
-    pub fn check_field(&self, name: &str, schema: &FieldMeta) -> Result<()> {
-        match self.field_ids.get(name) {
-            Some(&f) => self.fields[f].check(schema),
-            None => Ok(()),
-        }
-    }
-
-    /// True when field `name` of `id` holds a private (written, not linked) payload.
-    pub fn has_private(&self, id: SampleId, name: &str) -> bool {
-        let (Some(slot), Some(&f)) = (self.slot_for(id), self.field_ids.get(name)) else {
-            return false;
-        };
-        self.fields[f].produced.get(slot_u(slot)) && self.link_of(slot, f).is_none()
-    }
-
-    /// Records that public sample `id` was linked (it may be swept once unlinked again).
-    pub fn mark_ever_linked(&mut self, id: SampleId) {
-        if let Some(s) = self.slot_for(id) {
-            self.ever_linked.set(slot_u(s), true);
-        }
-    }
-
-    /// Visible keys (with their samples) starting with `prefix` that were linked at least once.
-    pub fn swept_candidates(&self, prefix: &str) -> Vec<(String, SampleId)> {
-        let mut out: Vec<(u64, String, SampleId)> = self
-            .keys
-            .iter()
-            .filter(|(k, &s)| {
-                k.starts_with(prefix) && self.visible(s) && self.ever_linked.get(slot_u(s))
-            })
-            .map(|(k, &s)| (self.seq[slot_u(s)], k.clone(), self.ids[slot_u(s)]))
-            .collect();
-        out.sort_unstable_by_key(|e| e.0);
-        out.into_iter().map(|(_, k, id)| (k, id)).collect()
-    }
-
-    pub fn finish_clear_fields(&mut self, ids: &[SampleId], names: &[FieldName]) {
-        let fids: Vec<usize> = names
-            .iter()
-            .filter_map(|n| self.field_ids.get(n).copied())
-            .collect();
-        for &id in ids {
-            if let Some(s) = self.slot_for(id) {
-                for &f in &fids {
-                    self.clearing_cells.remove(&(s, f));
-                }
-            }
-        }
-    }
-
-    /// Forgets what `task` (or every task) consumed or holds leased.
-    pub fn reset_consumption(&mut self, task: Option<&str>) {
-        match task {
-            Some(t) => {
-                self.tasks.remove(t);
-            }
-            None => self.tasks.clear(),
-        }
-    }
-
     pub fn production_status(&self, names: &[FieldName]) -> ProductionStatus {
         let slots = self.visible_slots();
         let fids: Vec<Option<usize>> = names
@@ -891,90 +533,6 @@ impl Partition {
         }
     }
 
-    pub fn consumption_status(&self, task: &str) -> ConsumptionStatus {
-        let slots = self.visible_slots();
-        let t = self.tasks.get(task);
-        let bit = |s: u32, f: fn(&TaskState) -> &Bitmap| t.is_some_and(|t| f(t).get(slot_u(s)));
-        ConsumptionStatus {
-            samples: slots.iter().map(|&s| self.ids[slot_u(s)]).collect(),
-            consumed: slots.iter().map(|&s| bit(s, |t| &t.consumed)).collect(),
-            leased: slots.iter().map(|&s| bit(s, |t| &t.leased)).collect(),
-        }
-    }
-
-    /// Resolves keys to visible slots. Missing keys are returned separately; keys whose sample
-    /// is being cleared count as missing, unless `create` is set, which refuses them.
-    pub fn resolve_keys(
-        &self,
-        keys: &[String],
-        create: bool,
-    ) -> Result<(Vec<Option<u32>>, Vec<String>)> {
-        let mut slots = Vec::with_capacity(keys.len());
-        let mut missing = Vec::new();
-        for k in keys {
-            match self.keys.get(k) {
-                Some(&s) if self.visible(s) => slots.push(Some(s)),
-                Some(_) if create => {
-                    return Err(Error::conflict(format!(
-                        "partition `{}`: key `{k}` is being cleared",
-                        self.name
-                    )))
-                }
-                _ => {
-                    slots.push(None);
-                    missing.push(k.clone());
-                }
-            }
-        }
-        Ok((slots, missing))
-    }
-
-    /// Resolves `keys`, creating the missing ones (refusing keys being cleared). Returns the
-    /// slots in key order and the keys that were created.
-    pub fn resolve_or_create(
-        &mut self,
-        alloc: &mut IndexAllocator,
-        keys: &[String],
-    ) -> Result<(Vec<u32>, Vec<String>)> {
-        let (mut slots, missing) = self.resolve_keys(keys, true)?;
-        if !missing.is_empty() {
-            if missing.len() as u64 > alloc.available() {
-                return Err(Error::capacity_exceeded(format!(
-                    "partition `{}`: {} new keys, but only {} sample indexes are left (clear \
-                     keys to reuse theirs)",
-                    self.name,
-                    missing.len(),
-                    alloc.available()
-                )));
-            }
-            // `allocate` hands out exactly one slot per missing key, so every key gets one.
-            let mut fresh = self.allocate(alloc, missing.len()).into_iter();
-            for (k, s) in keys.iter().zip(slots.iter_mut()) {
-                if s.is_none() {
-                    if let Some(slot) = fresh.next() {
-                        self.bind_key(k, slot);
-                        *s = Some(slot);
-                    }
-                }
-            }
-        }
-        Ok((slots.into_iter().flatten().collect(), missing))
-    }
-
-    /// The sample behind `key`: `Ok(Some(id))` when visible, `Ok(None)` when missing,
-    /// `Conflict` when it is being cleared.
-    pub fn key_sample(&self, key: &str) -> Result<Option<SampleId>> {
-        match self.keys.get(key) {
-            None => Ok(None),
-            Some(&s) if self.visible(s) => Ok(Some(self.ids[slot_u(s)])),
-            Some(&s) => Err(Error::conflict(format!(
-                "partition `{}`: key `{key}` (sample {}) is being cleared",
-                self.name,
-                self.ids[slot_u(s)]
-            ))),
-        }
-    }
-
     /// Field ids of `names` that exist in this partition.
     pub fn field_ids_of(&self, names: &[FieldName]) -> Vec<usize> {
         names
@@ -986,11 +544,6 @@ impl Partition {
     /// The sample in `slot`.
     pub fn sample_of(&self, slot: u32) -> SampleId {
         self.ids[slot_u(slot)]
-    }
-
-    pub fn bind_key(&mut self, key: &str, slot: u32) {
-        self.keys.insert(key.to_string(), slot);
-        self.slot_key[slot_u(slot)] = Some(key.to_string());
     }
 
     /// Fields produced for every one of `slots` (none when `slots` is empty).
@@ -1006,18 +559,6 @@ impl Partition {
                     .all(|&s| self.fields[f].produced.get(slot_u(s)))
             })
             .collect()
-    }
-
-    /// Visible keys with their tags, in allocation order.
-    pub fn key_listing(&self) -> Vec<(String, Tags)> {
-        let mut entries: Vec<(u64, String, Tags)> = self
-            .keys
-            .iter()
-            .filter(|(_, &s)| self.visible(s))
-            .map(|(k, &s)| (self.seq[slot_u(s)], k.clone(), self.tags[slot_u(s)].clone()))
-            .collect();
-        entries.sort_unstable_by_key(|e| e.0);
-        entries.into_iter().map(|(_, k, t)| (k, t)).collect()
     }
 
     /// Metadata of every visible sample for `names` (registered ones only), production per row.

@@ -1,0 +1,149 @@
+//! What each task consumed: fetch candidates, consumption, leases and their expiry.
+
+use super::*;
+
+impl Partition {
+    /// Samples produced for all of `fids` and neither consumed nor leased by `task`, in
+    /// allocation order.
+    pub fn ready(&self, fids: &[usize], task: &str) -> Vec<Candidate<'_>> {
+        let state = self.tasks.get(task);
+        let mut slots: Vec<usize> = Vec::new();
+        for w in 0..self.live.num_words() {
+            let mut word = self.live.word(w) & !self.clearing.word(w);
+            if let Some(t) = state {
+                word &= !(t.consumed.word(w) | t.leased.word(w));
+            }
+            for &f in fids {
+                word &= self.fields[f].produced.word(w);
+            }
+            slots.extend(BitIter { word, base: w * 64 });
+        }
+        slots.sort_unstable_by_key(|&s| self.seq[s]);
+        slots
+            .into_iter()
+            .map(|s| Candidate {
+                id: self.ids[s],
+                seq: self.seq[s],
+                tags: &self.tags[s],
+            })
+            .collect()
+    }
+
+    pub fn mark_consumed(&mut self, task: &str, ids: &[SampleId]) {
+        let t = self.tasks.entry(task.to_string()).or_default();
+        for id in ids {
+            if let Some(&s) = self.slot_of.get(&id.index) {
+                t.consumed.set(slot_u(s), true);
+                t.leased.set(slot_u(s), false);
+                t.leases.remove(&s);
+            }
+        }
+    }
+
+    /// Leases samples to `task` until `expiry`, skipping those already consumed or leased.
+    pub fn lease(&mut self, task: &str, ids: &[SampleId], lease: LeaseId, expiry: Instant) {
+        let t = self.tasks.entry(task.to_string()).or_default();
+        for id in ids {
+            if let Some(&s) = self.slot_of.get(&id.index) {
+                if !t.consumed.get(slot_u(s)) && !t.leased.get(slot_u(s)) {
+                    t.leased.set(slot_u(s), true);
+                    t.leases.insert(s, (lease, expiry));
+                }
+            }
+        }
+    }
+
+    /// The lease `task` holds on `id`, if any.
+    pub fn lease_of(&self, task: &str, id: SampleId) -> Option<LeaseId> {
+        let s = self.slot_for(id)?;
+        self.tasks.get(task)?.leases.get(&s).map(|(l, _)| *l)
+    }
+
+    /// Consumes the samples `task` holds under `lease`; returns how many. Samples whose lease
+    /// expired (and may have been handed to someone else) are left alone.
+    pub fn ack(&mut self, task: &str, lease: LeaseId, ids: &[SampleId]) -> usize {
+        let slots: Vec<u32> = ids.iter().filter_map(|&id| self.slot_for(id)).collect();
+        let Some(t) = self.tasks.get_mut(task) else {
+            return 0;
+        };
+        let mut acked = 0;
+        for s in slots {
+            if t.leases.get(&s).is_some_and(|(l, _)| *l == lease) {
+                t.leases.remove(&s);
+                t.leased.set(slot_u(s), false);
+                t.consumed.set(slot_u(s), true);
+                acked += 1;
+            }
+        }
+        acked
+    }
+
+    /// Returns expired leases to the ready set; gives the earliest expiry still pending.
+    pub fn expire_leases(&mut self, now: Instant) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        for t in self.tasks.values_mut() {
+            if t.leases.is_empty() {
+                continue;
+            }
+            let leased = &mut t.leased;
+            t.leases.retain(|&s, &mut (_, expiry)| {
+                if expiry <= now {
+                    leased.set(slot_u(s), false);
+                    false
+                } else {
+                    next = Some(next.map_or(expiry, |n| n.min(expiry)));
+                    true
+                }
+            });
+        }
+        next
+    }
+
+    /// Live samples `task` has not consumed (leased ones included).
+    pub fn unconsumed(&self, task: &str) -> usize {
+        let t = self.tasks.get(task);
+        (0..self.live.num_words())
+            .map(|w| {
+                let mut word = self.live.word(w) & !self.clearing.word(w);
+                if let Some(t) = t {
+                    word &= !t.consumed.word(w);
+                }
+                word.count_ones() as usize
+            })
+            .sum()
+    }
+
+    /// True when the partition is complete and `task` has consumed every live sample (leased
+    /// samples are not consumed yet).
+    pub fn finished_for(&self, task: &str) -> bool {
+        if !self.complete {
+            return false;
+        }
+        let Some(t) = self.tasks.get(task) else {
+            return self.live.count_ones() == 0;
+        };
+        (0..self.live.num_words())
+            .all(|w| self.live.word(w) & !self.clearing.word(w) & !t.consumed.word(w) == 0)
+    }
+
+    /// Forgets what `task` (or every task) consumed or holds leased.
+    pub fn reset_consumption(&mut self, task: Option<&str>) {
+        match task {
+            Some(t) => {
+                self.tasks.remove(t);
+            }
+            None => self.tasks.clear(),
+        }
+    }
+
+    pub fn consumption_status(&self, task: &str) -> ConsumptionStatus {
+        let slots = self.visible_slots();
+        let t = self.tasks.get(task);
+        let bit = |s: u32, f: fn(&TaskState) -> &Bitmap| t.is_some_and(|t| f(t).get(slot_u(s)));
+        ConsumptionStatus {
+            samples: slots.iter().map(|&s| self.ids[slot_u(s)]).collect(),
+            consumed: slots.iter().map(|&s| bit(s, |t| &t.consumed)).collect(),
+            leased: slots.iter().map(|&s| bit(s, |t| &t.leased)).collect(),
+        }
+    }
+}
