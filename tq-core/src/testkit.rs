@@ -27,6 +27,11 @@ use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod concurrency;
+mod edges;
+pub use concurrency::*;
+pub use edges::*;
+
 /// What the kit needs to know about a backend beyond its [`Capabilities`].
 #[derive(Debug, Clone, Copy)]
 pub struct KitOptions {
@@ -515,202 +520,11 @@ pub async fn update_merges_in_place(s: &dyn StorageManager) {
     );
 }
 
-fn i64_column(rows: usize, base: i64) -> Batch {
+pub(crate) fn i64_column(rows: usize, base: i64) -> Batch {
     let v: Vec<i64> = (0..rows as i64 * 2).map(|i| base + i).collect();
     Batch::from_columns([(
         "x",
         Column::Dense(Tensor::from_slice(vec![rows, 2], &v).expect("sized")),
     )])
     .expect("one column")
-}
-
-/// `expire` removes cells like `clear` does (at once without `native_expire`, within
-/// [`KitOptions::expire_settles_within`] with it), is idempotent, and never reaches the sample
-/// that reuses the index afterwards — the deadline of the old cells must not delete the new.
-pub async fn expire_hides_cells_and_spares_the_next_sample(
-    s: &dyn StorageManager,
-    options: KitOptions,
-) {
-    let old = i64_column(INDEXES.len(), 0);
-    let old_meta = meta_for(ids(0), Some(&old));
-    s.put(&old_meta, &old).await.expect("expire: put");
-    s.expire(&old_meta, &FieldFilter::All)
-        .await
-        .expect("expire");
-    s.expire(&old_meta, &FieldFilter::All)
-        .await
-        .expect("expire is idempotent");
-    let never = meta_for(vec![SampleId::new(998, 0)], None);
-    s.expire(&never, &FieldFilter::All)
-        .await
-        .expect("expire of a never-written sample");
-    if !s.capabilities().native_expire {
-        assert_missing(
-            "expire without native_expire clears",
-            s.get(&old_meta).await,
-        );
-    }
-    // The index is reused: the new sample must outlive the old cells' deadline.
-    let new = i64_column(INDEXES.len(), 100);
-    let new_meta = meta_for(ids(1), Some(&new));
-    s.put(&new_meta, &new)
-        .await
-        .expect("expire: put after reuse");
-    // A stale expire (the old generation) is a no-op for the new sample.
-    s.expire(&old_meta, &FieldFilter::All)
-        .await
-        .expect("stale expire");
-    if s.capabilities().native_expire {
-        // Waiting for a store's own deadline to pass (not synchronisation with another task).
-        tokio::time::sleep(options.expire_settles_within + Duration::from_millis(200)).await;
-        assert_missing(
-            "expired cells are gone once settled",
-            s.get(&old_meta).await,
-        );
-    }
-    let got = s.get(&new_meta).await.expect("expire: new sample intact");
-    assert_same_rows("expire spares the next sample", &new, &got);
-}
-
-/// A backend does what its [`Capabilities`] declare, and refuses what they do not: with
-/// `links`, a linked field reads the source sample's cell; without, a linked read is an error,
-/// never the wrong sample's data.
-pub async fn declared_capabilities_are_honoured(s: &dyn StorageManager) {
-    let public = SampleId::new(50, 0);
-    let private = SampleId::new(51, 0);
-    let prompt = |base| {
-        Batch::from_columns([(
-            "prompt",
-            Column::Dense(Tensor::from_slice(vec![1, 2], &[base, base + 1]).expect("sized")),
-        )])
-        .expect("one column")
-    };
-    let shared = prompt(7i64);
-    s.put(&meta_for(vec![public], Some(&shared)), &shared)
-        .await
-        .expect("links: put the public sample");
-    // The private sample holds a value of its own under the same field name: a backend that
-    // ignored the link would return it.
-    let own = prompt(-1i64);
-    s.put(&meta_for(vec![private], Some(&own)), &own)
-        .await
-        .expect("links: put the private sample");
-    let linked = meta_for(vec![private], Some(&shared))
-        .with_links(vec![Links::from([("prompt".to_string(), public)])])
-        .expect("one link row");
-    let got = s.get(&linked).await;
-    if s.capabilities().links {
-        let got = got.expect("links: a linked read");
-        assert_same_rows("links: the link is followed", &shared, &got);
-    } else {
-        assert!(
-            got.is_err(),
-            "links: a backend without the links capability returned data for a linked read"
-        );
-    }
-}
-
-/// A put and a clear of the same samples, concurrently: afterwards a read returns all of the
-/// put's rows (the clear ran first) or reports them missing (it ran last) — never a mix.
-pub async fn a_put_racing_a_clear_leaves_all_or_nothing(s: &dyn StorageManager) {
-    for round in 0..20i64 {
-        let batch = i64_column(INDEXES.len(), round * 10);
-        let meta = meta_for(
-            INDEXES
-                .iter()
-                .map(|&i| SampleId::new(i + 1000, round as u32))
-                .collect(),
-            Some(&batch),
-        );
-        let (put, clear) = tokio::join!(s.put(&meta, &batch), s.clear(&meta, &FieldFilter::All));
-        put.expect("race: put");
-        clear.expect("race: clear");
-        match s.get(&meta).await {
-            Ok(got) => assert_same_rows("race: put after clear", &batch, &got),
-            Err(e) => assert!(
-                matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DataLost),
-                "race round {round}: {e}"
-            ),
-        }
-        // Whatever happened, each sample reads whole or not at all.
-        for pos in 0..INDEXES.len() {
-            let one = meta.select_samples(&[pos]).unwrap();
-            if let Ok(got) = s.get(&one).await {
-                assert_same_rows(
-                    "race: one sample",
-                    &batch.select_rows(&[pos]).unwrap(),
-                    &got,
-                );
-            }
-        }
-        s.clear(&meta, &FieldFilter::All).await.expect("race: tidy");
-    }
-}
-
-/// A writer still holding the old generation of an index races the writer of the sample that
-/// reused it: the new sample always reads its own data, and the old generation reads nothing.
-pub async fn a_stale_writer_racing_index_reuse_never_wins(s: &dyn StorageManager) {
-    for round in 0..20u32 {
-        let index = 2000 + round;
-        let stale = i64_column(1, -1);
-        let fresh = i64_column(1, i64::from(round));
-        let stale_meta = meta_for(vec![SampleId::new(index, 0)], Some(&stale));
-        let fresh_meta = meta_for(vec![SampleId::new(index, 1)], Some(&fresh));
-        let (a, b) = tokio::join!(s.put(&stale_meta, &stale), s.put(&fresh_meta, &fresh));
-        b.expect("reuse race: the new generation's put");
-        if let Err(e) = a {
-            assert_eq!(e.kind(), &ErrorKind::Conflict, "reuse race: stale put: {e}");
-        }
-        let got = s
-            .get(&fresh_meta)
-            .await
-            .expect("reuse race: read the new sample");
-        assert_same_rows("reuse race", &fresh, &got);
-        assert_missing("reuse race: the old generation", s.get(&stale_meta).await);
-    }
-}
-
-/// Tensors with no elements (a zero in the shape) and empty objects round-trip like any other.
-pub async fn zero_size_tensors_and_empty_objects(s: &dyn StorageManager) {
-    let n = INDEXES.len();
-    let batch = Batch::from_columns([
-        (
-            "empty_rows",
-            Column::Dense(Tensor::from_slice::<f32>(vec![n, 0], &[]).expect("sized")),
-        ),
-        (
-            "empty_obj",
-            Column::Objects((0..n).map(|_| Bytes::new()).collect()),
-        ),
-        (
-            "mixed",
-            Column::Ragged(
-                (0..n)
-                    .map(|i| {
-                        Tensor::from_slice(vec![i % 2], &vec![i as i32; i % 2]).expect("sized")
-                    })
-                    .collect(),
-            ),
-        ),
-    ])
-    .expect("columns of n rows");
-    let meta = meta_for(ids(0), Some(&batch));
-    s.put(&meta, &batch).await.expect("empty values: put");
-    let got = s.get(&meta).await.expect("empty values: get");
-    assert_same_rows("empty values", &batch, &got);
-}
-
-/// A read may name the same sample more than once; each row comes back, in request order.
-pub async fn duplicate_rows_in_one_get(s: &dyn StorageManager) {
-    let batch = sample_batch(INDEXES.len(), 13);
-    let meta = meta_for(ids(0), Some(&batch));
-    s.put(&meta, &batch).await.expect("duplicates: put");
-    let positions = [2, 0, 2, 2, 4];
-    let twice = meta.select_samples(&positions).unwrap();
-    let got = s.get(&twice).await.expect("duplicates: get");
-    assert_same_rows(
-        "duplicate rows",
-        &batch.select_rows(&positions).unwrap(),
-        &got,
-    );
 }
