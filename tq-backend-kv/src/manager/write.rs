@@ -1,0 +1,178 @@
+//! Writing and removing cells: batches per store, TTL re-arm, clears and expiry.
+
+use super::*;
+
+impl KvStorageManager {
+    pub(super) fn check_rows(&self, meta: &BatchMeta, batch: &Batch) -> Result<()> {
+        if batch.len() != meta.len() && !batch.columns().is_empty() {
+            return Err(Error::invalid(format!(
+                "{}: a batch of {} rows for {} samples",
+                self.ctx(meta),
+                batch.len(),
+                meta.len()
+            )));
+        }
+        let mut seen = HashSet::with_capacity(meta.len());
+        if let Some(s) = meta.samples().iter().find(|s| !seen.insert(s.index)) {
+            return Err(Error::invalid(format!(
+                "{}: sample index {} appears twice in one request",
+                self.ctx(meta),
+                s.index
+            )));
+        }
+        Ok(())
+    }
+
+    /// Deletes the cells a put wrote for samples it lost to a reuse of their index (best
+    /// effort: they are keyed by the stale generation, so nothing reads them either way). Runs
+    /// only on that rare path, so it asks every store rather than remembering the routing.
+    pub(super) async fn discard(&self, ks: &KeyScheme, fields: &[&str], lost: &[(SampleId, u32)]) {
+        let keys: Vec<String> = lost
+            .iter()
+            .flat_map(|(s, _)| fields.iter().map(move |f| ks.cell(*s, f)))
+            .collect();
+        for store in &self.stores {
+            if let Err(e) = store.store.delete_all(&keys).await {
+                tracing::warn!(error = %e, keys = keys.len(), "could not remove the cells of a stale put");
+            }
+        }
+    }
+
+    /// Writes `items` grouped per store; generation keys go with the primary store's batch.
+    pub(super) async fn write(&self, per_store: Vec<Vec<(String, KvValue)>>) -> Result<()> {
+        let ttl = self.options.data_ttl;
+        let writes = per_store
+            .into_iter()
+            .enumerate()
+            .filter(|(_, items)| !items.is_empty())
+            .map(|(i, items)| self.stores[i].store.mset_all(items, ttl));
+        futures::future::try_join_all(writes).await.map(|_| ())
+    }
+
+    /// With a TTL configured: the keys of every cell a sample of `meta` holds (its backend meta
+    /// lists them) that this write does not rewrite, so their deadline can be re-armed with the
+    /// written ones. A sample being written must not lose a field it wrote earlier to expiry.
+    pub(super) fn rearm_plan(&self, meta: &BatchMeta, written: &[&str]) -> Result<Option<Plan>> {
+        if self.options.data_ttl.is_none() {
+            return Ok(None);
+        }
+        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let mut plan = Plan::new(self.stores.len());
+        let mut tags = self.tags();
+        let mut any = false;
+        for (s, row) in meta.samples().iter().zip(meta.backend_meta()) {
+            for field in row.keys().filter(|f| !written.contains(&f.as_str())) {
+                self.plan_existing(
+                    &mut plan,
+                    &mut tags,
+                    Some(row),
+                    field,
+                    ks.cell(*s, field),
+                    0,
+                )?;
+                any = true;
+            }
+        }
+        Ok(any.then_some(plan))
+    }
+
+    /// Writes `per_store` and re-arms the deadlines of `rearm` (see [`Self::rearm_plan`]).
+    pub(super) async fn write_rearming(
+        &self,
+        per_store: Vec<Vec<(String, KvValue)>>,
+        rearm: Option<Plan>,
+    ) -> Result<()> {
+        let Some((plan, ttl)) = rearm.zip(self.options.data_ttl) else {
+            return self.write(per_store).await;
+        };
+        let rearms = plan
+            .keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| !k.is_empty())
+            .map(|(i, keys)| self.stores[i].store.expire_all(keys, ttl));
+        futures::future::try_join(self.write(per_store), futures::future::try_join_all(rearms))
+            .await
+            .map(|_| ())
+    }
+
+    /// Removes keys: deletes them, or with `expire` marks them to disappear shortly.
+    pub(super) async fn remove(&self, plan: &Plan, expire: bool) -> Result<()> {
+        let after = self.options.clear_expire_after;
+        let ops = plan
+            .keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| !k.is_empty())
+            .map(|(i, keys)| {
+                let store = &self.stores[i].store;
+                async move {
+                    if expire {
+                        store.expire_all(keys, after).await
+                    } else {
+                        store.delete_all(keys).await
+                    }
+                }
+            });
+        futures::future::try_join_all(ops).await.map(|_| ())
+    }
+
+    /// Removes the cells of `filter` and, for whole samples, the generation keys. Cells are
+    /// expired instead of deleted when `expire` is set and a TTL is configured.
+    pub(super) async fn clear_impl(
+        &self,
+        meta: &BatchMeta,
+        filter: &FieldFilter,
+        expire: bool,
+    ) -> Result<()> {
+        let expire = expire && self.options.data_ttl.is_some();
+        if meta.is_empty() {
+            return Ok(());
+        }
+        let mut seen = HashSet::with_capacity(meta.len());
+        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let fields: Vec<&str> = match filter {
+            FieldFilter::All => meta.field_names().collect(),
+            FieldFilter::Only(f) => f.iter().map(String::as_str).collect(),
+        };
+        let mut plan = Plan::new(self.stores.len());
+        let mut tags = self.tags();
+        // Sample-major, in the order `put` writes (see there).
+        for (r, s) in meta.samples().iter().enumerate() {
+            for field in &fields {
+                self.plan_existing(
+                    &mut plan,
+                    &mut tags,
+                    meta.backend_meta().get(r),
+                    field,
+                    ks.cell(*s, field),
+                    0,
+                )?;
+            }
+        }
+        let whole = matches!(filter, FieldFilter::All);
+        let (gens, ()) = futures::future::try_join(
+            async {
+                if whole {
+                    self.generations(&ks, meta.samples()).await
+                } else {
+                    Ok(Vec::new())
+                }
+            },
+            self.remove(&plan, expire),
+        )
+        .await
+        .map_err(|e| e.context(self.ctx(meta)))?;
+        // A whole-sample clear also deletes the generation key (at once: it is what makes the
+        // sample unreadable), unless a newer generation wrote it.
+        let mut markers = Plan::new(self.stores.len());
+        for (s, g) in meta.samples().iter().zip(gens) {
+            if g.is_some_and(|g| g <= s.generation) && seen.insert(s.index) {
+                markers.push(0, ks.generation(s.index), 0);
+            }
+        }
+        self.remove(&markers, false)
+            .await
+            .map_err(|e| e.context(self.ctx(meta)))
+    }
+}
