@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tq_client::*;
-use tq_core::{Batch, Column, ErrorKind, MergeOp, StorageManager, Tensor};
+use tq_core::{Batch, Column, ErrorKind, StorageManager, Tensor};
 
 fn ints(rows: usize, base: i64) -> Batch {
     let v: Vec<i64> = (0..rows as i64).map(|i| base + i).collect();
@@ -134,9 +134,13 @@ async fn merge_functions_reach_the_kv_backend() {
     let tq = Client::embedded_with_merges(config, merges).unwrap();
     let p = tq.partition("p");
     p.kv_put("k", &ints(1, 1), None).await.unwrap();
-    p.kv_update("k", &ints(1, 21), &MergeOp::Named("double_new".into()))
-        .await
-        .unwrap();
+    p.kv_update(
+        "k",
+        &ints(1, 21),
+        &tq_core::MergeOp::Named("double_new".into()),
+    )
+    .await
+    .unwrap();
     let got = p.kv_batch_get(&["k"], Some(&["x"])).await.unwrap();
     assert_eq!(got.column("x"), ints(1, 42).column("x"));
 }

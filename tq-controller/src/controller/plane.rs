@@ -1,0 +1,527 @@
+//! The [`ControlPlane`] operations of the in-process [`Controller`]: each one locks the state,
+//! checks everything, then changes it (or nothing).
+
+use super::*;
+
+#[async_trait]
+impl ControlPlane for Controller {
+    async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
+        // Embedded calls that never wait must still let other tasks run (a NoWait poll loop).
+        tokio::task::consume_budget().await;
+        match &req.mode {
+            GetMetaMode::Fetch {
+                task,
+                batch_size,
+                wait,
+                lease,
+            } => self.fetch(&req, task, *batch_size, *wait, *lease).await,
+            GetMetaMode::Insert { count } => {
+                if *count == 0 {
+                    return Err(Error::invalid(format!(
+                        "partition `{}`: insert of zero samples",
+                        req.partition
+                    )));
+                }
+                if *count > MAX_INSERT_COUNT {
+                    return Err(Error::invalid(format!(
+                        "partition `{}`: insert of {count} samples; at most {MAX_INSERT_COUNT} \
+                         per request",
+                        req.partition
+                    )));
+                }
+                let mut st = self.lock();
+                if *count as u64 > st.alloc.available() {
+                    return Err(Error::capacity_exceeded(format!(
+                        "partition `{}`: insert of {count} samples, but only {} sample indexes \
+                         are left (clear samples to reuse theirs)",
+                        req.partition,
+                        st.alloc.available()
+                    )));
+                }
+                let (p, alloc) = st.partition_or_create(&req.partition)?;
+                let slots = p.allocate(alloc, *count);
+                Ok(p.build_meta(&slots, &[], Production::NoneReady))
+            }
+            GetMetaMode::Force => {
+                let st = self.lock();
+                Ok(st.partition(&req.partition)?.force_meta(&req.fields))
+            }
+        }
+    }
+
+    async fn notify_production(&self, notice: ProductionNotice) -> Result<()> {
+        tokio::task::consume_budget().await;
+        if notice.samples.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut st = self.lock();
+            st.refuse_linked(&notice.partition, &notice.samples, "write")?;
+            st.partitions
+                .get_mut(&notice.partition)
+                .ok_or_else(|| gone_partition(&notice.partition))?
+                .notify(&notice)?;
+        }
+        self.wake(&notice.partition);
+        Ok(())
+    }
+
+    async fn set_tags(&self, partition: &str, samples: &[SampleId], tags: Vec<Tags>) -> Result<()> {
+        {
+            let mut st = self.lock();
+            st.partition_mut(partition)?.set_tags(samples, &tags)?;
+        }
+        self.wake(partition);
+        Ok(())
+    }
+
+    async fn mark_clearing(
+        &self,
+        partition: &str,
+        samples: Option<&[SampleId]>,
+    ) -> Result<BatchMeta> {
+        if let Some(s) = samples {
+            check_unique_ids(partition, s)?;
+        }
+        self.lock()
+            .mark_clearing_where(partition, |p| p.select(samples))
+    }
+
+    async fn release(&self, partition: &str, samples: &[SampleId]) -> Result<()> {
+        let dropped = {
+            let mut st = self.lock();
+            let st = &mut *st;
+            let Some(p) = st.partitions.get_mut(partition) else {
+                return Ok(());
+            };
+            let released = p.release(&mut st.alloc, samples);
+            st.after_release(partition, released);
+            st.drop_if_empty(partition)
+        };
+        if dropped {
+            self.forget_partition(partition);
+        }
+        self.wake(partition);
+        Ok(())
+    }
+
+    async fn begin_clear_fields(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<BatchMeta> {
+        check_field_list(partition, fields)?;
+        check_unique_ids(partition, samples)?;
+        let mut st = self.lock();
+        match st.partitions.get_mut(partition) {
+            Some(p) => {
+                let selected = p.selected_samples(Some(samples));
+                st.refuse_linked(partition, &selected, "clear fields of")?;
+                let p = present(&mut st.partitions, partition)?;
+                let (meta, dropped) = p.begin_clear_fields(samples, fields);
+                for (dest, field, src) in dropped {
+                    st.remove_link(src, &(partition.to_string(), dest, field));
+                }
+                Ok(meta)
+            }
+            None => Ok(BatchMeta::empty(partition)),
+        }
+    }
+
+    async fn finish_clear_fields(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<()> {
+        let mut st = self.lock();
+        if let Some(p) = st.partitions.get_mut(partition) {
+            p.finish_clear_fields(samples, fields);
+        }
+        Ok(())
+    }
+
+    async fn kv_retrieve_meta(
+        &self,
+        partition: &str,
+        keys: &[String],
+        create: bool,
+    ) -> Result<KvMeta> {
+        tokio::task::consume_budget().await;
+        check_keys(partition, keys)?;
+        let mut st = self.lock();
+        if !create && !st.partitions.contains_key(partition) {
+            return Ok(KvMeta {
+                meta: BatchMeta::empty(partition),
+                keys: Vec::new(),
+                missing: keys.to_vec(),
+                clearing: Vec::new(),
+            });
+        }
+        let (p, alloc) = st.partition_or_create(partition)?;
+        let (slots, missing) = if create {
+            let (slots, created) = p.resolve_or_create(alloc, keys)?;
+            (slots.into_iter().map(Some).collect::<Vec<_>>(), created)
+        } else {
+            p.resolve_keys(keys, false)?
+        };
+        let (found_keys, found): (Vec<String>, Vec<u32>) = keys
+            .iter()
+            .zip(&slots)
+            .filter_map(|(k, s)| s.map(|s| (k.clone(), s)))
+            .unzip();
+        let fids = p.common_fields(&found);
+        Ok(KvMeta {
+            meta: p.build_meta(&found, &fids, Production::Computed),
+            keys: found_keys,
+            missing,
+            clearing: Vec::new(),
+        })
+    }
+
+    async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
+        tokio::task::consume_budget().await;
+        let st = self.lock();
+        let names: Vec<&String> = match partition {
+            Some(p) => st.order.iter().filter(|n| n.as_str() == p).collect(),
+            None => st.order.iter().collect(),
+        };
+        Ok(names
+            .into_iter()
+            .map(|n| KeyListing {
+                partition: n.clone(),
+                entries: st.partitions[n].key_listing(),
+            })
+            .collect())
+    }
+
+    async fn production_status(
+        &self,
+        partition: &str,
+        fields: &[FieldName],
+    ) -> Result<ProductionStatus> {
+        tokio::task::consume_budget().await;
+        if fields.is_empty() {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: production status needs at least one field"
+            )));
+        }
+        Ok(self.lock().partition(partition)?.production_status(fields))
+    }
+
+    async fn consumption_status(&self, partition: &str, task: &str) -> Result<ConsumptionStatus> {
+        tokio::task::consume_budget().await;
+        Ok(self.lock().partition(partition)?.consumption_status(task))
+    }
+
+    async fn reset_consumption(&self, partition: &str, task: Option<&str>) -> Result<()> {
+        self.lock()
+            .partition_mut(partition)?
+            .reset_consumption(task);
+        self.wake(partition);
+        Ok(())
+    }
+
+    async fn list_partitions(&self) -> Result<Vec<String>> {
+        tokio::task::consume_budget().await;
+        Ok(self.lock().order.clone())
+    }
+
+    async fn ack(
+        &self,
+        partition: &str,
+        task: &str,
+        lease: LeaseId,
+        samples: &[SampleId],
+    ) -> Result<usize> {
+        let acked = {
+            let mut st = self.lock();
+            match st.partitions.get_mut(partition) {
+                Some(p) => p.ack(task, lease, samples),
+                None => 0,
+            }
+        };
+        // The last acknowledgement may finish a complete partition for waiting fetches.
+        self.wake(partition);
+        Ok(acked)
+    }
+
+    async fn mark_complete(&self, partition: &str) -> Result<()> {
+        {
+            let mut st = self.lock();
+            let (p, _) = st.partition_or_create(partition)?;
+            p.complete = true;
+        }
+        self.wake(partition);
+        Ok(())
+    }
+
+    async fn kv_link(&self, req: LinkRequest) -> Result<KvMeta> {
+        if !self.links_supported {
+            return Err(Error::unsupported("kv_link", self.storage_backend.clone()));
+        }
+        let partition = req.partition.as_str();
+        check_keys(partition, &req.keys)?;
+        check_field_list(partition, &req.fields)?;
+        if req.public_keys.len() != req.keys.len() {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: {} public keys for {} keys",
+                req.public_keys.len(),
+                req.keys.len()
+            )));
+        }
+        if let Some(k) = req.public_keys.iter().find(|k| k.is_empty()) {
+            return Err(Error::invalid(format!("empty public key `{k}`")));
+        }
+        if is_public(partition) {
+            return Err(Error::invalid(format!(
+                "cannot link from public partition `{partition}`: links do not chain"
+            )));
+        }
+        if !is_public(&req.public_partition) {
+            return Err(Error::invalid(format!(
+                "`{}` is not a public partition (use `{PUBLIC_PARTITION}` or `{PUBLIC_PARTITION}/<namespace>`)",
+                req.public_partition
+            )));
+        }
+        let mut st = self.lock();
+        let st = &mut *st;
+        // 1–3: every source exists, is not being cleared, and has every field produced.
+        let public = st.partitions.get(&req.public_partition).ok_or_else(|| {
+            Error::not_found(format!(
+                "public partition `{}` does not exist",
+                req.public_partition
+            ))
+        })?;
+        let mut sources = Vec::with_capacity(req.keys.len());
+        for pk in &req.public_keys {
+            let src = public.key_sample(pk)?.ok_or_else(|| {
+                Error::not_found(format!(
+                    "public key `{pk}` not found in `{}`",
+                    req.public_partition
+                ))
+            })?;
+            let mut schemas = Vec::with_capacity(req.fields.len());
+            for f in &req.fields {
+                let schema = public.produced_schema(src, f).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "public key `{pk}` must have produced field `{f}` before it can be linked"
+                    ))
+                })?;
+                schemas.push(schema);
+            }
+            sources.push((src, schemas));
+        }
+        // 4–6: destination types compatible, destinations not being cleared, no private payload.
+        if let Some(dest) = st.partitions.get(partition) {
+            for (_, schemas) in &sources {
+                for (f, schema) in req.fields.iter().zip(schemas) {
+                    dest.check_field(f, schema)?;
+                }
+            }
+            for k in &req.keys {
+                if let Some(id) = dest.key_sample(k)? {
+                    if let Some(f) = req.fields.iter().find(|f| dest.has_private(id, f)) {
+                        return Err(Error::conflict(format!(
+                            "partition `{partition}`: field `{f}` of key `{k}` holds its own payload; \
+                             clear it (or link with replace) before linking"
+                        )));
+                    }
+                }
+            }
+        }
+        // 7: everything checked; create missing keys and link.
+        let (dest, alloc) = st.partition_or_create(partition)?;
+        let (slots, created) = dest.resolve_or_create(alloc, &req.keys)?;
+        let mut changes = Vec::new();
+        for (&slot, (src, schemas)) in slots.iter().zip(&sources) {
+            for (f, schema) in req.fields.iter().zip(schemas) {
+                let previous = dest.link(slot, f, *src, schema);
+                changes.push((dest.sample_of(slot), f.clone(), *src, previous));
+            }
+        }
+        let fids = dest.field_ids_of(&req.fields);
+        let meta = dest.build_meta(&slots, &fids, Production::Computed);
+        for (dest_id, f, src, previous) in changes {
+            let cell = (partition.to_string(), dest_id, f);
+            if let Some(prev) = previous {
+                st.remove_link(prev, &cell);
+            }
+            st.add_link(src, cell);
+        }
+        let public = present(&mut st.partitions, &req.public_partition)?;
+        for (src, _) in &sources {
+            public.mark_ever_linked(*src);
+        }
+        self.wake(partition);
+        Ok(KvMeta {
+            meta,
+            keys: req.keys.clone(),
+            missing: created,
+            clearing: Vec::new(),
+        })
+    }
+
+    async fn kv_unlink(
+        &self,
+        partition: &str,
+        keys: &[String],
+        fields: &[FieldName],
+    ) -> Result<usize> {
+        check_keys(partition, keys)?;
+        check_field_list(partition, fields)?;
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(p) = st.partitions.get_mut(partition) else {
+            return Ok(0);
+        };
+        let mut dropped = Vec::new();
+        for k in keys {
+            if let Ok(Some(id)) = p.key_sample(k) {
+                for f in fields {
+                    if let Some(src) = p.unlink_by_id(id, f) {
+                        dropped.push((src, (partition.to_string(), id, f.clone())));
+                    }
+                }
+            }
+        }
+        let n = dropped.len();
+        for (src, cell) in dropped {
+            st.remove_link(src, &cell);
+        }
+        Ok(n)
+    }
+
+    async fn mark_unlinked_public(&self, public_partition: &str, prefix: &str) -> Result<KvMeta> {
+        if !is_public(public_partition) {
+            return Err(Error::invalid(format!(
+                "`{public_partition}` is not a public partition"
+            )));
+        }
+        let mut st = self.lock();
+        let st = &mut *st;
+        let Some(p) = st.partitions.get(public_partition) else {
+            return Ok(KvMeta {
+                meta: BatchMeta::empty(public_partition),
+                keys: Vec::new(),
+                missing: Vec::new(),
+                clearing: Vec::new(),
+            });
+        };
+        let (keys, ids): (Vec<String>, Vec<SampleId>) = p
+            .swept_candidates(prefix)
+            .into_iter()
+            .filter(|(_, id)| !st.is_linked(*id))
+            .unzip();
+        let p = present(&mut st.partitions, public_partition)?;
+        let meta = if ids.is_empty() {
+            BatchMeta::empty(public_partition)
+        } else {
+            let slots = p.select(Some(&ids));
+            p.mark_clearing(&slots)
+        };
+        Ok(KvMeta {
+            meta,
+            keys,
+            missing: Vec::new(),
+            clearing: Vec::new(),
+        })
+    }
+
+    async fn prepare_write(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &BTreeMap<FieldName, FieldMeta>,
+    ) -> Result<BatchMeta> {
+        tokio::task::consume_budget().await;
+        let st = self.lock();
+        st.refuse_linked(partition, samples, "write")?;
+        let Some(p) = st.partitions.get(partition) else {
+            return Err(gone_partition(partition));
+        };
+        let slots = p.check_write(samples, fields)?;
+        Ok(p.write_meta(&slots))
+    }
+
+    async fn kv_prepare_put(
+        &self,
+        partition: &str,
+        keys: &[String],
+        fields: &BTreeMap<FieldName, FieldMeta>,
+    ) -> Result<KvMeta> {
+        check_keys(partition, keys)?;
+        tokio::task::consume_budget().await;
+        let mut st = self.lock();
+        if let Some(p) = st.partitions.get(partition) {
+            let clearing = p.clearing_keys(keys);
+            if !clearing.is_empty() {
+                return Ok(KvMeta {
+                    meta: BatchMeta::empty(partition),
+                    keys: Vec::new(),
+                    missing: Vec::new(),
+                    clearing,
+                });
+            }
+            // Existing keys are checked before any key is created: a refused put leaves nothing.
+            let (slots, _) = p.resolve_keys(keys, false)?;
+            let existing: Vec<SampleId> = slots
+                .into_iter()
+                .flatten()
+                .map(|s| p.sample_of(s))
+                .collect();
+            p.check_write(&existing, fields)?;
+            st.refuse_linked(partition, &existing, "write")?;
+        }
+        let (p, alloc) = st.partition_or_create(partition)?;
+        let (slots, created) = p.resolve_or_create(alloc, keys)?;
+        Ok(KvMeta {
+            meta: p.write_meta(&slots),
+            keys: keys.to_vec(),
+            missing: created,
+            clearing: Vec::new(),
+        })
+    }
+
+    async fn kv_mark_clearing(&self, partition: &str, keys: &[String]) -> Result<BatchMeta> {
+        check_keys(partition, keys)?;
+        self.lock()
+            .mark_clearing_where(partition, |p| p.key_slots_for_clear(keys))
+    }
+
+    async fn still_hold(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<Vec<bool>> {
+        let st = self.lock();
+        Ok(match st.partitions.get(partition) {
+            Some(p) => p.holds(samples, fields),
+            None => vec![false; samples.len()],
+        })
+    }
+
+    async fn drop_partition(&self, partition: &str) -> Result<()> {
+        {
+            let mut st = self.lock();
+            match st.partitions.get(partition) {
+                None => return Ok(()),
+                Some(p) if p.len() > 0 => {
+                    return Err(Error::conflict(format!(
+                        "partition `{partition}` still holds {} samples; clear them first",
+                        p.len()
+                    )))
+                }
+                Some(_) => {
+                    st.partitions.remove(partition);
+                    st.order.retain(|n| n != partition);
+                }
+            }
+        }
+        self.forget_partition(partition);
+        self.wake(partition);
+        Ok(())
+    }
+}
