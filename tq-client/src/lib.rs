@@ -38,6 +38,7 @@ mod clear;
 mod client;
 mod config;
 mod key_cache;
+mod kv;
 mod partition;
 #[cfg(feature = "remote")]
 mod remote;

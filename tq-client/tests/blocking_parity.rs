@@ -45,13 +45,22 @@ fn public_methods(source: &str, asynchronous: bool) -> BTreeMap<String, BTreeSet
 fn every_async_operation_has_a_blocking_counterpart() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut asynchronous: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for entry in std::fs::read_dir(&src).unwrap() {
-        let path = entry.unwrap().path();
-        if path.file_name().unwrap() == "blocking.rs" || path.extension().unwrap() != "rs" {
-            continue;
-        }
-        for (ty, names) in public_methods(&std::fs::read_to_string(&path).unwrap(), true) {
-            asynchronous.entry(ty).or_default().extend(names);
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.file_name().unwrap() == "blocking.rs"
+                || path.extension().is_none_or(|e| e != "rs")
+            {
+                continue;
+            }
+            for (ty, names) in public_methods(&std::fs::read_to_string(&path).unwrap(), true) {
+                asynchronous.entry(ty).or_default().extend(names);
+            }
         }
     }
     let blocking = public_methods(
