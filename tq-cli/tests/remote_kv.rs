@@ -377,3 +377,93 @@ async fn producers_and_consumers_in_their_own_processes_lose_nothing_when_one_is
         2 * PER_PRODUCER
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_field_clears_and_expire_on_clear_work_from_any_process() {
+    if !redis_available("ttl_field_clears_and_expire_on_clear_work_from_any_process") {
+        return;
+    }
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let path = dir.0.join("tq.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[storage]\nbackend = \"kv\"\n[storage.kv]\ndata_ttl_ms = 600000\n\
+             clear_expire_after_ms = 200\nstores = [{{ url = \"{}\" }}]\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let (_controller, url) = start_controller(&path);
+    let writer = Client::connect_with(&url, Config::default()).await.unwrap();
+    let clearer = Client::connect_with(&url, Config::default()).await.unwrap();
+    let two = Batch::from_columns([
+        (
+            "x",
+            Column::Dense(Tensor::from_slice(vec![2, 2], &[1i64, 2, 3, 4]).unwrap()),
+        ),
+        (
+            "y",
+            Column::Dense(Tensor::from_slice(vec![2, 1], &[5i64, 6]).unwrap()),
+        ),
+    ])
+    .unwrap();
+    writer
+        .partition("p")
+        .kv_batch_put(&["a", "b"], &two, None)
+        .await
+        .unwrap();
+    // Every key the writer made carries the configured TTL (the controller's, not a default).
+    let keys: Vec<String> = redis
+        .cli(&["--raw", "keys", "*"])
+        .lines()
+        .map(str::to_string)
+        .filter(|k| !k.is_empty())
+        .collect();
+    assert!(keys.len() >= 6, "4 cells and 2 generation keys: {keys:?}");
+    for k in &keys {
+        let ttl: i64 = redis.cli(&["pttl", k]).trim().parse().unwrap();
+        assert!(ttl > 500_000, "key {k} has TTL {ttl} ms");
+    }
+    // A field clear from another process: `y` is gone for everyone, `x` stays.
+    clearer
+        .partition("p")
+        .kv_clear_fields(&["a", "b"], &["y"])
+        .await
+        .unwrap();
+    let e = writer
+        .partition("p")
+        .kv_batch_get(&["a"], Some(&["y"]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::Invalid | ErrorKind::NotFound),
+        "{e}"
+    );
+    let x = writer
+        .partition("p")
+        .kv_batch_get(&["a", "b"], Some(&["x"]))
+        .await
+        .unwrap();
+    assert_eq!(x.len(), 2);
+    // A whole-key clear from the other process expires the keys shortly (expire-on-clear).
+    clearer.partition("p").kv_clear(&["a", "b"]).await.unwrap();
+    for k in &keys {
+        let ttl: i64 = redis.cli(&["pttl", k]).trim().parse().unwrap();
+        // -2: gone already (generation keys are deleted at once); else a deadline of at most
+        // `clear_expire_after_ms` (-1 would be a key left without any deadline).
+        assert!(
+            ttl == -2 || (0..=200).contains(&ttl),
+            "after the clear, key {k}: PTTL {ttl}"
+        );
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while redis.cli(&["dbsize"]).trim() != "0" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cleared keys never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
