@@ -1,0 +1,400 @@
+//! [`RemoteControlPlane`]: the client side of the controller protocol — the same
+//! [`ControlPlane`] as the in-process controller, over a pooled tq-net connection.
+
+use super::*;
+
+/// The control plane of a remote controller.
+#[derive(Clone)]
+pub struct RemoteControlPlane {
+    pool: Pool,
+    endpoint: Endpoint,
+    request_timeout: Duration,
+}
+
+impl RemoteControlPlane {
+    /// A stub for the controller at `endpoint`. `request_timeout` bounds every call (a fetch
+    /// that waits gets its wait on top).
+    pub fn new(pool: Pool, endpoint: Endpoint, request_timeout: Duration) -> Self {
+        RemoteControlPlane {
+            pool,
+            endpoint,
+            request_timeout,
+        }
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    async fn call(
+        &self,
+        req: ControlRequest,
+        idempotent: bool,
+        extra_wait: Duration,
+    ) -> Result<ControlResponse> {
+        let msg = Message::encode(&req, Vec::new())?;
+        let reply = self
+            .pool
+            .call(
+                &self.endpoint,
+                msg,
+                CallOptions {
+                    timeout: Some(self.request_timeout + extra_wait),
+                    idempotent,
+                },
+            )
+            .await
+            .map_err(|e| e.context(format!("controller {}", self.endpoint)))?;
+        reply.decode()
+    }
+
+    fn unexpected(&self, what: &str, got: ControlResponse) -> Error {
+        Error::corrupted(format!(
+            "controller {} answered {what} with {got:?}",
+            self.endpoint
+        ))
+    }
+
+    async fn done(&self, what: &str, req: ControlRequest, idempotent: bool) -> Result<()> {
+        match self.call(req, idempotent, Duration::ZERO).await? {
+            ControlResponse::Done => Ok(()),
+            other => Err(self.unexpected(what, other)),
+        }
+    }
+
+    async fn meta(
+        &self,
+        what: &str,
+        req: ControlRequest,
+        idempotent: bool,
+        wait: Duration,
+    ) -> Result<BatchMeta> {
+        match self.call(req, idempotent, wait).await? {
+            ControlResponse::Meta(m) => Ok(m),
+            other => Err(self.unexpected(what, other)),
+        }
+    }
+
+    /// Registers a storage unit (used by `tq storage-unit`).
+    /// Registers `info` again every `every`, forever: registering is idempotent, and a
+    /// controller that restarted (and lost its unit table) is rejoined within one period.
+    /// Failures (controller down) are logged and retried. Run it beside the unit's server.
+    pub async fn keep_registered(&self, info: UnitInfo, every: Duration) {
+        let mut was_ok = true;
+        loop {
+            tokio::time::sleep(every).await;
+            match self.register_unit(info.clone()).await {
+                Ok(()) if !was_ok => {
+                    tracing::info!(unit = %info.id, controller = %self.endpoint, "registered with the controller again");
+                    was_ok = true;
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    if was_ok {
+                        tracing::warn!(unit = %info.id, error = %e, "controller unreachable; will register again when it is back");
+                    }
+                    was_ok = false;
+                }
+            }
+        }
+    }
+
+    pub async fn register_unit(&self, info: UnitInfo) -> Result<()> {
+        self.done("register_unit", ControlRequest::RegisterUnit(info), true)
+            .await
+    }
+
+    /// The storage units in routing order.
+    pub async fn topology(&self) -> Result<Topology> {
+        match self
+            .call(ControlRequest::Topology, true, Duration::ZERO)
+            .await?
+        {
+            ControlResponse::Topology(t) => Ok(t),
+            other => Err(self.unexpected("topology", other)),
+        }
+    }
+}
+
+#[async_trait]
+impl ControlPlane for RemoteControlPlane {
+    async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
+        // A fetch marks samples consumed and an insert allocates: replaying either after a lost
+        // answer would lose or leak samples, so only force mode is retried.
+        let (idempotent, wait) = match &req.mode {
+            GetMetaMode::Fetch {
+                wait: Wait::For(d), ..
+            } => (false, *d),
+            GetMetaMode::Fetch { .. } | GetMetaMode::Insert { .. } => (false, Duration::ZERO),
+            GetMetaMode::Force => (true, Duration::ZERO),
+        };
+        self.meta("get_meta", ControlRequest::GetMeta(req), idempotent, wait)
+            .await
+    }
+
+    async fn notify_production(&self, notice: ProductionNotice) -> Result<()> {
+        self.done("notify_production", ControlRequest::Notify(notice), true)
+            .await
+    }
+
+    async fn set_tags(&self, partition: &str, samples: &[SampleId], tags: Vec<Tags>) -> Result<()> {
+        let req = ControlRequest::SetTags {
+            partition: partition.into(),
+            samples: samples.to_vec(),
+            tags,
+        };
+        self.done("set_tags", req, true).await
+    }
+
+    async fn mark_clearing(
+        &self,
+        partition: &str,
+        samples: Option<&[SampleId]>,
+    ) -> Result<BatchMeta> {
+        let req = ControlRequest::MarkClearing {
+            partition: partition.into(),
+            samples: samples.map(<[SampleId]>::to_vec),
+        };
+        self.meta("mark_clearing", req, true, Duration::ZERO).await
+    }
+
+    async fn release(&self, partition: &str, samples: &[SampleId]) -> Result<()> {
+        let req = ControlRequest::Release {
+            partition: partition.into(),
+            samples: samples.to_vec(),
+        };
+        self.done("release", req, true).await
+    }
+
+    async fn begin_clear_fields(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<BatchMeta> {
+        let req = ControlRequest::BeginClearFields {
+            partition: partition.into(),
+            samples: samples.to_vec(),
+            fields: fields.to_vec(),
+        };
+        self.meta("begin_clear_fields", req, true, Duration::ZERO)
+            .await
+    }
+
+    async fn finish_clear_fields(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<()> {
+        let req = ControlRequest::FinishClearFields {
+            partition: partition.into(),
+            samples: samples.to_vec(),
+            fields: fields.to_vec(),
+        };
+        self.done("finish_clear_fields", req, true).await
+    }
+
+    async fn kv_retrieve_meta(
+        &self,
+        partition: &str,
+        keys: &[String],
+        create: bool,
+    ) -> Result<KvMeta> {
+        let req = ControlRequest::KvRetrieveMeta {
+            partition: partition.into(),
+            keys: keys.to_vec(),
+            create,
+        };
+        // Retrying resolves the same keys to the same samples (created ones included).
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::KvMeta(m) => Ok(m),
+            other => Err(self.unexpected("kv_retrieve_meta", other)),
+        }
+    }
+
+    async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
+        let req = ControlRequest::KvList {
+            partition: partition.map(str::to_string),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::KvList(l) => Ok(l),
+            other => Err(self.unexpected("kv_list", other)),
+        }
+    }
+
+    async fn production_status(
+        &self,
+        partition: &str,
+        fields: &[FieldName],
+    ) -> Result<ProductionStatus> {
+        let req = ControlRequest::ProductionStatus {
+            partition: partition.into(),
+            fields: fields.to_vec(),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::Production(p) => Ok(p),
+            other => Err(self.unexpected("production_status", other)),
+        }
+    }
+
+    async fn consumption_status(&self, partition: &str, task: &str) -> Result<ConsumptionStatus> {
+        let req = ControlRequest::ConsumptionStatus {
+            partition: partition.into(),
+            task: task.into(),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::Consumption(c) => Ok(c),
+            other => Err(self.unexpected("consumption_status", other)),
+        }
+    }
+
+    async fn reset_consumption(&self, partition: &str, task: Option<&str>) -> Result<()> {
+        let req = ControlRequest::ResetConsumption {
+            partition: partition.into(),
+            task: task.map(str::to_string),
+        };
+        self.done("reset_consumption", req, true).await
+    }
+
+    async fn list_partitions(&self) -> Result<Vec<String>> {
+        match self
+            .call(ControlRequest::ListPartitions, true, Duration::ZERO)
+            .await?
+        {
+            ControlResponse::Partitions(p) => Ok(p),
+            other => Err(self.unexpected("list_partitions", other)),
+        }
+    }
+
+    /// Idempotent: acknowledging the same lease again consumes nothing more.
+    async fn ack(
+        &self,
+        partition: &str,
+        task: &str,
+        lease: LeaseId,
+        samples: &[SampleId],
+    ) -> Result<usize> {
+        let req = ControlRequest::Ack {
+            partition: partition.into(),
+            task: task.into(),
+            lease,
+            samples: samples.to_vec(),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::Acked(n) => Ok(n),
+            other => Err(self.unexpected("ack", other)),
+        }
+    }
+
+    async fn mark_complete(&self, partition: &str) -> Result<()> {
+        let req = ControlRequest::MarkComplete {
+            partition: partition.into(),
+        };
+        self.done("mark_complete", req, true).await
+    }
+
+    async fn drop_partition(&self, partition: &str) -> Result<()> {
+        let req = ControlRequest::DropPartition {
+            partition: partition.into(),
+        };
+        self.done("drop_partition", req, true).await
+    }
+
+    /// Idempotent: linking the same cells to the same sources again changes nothing.
+    async fn kv_link(&self, req: LinkRequest) -> Result<KvMeta> {
+        match self
+            .call(ControlRequest::KvLink(req), true, Duration::ZERO)
+            .await?
+        {
+            ControlResponse::KvMeta(m) => Ok(m),
+            other => Err(self.unexpected("kv_link", other)),
+        }
+    }
+
+    async fn kv_unlink(
+        &self,
+        partition: &str,
+        keys: &[String],
+        fields: &[FieldName],
+    ) -> Result<usize> {
+        let req = ControlRequest::KvUnlink {
+            partition: partition.into(),
+            keys: keys.to_vec(),
+            fields: fields.to_vec(),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::Acked(n) => Ok(n),
+            other => Err(self.unexpected("kv_unlink", other)),
+        }
+    }
+
+    async fn mark_unlinked_public(&self, public_partition: &str, prefix: &str) -> Result<KvMeta> {
+        let req = ControlRequest::MarkUnlinkedPublic {
+            partition: public_partition.into(),
+            prefix: prefix.into(),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::KvMeta(m) => Ok(m),
+            other => Err(self.unexpected("mark_unlinked_public", other)),
+        }
+    }
+
+    async fn prepare_write(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &BTreeMap<FieldName, FieldMeta>,
+    ) -> Result<BatchMeta> {
+        let req = ControlRequest::PrepareWrite {
+            partition: partition.into(),
+            samples: samples.to_vec(),
+            fields: fields.clone(),
+        };
+        self.meta("prepare_write", req, true, Duration::ZERO).await
+    }
+
+    async fn kv_prepare_put(
+        &self,
+        partition: &str,
+        keys: &[String],
+        fields: &BTreeMap<FieldName, FieldMeta>,
+    ) -> Result<KvMeta> {
+        let req = ControlRequest::KvPreparePut {
+            partition: partition.into(),
+            keys: keys.to_vec(),
+            fields: fields.clone(),
+        };
+        // Retrying resolves the same keys to the same samples (created ones included).
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::KvMeta(m) => Ok(m),
+            other => Err(self.unexpected("kv_prepare_put", other)),
+        }
+    }
+
+    async fn kv_mark_clearing(&self, partition: &str, keys: &[String]) -> Result<BatchMeta> {
+        let req = ControlRequest::KvMarkClearing {
+            partition: partition.into(),
+            keys: keys.to_vec(),
+        };
+        self.meta("kv_mark_clearing", req, true, Duration::ZERO)
+            .await
+    }
+
+    async fn still_hold(
+        &self,
+        partition: &str,
+        samples: &[SampleId],
+        fields: &[FieldName],
+    ) -> Result<Vec<bool>> {
+        let req = ControlRequest::StillHold {
+            partition: partition.into(),
+            samples: samples.to_vec(),
+            fields: fields.to_vec(),
+        };
+        match self.call(req, true, Duration::ZERO).await? {
+            ControlResponse::Holds(h) if h.len() == samples.len() => Ok(h),
+            other => Err(self.unexpected("still_hold", other)),
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! [`StorageUnit`] for [`MemoryUnit`]: each operation validates the whole request, then applies
+//! it under the unit's lock (or computes outside it and re-checks, for updates).
+
+use super::*;
+
+#[async_trait]
+impl StorageUnit for MemoryUnit {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn put(&self, req: UnitPut) -> Result<()> {
+        self.check_request("put", &req.samples, &req.fields)?;
+        if req.samples.is_empty() {
+            return Ok(());
+        }
+        let block_members = Self::block_members(&req);
+        {
+            let mut st = self.lock()?;
+            self.put_locked(&mut st, req, block_members)?;
+        }
+        self.after_mutation();
+        Ok(())
+    }
+
+    async fn get(&self, fields: &[FieldName], samples: &[SampleId]) -> Result<Vec<Vec<Value>>> {
+        // The reply vectors are allocated before taking the lock; under it only handles are
+        // cloned.
+        let mut out: Vec<Vec<Value>> = fields
+            .iter()
+            .map(|_| Vec::with_capacity(samples.len()))
+            .collect();
+        let st = self.lock()?;
+        for (field, col) in fields.iter().zip(&mut out) {
+            let map = st.fields.get(field);
+            for s in samples {
+                match map.and_then(|m| m.get(&s.index)) {
+                    Some(c) if c.generation == s.generation => col.push(c.value.clone()),
+                    _ => return Err(self.missing(&st, "get", field, *s)),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn update(&self, req: UnitUpdate, merge: &MergeOp) -> Result<UnitUpdateReply> {
+        self.check_request("update", &req.samples, &req.fields)?;
+        if req.samples.is_empty() || req.fields.is_empty() {
+            return Ok(UnitUpdateReply {
+                fields: req.fields.keys().map(|f| (f.clone(), Vec::new())).collect(),
+            });
+        }
+        for attempt in 1..=UPDATE_ATTEMPTS {
+            let stored = self.update_snapshot(&req.samples, &req.fields)?;
+            let results = self.compute_merges(&req.samples, &req.fields, &stored, merge)?;
+            let shapes: BTreeMap<FieldName, Vec<CellShape>> = req
+                .fields
+                .keys()
+                .zip(&results)
+                .map(|(f, col)| (f.clone(), col.iter().map(CellShape::of).collect()))
+                .collect();
+            if self.update_commit(&req, &stored, results)? {
+                self.after_mutation();
+                return Ok(UnitUpdateReply { fields: shapes });
+            }
+            tracing::debug!(unit = %self.id, attempt, "cells changed during update; recomputing");
+        }
+        Err(Error::conflict(format!(
+            "{}: update of {} samples: the cells were rewritten concurrently {UPDATE_ATTEMPTS} \
+             times while merging; nothing was merged",
+            self.name(),
+            req.samples.len()
+        )))
+    }
+
+    async fn clear(&self, samples: &[SampleId], fields: &FieldFilter) -> Result<()> {
+        {
+            let mut st = self.lock()?;
+            for s in samples {
+                match st.rows.get(&s.index) {
+                    // Only cells of this generation or older: a stale clear never deletes the
+                    // sample that took the index over.
+                    Some(row) if row.generation <= s.generation => match fields {
+                        FieldFilter::All => st.purge(s.index),
+                        FieldFilter::Only(names) => {
+                            for name in names {
+                                st.remove(name, s.index);
+                            }
+                        }
+                    },
+                    _ => {}
+                }
+            }
+        }
+        self.after_mutation();
+        Ok(())
+    }
+
+    async fn stats(&self) -> Result<UnitStats> {
+        let st = self.lock()?;
+        let b = st.blocks.counters();
+        Ok(UnitStats {
+            unit_id: self.id.clone(),
+            rows: st.rows.len(),
+            cells: st.cells,
+            live_bytes: st.live_bytes,
+            shared_blocks: b.blocks,
+            shared_retained_bytes: b.retained_bytes,
+            shared_live_bytes: b.live_bytes,
+            compactions: b.compactions,
+            compacted_bytes: b.compacted_bytes,
+            capacity: self.capacity,
+            ..UnitStats::default()
+        })
+    }
+}
