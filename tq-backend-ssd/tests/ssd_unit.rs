@@ -18,11 +18,14 @@ use tq_backend_ssd::{
 use tq_core::{ErrorKind, FieldFilter, MergeOp, SampleId, StorageManager, Tensor, Value};
 
 /// The engines every test runs with. io_uring is expected on Linux; where the kernel refuses it
-/// the test says so and runs psync only.
+/// the test says so and runs psync only — or fails, with `TQ_REQUIRE_URING=1` (CI), so that
+/// the io_uring engine is never skipped silently there.
 fn engines() -> Vec<EngineKind> {
     let mut v = vec![EngineKind::Psync];
     if uring_available() {
         v.push(EngineKind::Uring);
+    } else if std::env::var("TQ_REQUIRE_URING").is_ok_and(|v| v == "1") {
+        panic!("io_uring is not available here but TQ_REQUIRE_URING=1");
     } else {
         eprintln!("io_uring not available here: testing the psync engine only");
     }
