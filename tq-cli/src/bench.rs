@@ -52,6 +52,10 @@ pub struct BenchArgs {
     /// `file:///dir`); its keys under `tq-bench-raw` and the `tq` namespace are overwritten.
     #[arg(long)]
     kv_url: Option<String>,
+    /// With `remote-kv` on Redis: replicas each write waits for (`wait_replicas`), to see what
+    /// confirming replication costs next to the same run without it.
+    #[arg(long, default_value_t = 0)]
+    kv_redis_wait: u32,
 }
 
 /// Server processes started for the remote figures; killed when dropped.
@@ -123,11 +127,14 @@ fn start_remote(units: u32) -> Result<Servers> {
 }
 
 /// A controller process whose configuration puts the payloads in the KV store at `url`.
-fn start_remote_kv(url: &str) -> Result<(Servers, std::path::PathBuf)> {
+fn start_remote_kv(url: &str, wait_replicas: u32) -> Result<(Servers, std::path::PathBuf)> {
     let path = std::env::temp_dir().join(format!("tq-bench-{}.toml", std::process::id()));
     std::fs::write(
         &path,
-        format!("[storage]\nbackend = \"kv\"\n[storage.kv]\nstores = [{{ url = \"{url}\" }}]\n"),
+        format!(
+            "[storage]\nbackend = \"kv\"\n[storage.kv]\nstores = [{{ url = \"{url}\" }}]\n\
+             [storage.kv.redis]\nwait_replicas = {wait_replicas}\nwait_timeout_ms = 10000\n"
+        ),
     )
     .map_err(|e| Error::internal("cannot write the benchmark's configuration").with_source(e))?;
     let config = path.to_string_lossy().to_string();
@@ -351,15 +358,20 @@ fn remote_kv(
     names: &[&str],
     url: &str,
 ) -> Result<()> {
-    let (servers, config_path) = start_remote_kv(url)?;
+    let (servers, config_path) = start_remote_kv(url, args.kv_redis_wait)?;
     let result = (|| {
         let tq = runtime.block_on(Client::connect_with(&servers.controller, Config::default()))?;
         let raw = tq_bench::kv_raw::RawKv::open(url)?;
         println!();
         println!(
-            "## Remote controller + KV store `{}` ({}), {} samples per batch, {} repetitions",
+            "## Remote controller + KV store `{}` ({}{}), {} samples per batch, {} repetitions",
             tq_bench::kv_raw::redact_url(url),
             raw.describe(),
+            if args.kv_redis_wait > 0 {
+                format!(", tq's writes wait for {} replica(s)", args.kv_redis_wait)
+            } else {
+                String::new()
+            },
             args.samples,
             args.reps
         );
