@@ -3,9 +3,8 @@
 //! raw tokio TCP moving the same bytes), plus controller cost and small-request latency.
 //! Prints markdown.
 
+use crate::procs::{spawn_server, Servers};
 use clap::{Args, ValueEnum};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tq_bench::{baseline, controller, kv, latency, links, workloads};
 use tq_client::{Client, Config};
@@ -56,57 +55,6 @@ pub struct BenchArgs {
     /// confirming replication costs next to the same run without it.
     #[arg(long, default_value_t = 0)]
     kv_redis_wait: u32,
-}
-
-/// Server processes started for the remote figures; killed when dropped.
-struct Servers {
-    children: Vec<Child>,
-    controller: String,
-}
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Starts `tq <args>` (this binary) and returns it with the endpoint it reports.
-fn spawn_server(args: &[&str]) -> Result<(Child, String)> {
-    let exe = std::env::current_exe()
-        .map_err(|e| Error::internal("cannot find the tq binary").with_source(e))?;
-    let mut child = Command::new(exe)
-        .args(args)
-        .env_remove("TQ_NET_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| Error::internal(format!("cannot start tq {args:?}")).with_source(e))?;
-    let stdout = child.stdout.take().expect("piped");
-    let mut lines = BufReader::new(stdout).lines();
-    loop {
-        match lines.next() {
-            Some(Ok(line)) if line.starts_with("listening ") => {
-                let endpoint = line
-                    .split_whitespace()
-                    .last()
-                    .unwrap_or_default()
-                    .to_string();
-                // Keep draining stdout so the server never blocks on a full pipe.
-                std::thread::spawn(move || for _ in lines {});
-                return Ok((child, endpoint));
-            }
-            Some(Ok(_)) => continue,
-            _ => {
-                let _ = child.kill();
-                return Err(Error::unavailable(format!(
-                    "tq {args:?} exited before listening"
-                )));
-            }
-        }
-    }
 }
 
 fn start_remote(units: u32) -> Result<Servers> {

@@ -3,7 +3,9 @@
 #[cfg(feature = "bench")]
 mod bench;
 mod demo;
+mod procs;
 mod serve;
+mod soak;
 mod work;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +41,9 @@ enum Command {
     /// Consume samples from a running deployment with acknowledged delivery, printing
     /// `acked <id>` per sample.
     Consume(work::ConsumeArgs),
+    /// Run producers and consumers for a long time against a deployment of its own, killing and
+    /// restarting storage units, and check that nothing is lost silently or handed out twice.
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
         Command::StorageUnit(args) => runtime.block_on(serve::storage_unit(args)),
         Command::Produce(args) => runtime.block_on(work::produce(args)),
         Command::Consume(args) => runtime.block_on(work::consume(args)),
+        Command::Soak(args) => soak::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

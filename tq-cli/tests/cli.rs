@@ -78,3 +78,34 @@ fn a_production_build_has_no_bench_command() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unrecognized subcommand"));
 }
+
+#[test]
+fn a_short_soak_with_faults_keeps_its_invariants() {
+    let out = tq(&[
+        "soak",
+        "--duration",
+        "4",
+        "--fault-every",
+        "1",
+        "--clients",
+        "2",
+        "--batch",
+        "8",
+        "--width",
+        "16",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("check: OK"), "{stdout}");
+    let faults: u32 = stdout
+        .split(" faults")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(faults >= 2, "{stdout}");
+}
