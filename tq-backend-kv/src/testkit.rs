@@ -39,16 +39,8 @@ where
     macro_rules! case {
         ($name:ident) => {{
             let s = make().await;
-            let task = tokio::spawn(async move { $name(s.as_ref()).await });
-            if let Err(e) = task.await {
-                let why = match e.try_into_panic() {
-                    Ok(p) => p
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "panicked".into()),
-                    Err(e) => e.to_string(),
-                };
+            let case = async move { $name(s.as_ref()).await };
+            if let Some(why) = tq_core::testkit::failure_of(case).await {
                 failed.push(format!("{}: {why}", stringify!($name)));
             }
         }};

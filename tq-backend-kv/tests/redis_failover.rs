@@ -9,25 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tq_backend_kv::{KvOptions, KvStorageManager, RedisOptions, RedisStore};
-use tq_core::{Batch, BatchMeta, Column, ErrorKind, FieldFilter, SampleId, StorageManager, Tensor};
-
-fn batch(n: usize, base: i64) -> Batch {
-    let v: Vec<i64> = (0..n as i64 * 4).map(|i| base + i).collect();
-    Batch::from_columns([(
-        "x",
-        Column::Dense(Tensor::from_slice(vec![n, 4], &v).unwrap()),
-    )])
-    .unwrap()
-}
-
-fn meta(first: u32, n: usize, b: &Batch) -> BatchMeta {
-    let samples = (first..first + n as u32)
-        .map(|i| SampleId::new(i, 0))
-        .collect();
-    BatchMeta::new("p", samples)
-        .with_fields(b.schemas())
-        .unwrap()
-}
+use tq_core::{ErrorKind, FieldFilter, StorageManager};
 
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,8 +39,8 @@ async fn a_killed_master_is_replaced_and_the_client_goes_on() {
     };
     let store = RedisStore::cluster(&cluster.urls(), options).unwrap();
     let kv = Arc::new(KvStorageManager::new(Arc::new(store), KvOptions::default()).unwrap());
-    let before = batch(64, 0);
-    let before_meta = meta(0, 64, &before);
+    let before = common::i64_rows(64, 0);
+    let before_meta = common::meta_of(0, 64, &before);
     kv.put(&before_meta, &before).await.unwrap();
     assert_eq!(
         kv.get(&before_meta).await.unwrap().column("x"),
@@ -94,8 +76,8 @@ async fn a_killed_master_is_replaced_and_the_client_goes_on() {
     // The data written before the kill comes back whole and unchanged, never other bytes.
     assert_eq!(recovered.column("x"), before.column("x"));
     // The same client writes and reads again.
-    let after = batch(64, 1000);
-    let after_meta = meta(100, 64, &after);
+    let after = common::i64_rows(64, 1000);
+    let after_meta = common::meta_of(100, 64, &after);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match kv.put(&after_meta, &after).await {

@@ -9,25 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tq_backend_kv::{KvOptions, KvStorageManager, RedisOptions, RedisStore};
-use tq_core::{Batch, BatchMeta, Column, ErrorKind, SampleId, StorageManager, Tensor};
-
-fn batch(n: usize, base: i64) -> Batch {
-    let v: Vec<i64> = (0..n as i64 * 4).map(|i| base + i).collect();
-    Batch::from_columns([(
-        "x",
-        Column::Dense(Tensor::from_slice(vec![n, 4], &v).unwrap()),
-    )])
-    .unwrap()
-}
-
-fn meta(first: u32, n: usize, b: &Batch) -> BatchMeta {
-    let samples = (first..first + n as u32)
-        .map(|i| SampleId::new(i, 0))
-        .collect();
-    BatchMeta::new("p", samples)
-        .with_fields(b.schemas())
-        .unwrap()
-}
+use tq_core::{ErrorKind, StorageManager};
 
 fn waiting(replicas: u32) -> RedisOptions {
     RedisOptions {
@@ -56,18 +38,21 @@ async fn writes_wait_for_the_replica() {
     }
     let store = RedisStore::single(&master.url(), waiting(1)).unwrap();
     let kv = KvStorageManager::new(Arc::new(store), KvOptions::default()).unwrap();
-    let b = batch(16, 0);
-    kv.put(&meta(0, 16, &b), &b)
+    let b = common::i64_rows(16, 0);
+    kv.put(&common::meta_of(0, 16, &b), &b)
         .await
         .expect("confirmed by the replica");
     assert_eq!(
-        kv.get(&meta(0, 16, &b)).await.unwrap().column("x"),
+        kv.get(&common::meta_of(0, 16, &b))
+            .await
+            .unwrap()
+            .column("x"),
         b.column("x")
     );
 
     replica.signal("STOP");
     let started = Instant::now();
-    let e = kv.put(&meta(100, 16, &b), &b).await.unwrap_err();
+    let e = kv.put(&common::meta_of(100, 16, &b), &b).await.unwrap_err();
     replica.signal("CONT");
     assert_eq!(e.kind(), &ErrorKind::Unavailable, "{e}");
     assert!(e.message().contains("0 of 1 replicas"), "{e}");
@@ -76,11 +61,14 @@ async fn writes_wait_for_the_replica() {
         started.elapsed() < Duration::from_secs(5),
         "failed within the timeout"
     );
-    kv.put(&meta(100, 16, &b), &b)
+    kv.put(&common::meta_of(100, 16, &b), &b)
         .await
         .expect("the repeated write, replica back");
     assert_eq!(
-        kv.get(&meta(100, 16, &b)).await.unwrap().column("x"),
+        kv.get(&common::meta_of(100, 16, &b))
+            .await
+            .unwrap()
+            .column("x"),
         b.column("x")
     );
 }
@@ -107,12 +95,15 @@ async fn cluster_writes_wait_for_each_masters_replica() {
     }
     let store = RedisStore::cluster(&cluster.urls(), waiting(1)).unwrap();
     let kv = KvStorageManager::new(Arc::new(store), KvOptions::default()).unwrap();
-    let b = batch(64, 7);
-    kv.put(&meta(0, 64, &b), &b)
+    let b = common::i64_rows(64, 7);
+    kv.put(&common::meta_of(0, 64, &b), &b)
         .await
         .expect("confirmed on every master");
     assert_eq!(
-        kv.get(&meta(0, 64, &b)).await.unwrap().column("x"),
+        kv.get(&common::meta_of(0, 64, &b))
+            .await
+            .unwrap()
+            .column("x"),
         b.column("x")
     );
 }

@@ -63,6 +63,23 @@ where
     run_all_with(KitOptions::default(), make).await;
 }
 
+/// Runs one case in its own task; returns why it failed (its panic message), if it did. Kits
+/// (this one and the `KvStore` kit) use it so that one failing case does not hide the others.
+pub async fn failure_of<F>(case: F) -> Option<String>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let e = tokio::spawn(case).await.err()?;
+    Some(match e.try_into_panic() {
+        Ok(p) => p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "panicked".into()),
+        Err(e) => e.to_string(),
+    })
+}
+
 /// Runs every case, each on a fresh backend and in its own task, then panics naming every case
 /// that failed (with its message), if any did.
 pub async fn run_all_with<F, Fut>(options: KitOptions, make: F)
@@ -77,16 +94,7 @@ where
                 eprintln!("conformance: skipped `{}` (a known limit of this backend)", stringify!($name));
             } else {
             let s = make().await;
-            let task = tokio::spawn(async move { $name(s.as_ref() $(, $arg)?).await });
-            if let Err(e) = task.await {
-                let why = match e.try_into_panic() {
-                    Ok(p) => p
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "panicked".into()),
-                    Err(e) => e.to_string(),
-                };
+            if let Some(why) = failure_of(async move { $name(s.as_ref() $(, $arg)?).await }).await {
                 failed.push(format!("{}: {why}", stringify!($name)));
             }
             }

@@ -254,3 +254,23 @@ impl RedisCluster {
             .collect()
     }
 }
+
+/// `n` rows of a dense `i64` field `x` of 4 elements each, counting up from `base`.
+pub fn i64_rows(n: usize, base: i64) -> tq_core::Batch {
+    let v: Vec<i64> = (0..n as i64 * 4).map(|i| base + i).collect();
+    tq_core::Batch::from_columns([(
+        "x",
+        tq_core::Column::Dense(tq_core::Tensor::from_slice(vec![n, 4], &v).unwrap()),
+    )])
+    .unwrap()
+}
+
+/// Metadata of samples `first..first + n` (generation 0) of partition `p` holding `b`'s fields.
+pub fn meta_of(first: u32, n: usize, b: &tq_core::Batch) -> tq_core::BatchMeta {
+    let samples = (first..first + n as u32)
+        .map(|i| tq_core::SampleId::new(i, 0))
+        .collect();
+    tq_core::BatchMeta::new("p", samples)
+        .with_fields(b.schemas())
+        .unwrap()
+}
