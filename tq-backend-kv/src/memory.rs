@@ -29,6 +29,31 @@ struct Inner {
 }
 
 impl Inner {
+    /// The value of `key` unless it is absent or past its deadline.
+    fn live(&self, key: &str, now: Instant) -> Option<&Bytes> {
+        self.map
+            .get(key)
+            .filter(|e| e.deadline.is_none_or(|d| d > now))
+            .map(|e| &e.value)
+    }
+
+    /// Stores `value` under `key` with `deadline` (`None`: none), replacing value and deadline.
+    fn store(&mut self, key: String, value: Bytes, deadline: Option<Instant>) {
+        match self.map.get_mut(&key) {
+            Some(e) => e.value = value,
+            None => {
+                self.map.insert(
+                    key.clone(),
+                    Entry {
+                        value,
+                        deadline: None,
+                    },
+                );
+            }
+        }
+        self.set_deadline(&key, deadline);
+    }
+
     fn set_deadline(&mut self, key: &str, deadline: Option<Instant>) {
         let Some(e) = self.map.get_mut(key) else {
             return;
@@ -157,20 +182,7 @@ impl KvStore for MemoryKvStore {
             g.sweep(now);
         }
         for (key, value) in items {
-            let value = value.to_bytes();
-            match g.map.get_mut(&key) {
-                Some(e) => e.value = value,
-                None => {
-                    g.map.insert(
-                        key.clone(),
-                        Entry {
-                            value,
-                            deadline: None,
-                        },
-                    );
-                }
-            }
-            g.set_deadline(&key, deadline);
+            g.store(key, value.to_bytes(), deadline);
         }
         Ok(())
     }
@@ -178,15 +190,7 @@ impl KvStore for MemoryKvStore {
     async fn mget(&self, keys: &[String]) -> Result<Vec<Option<Bytes>>> {
         let now = Instant::now();
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(keys
-            .iter()
-            .map(|k| {
-                g.map
-                    .get(k)
-                    .filter(|e| e.deadline.is_none_or(|d| d > now))
-                    .map(|e| e.value.clone())
-            })
-            .collect())
+        Ok(keys.iter().map(|k| g.live(k, now).cloned()).collect())
     }
 
     /// Atomic per key: the whole batch runs under the store's lock.
@@ -201,29 +205,14 @@ impl KvStore for MemoryKvStore {
         let mut out = Vec::with_capacity(items.len());
         for (key, want) in items {
             let have = g
-                .map
-                .get(&key)
-                .filter(|e| e.deadline.is_none_or(|d| d > now))
-                .map(|e| crate::codec::decode_generation(&key, &e.value))
+                .live(&key, now)
+                .map(|v| crate::codec::decode_generation(&key, v))
                 .transpose()?;
             if let Some(h) = have.filter(|h| *h > want) {
                 out.push(h);
                 continue;
             }
-            let value = crate::codec::encode_generation(want);
-            match g.map.get_mut(&key) {
-                Some(e) => e.value = value,
-                None => {
-                    g.map.insert(
-                        key.clone(),
-                        Entry {
-                            value,
-                            deadline: None,
-                        },
-                    );
-                }
-            }
-            g.set_deadline(&key, deadline);
+            g.store(key, crate::codec::encode_generation(want), deadline);
             out.push(want);
         }
         Ok(out)

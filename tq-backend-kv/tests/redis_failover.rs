@@ -18,21 +18,7 @@ async fn a_killed_master_is_replaced_and_the_client_goes_on() {
         return;
     }
     let mut cluster = common::RedisCluster::start_with(1);
-    // Wait for every replica to have synced (replication offset reported by its master).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cluster.masters().len() != 3
-        || cluster
-            .nodes
-            .iter()
-            .filter(|n| n.cli(&["info", "replication"]).contains("role:slave"))
-            .any(|n| {
-                !n.cli(&["info", "replication"])
-                    .contains("master_link_status:up")
-            })
-    {
-        assert!(Instant::now() < deadline, "replicas never synced");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    cluster.wait_replicas_synced();
     let options = RedisOptions {
         op_timeout: Duration::from_secs(3),
         ..RedisOptions::default()

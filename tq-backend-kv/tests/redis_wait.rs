@@ -80,19 +80,7 @@ async fn cluster_writes_wait_for_each_masters_replica() {
         return;
     }
     let cluster = common::RedisCluster::start_with(1);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cluster
-        .nodes
-        .iter()
-        .filter(|n| n.cli(&["info", "replication"]).contains("role:slave"))
-        .any(|n| {
-            !n.cli(&["info", "replication"])
-                .contains("master_link_status:up")
-        })
-    {
-        assert!(Instant::now() < deadline, "replicas never synced");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    cluster.wait_replicas_synced();
     let store = RedisStore::cluster(&cluster.urls(), waiting(1)).unwrap();
     let kv = KvStorageManager::new(Arc::new(store), KvOptions::default()).unwrap();
     let b = common::i64_rows(64, 7);

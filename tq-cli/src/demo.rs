@@ -386,7 +386,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         r as f64 / 1048576.0,
         (w + r) as f64 * 8.0 / 1e9 / elapsed
     );
-    match peak_rss_bytes() {
+    match crate::procs::peak_rss_bytes(None) {
         Some(b) => println!("  peak memory (RSS) {:.1} MiB", b as f64 / 1048576.0),
         None => println!("  peak memory (RSS) unavailable"),
     }
@@ -399,12 +399,4 @@ pub async fn run(args: DemoArgs) -> Result<()> {
             "check failed: {missing} samples never trained, {duplicated} trained more than once, partitions left: {leftover:?}"
         )))
     }
-}
-
-/// The process's peak resident set (`VmHWM` of /proc/self/status), where the OS reports it.
-fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }

@@ -57,3 +57,16 @@ pub fn spawn_server(args: &[&str]) -> Result<(Child, String)> {
         }
     }
 }
+
+/// Peak resident set of process `pid` (`None`: this process), from `VmHWM` in /proc, where the
+/// OS reports it.
+pub fn peak_rss_bytes(pid: Option<u32>) -> Option<u64> {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    let status = std::fs::read_to_string(path).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -226,12 +226,6 @@ fn start(units: u32) -> Result<(Servers, Vec<String>)> {
     Ok((servers, endpoints))
 }
 
-fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 pub fn run(args: SoakArgs) -> Result<()> {
     if args.clients == 0 || args.units == 0 || args.batch == 0 || args.width == 0 {
         return Err(Error::invalid(
@@ -345,8 +339,8 @@ pub fn run(args: SoakArgs) -> Result<()> {
             println!("  errors: {what} × {n}");
         }
     }
-    if let Some(kib) = peak_rss_kib(controller_pid) {
-        println!("  controller peak RSS: {:.1} MiB", kib as f64 / 1024.0);
+    if let Some(bytes) = crate::procs::peak_rss_bytes(Some(controller_pid)) {
+        println!("  controller peak RSS: {:.1} MiB", bytes as f64 / 1048576.0);
     }
     drop(servers);
     if violations.is_empty() {

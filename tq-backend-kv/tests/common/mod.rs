@@ -228,6 +228,20 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// Waits (at most 30 s) until three masters serve the slots and every replica's link to
+    /// its master is up.
+    pub fn wait_replicas_synced(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let synced = |n: &RedisServer| {
+            let info = n.cli(&["info", "replication"]);
+            !info.contains("role:slave") || info.contains("master_link_status:up")
+        };
+        while self.masters().len() != 3 || !self.nodes.iter().all(synced) {
+            assert!(Instant::now() < deadline, "replicas never synced");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Positions in `nodes` of the current masters that serve slots (`CLUSTER NODES` as seen
     /// by the first node that answers).
     pub fn masters(&self) -> Vec<usize> {
