@@ -3,12 +3,15 @@
 //! # Keys
 //!
 //! ```text
-//! cell:       <ns>/{<partition>/<index>}/<generation>/<field>
+//! cell:       <ns>/{<partition>/<index>}/<generation>/<field>[%v<version>]
 //! generation: <ns>/{<partition>/<index>}/gen
 //! ```
 //!
 //! `<partition>` and `<field>` are escaped (`%` → `%25`, `/` → `%2F`, `{` → `%7B`, `}` → `%7D`),
-//! so distinct (partition, index, generation, field) give distinct keys. Because the generation is
+//! so distinct (partition, index, generation, field) give distinct keys. `%v<version>` (16 hex
+//! digits; an escaped field never holds `%v`, and a cell key is never a prefix directory of
+//! another, which file-system stores need) is present only on cells written over existing ones: an overwrite writes beside the
+//! cells it replaces, never over them (see the manager's `cells` module). Because the generation is
 //! part of a cell key, a reused index never reads, overwrites or deletes a newer sample's cells.
 //! The braces are a Redis Cluster hash tag: every key of one sample lands in one slot, so a
 //! sample's cells go to one node in one command. The generation key records the newest
@@ -157,13 +160,21 @@ impl KeyScheme {
         KeyScheme { prefix }
     }
 
-    /// The key of one cell.
+    /// The key of one cell at write version 0 (a first write).
     pub fn cell(&self, sample: SampleId, field: &str) -> String {
+        self.cell_at(sample, field, 0)
+    }
+
+    /// The key of one cell at write `version`.
+    pub fn cell_at(&self, sample: SampleId, field: &str, version: u64) -> String {
         use std::fmt::Write;
-        let mut k = String::with_capacity(self.prefix.len() + field.len() + 24);
+        let mut k = String::with_capacity(self.prefix.len() + field.len() + 41);
         k.push_str(&self.prefix);
         let _ = write!(k, "{}}}/{}/", sample.index, sample.generation);
         escape_into(&mut k, field);
+        if version != 0 {
+            let _ = write!(k, "%v{version:016x}");
+        }
         k
     }
 
@@ -200,6 +211,10 @@ mod tests {
         let k = KeyScheme::new("tq", "a/b");
         assert_eq!(k.cell(SampleId::new(3, 2), "x"), "tq/{a%2Fb/3}/2/x");
         assert_eq!(k.generation(3), "tq/{a%2Fb/3}/gen");
+        assert_eq!(
+            k.cell_at(SampleId::new(3, 2), "x", 0xab),
+            "tq/{a%2Fb/3}/2/x%v00000000000000ab"
+        );
         let other = KeyScheme::new("tq", "a");
         assert_ne!(
             k.cell(SampleId::new(3, 2), "x"),

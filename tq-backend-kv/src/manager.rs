@@ -5,8 +5,11 @@ use crate::codec::{
 };
 use crate::store::{KvStore, KvStoreExt, KvValue};
 
+mod cells;
 mod read;
 mod write;
+use cells::{fresh_version, CellLoc};
+pub use cells::VERSION_MARK;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -228,6 +231,12 @@ impl KvStorageManager {
             if !names.insert(n.as_str()) {
                 return Err(Error::invalid(format!("kv store name `{n}` is used twice")));
             }
+            if n.as_bytes().contains(&VERSION_MARK) {
+                return Err(Error::invalid(format!(
+                    "kv store name `{}` contains the byte 0x1f, which tq reserves",
+                    n.escape_debug()
+                )));
+            }
         }
         if options.data_ttl == Some(Duration::ZERO) {
             return Err(Error::invalid(
@@ -347,28 +356,55 @@ impl KvStorageManager {
         }
     }
 
-    /// Adds the cell at `slot` to `plan`: to the store its tag names, else to where it can be.
+    /// Adds the existing cell of `field` of `sample` at `slot` to `plan`: to the store and
+    /// version its backend meta names, else (no backend meta) version 0 wherever it can be.
+    #[allow(clippy::too_many_arguments)] // one cell's coordinates; a struct would only rename them
     fn plan_existing(
         &self,
         plan: &mut Plan,
         tags: &mut TagCache<'_>,
+        ks: &KeyScheme,
+        sample: SampleId,
         row_meta: Option<&BackendMeta>,
         field: &str,
-        key: String,
         slot: usize,
     ) -> Result<()> {
         match row_meta.and_then(|m| m.get(field)) {
-            Some(tag) => plan.push(tags.resolve(tag)?, key, slot),
-            None => match self.route_untagged(field) {
-                Some(i) => plan.push(i, key, slot),
-                None => {
-                    for i in 0..self.stores.len() {
-                        plan.push(i, key.clone(), slot);
+            Some(raw) => {
+                let loc = CellLoc::decode(raw)?;
+                plan.push(
+                    tags.resolve(&loc.tag)?,
+                    ks.cell_at(sample, field, loc.version),
+                    slot,
+                )
+            }
+            None => {
+                let key = ks.cell(sample, field);
+                match self.route_untagged(field) {
+                    Some(i) => plan.push(i, key, slot),
+                    None => {
+                        for i in 0..self.stores.len() {
+                            plan.push(i, key.clone(), slot);
+                        }
                     }
                 }
-            },
+            }
         }
         Ok(())
+    }
+
+    /// The key of the existing cell of `field` of `sample` (for messages).
+    fn existing_key(
+        ks: &KeyScheme,
+        sample: SampleId,
+        row_meta: Option<&BackendMeta>,
+        field: &str,
+    ) -> String {
+        let version = row_meta
+            .and_then(|m| m.get(field))
+            .and_then(|raw| CellLoc::decode(raw).ok())
+            .map_or(0, |l| l.version);
+        ks.cell_at(sample, field, version)
     }
 
     fn ctx(&self, meta: &BatchMeta) -> String {
@@ -441,7 +477,14 @@ impl StorageManager for KvStorageManager {
         // command per key); and a clear that removes keys in the order they were written
         // touches the server's memory in that order (measured ~30% less Redis CPU per key
         // than removing them across the grain).
+        //
+        // A cell the controller already describes is replaced beside itself, under a fresh
+        // version (see `cells`): until this write is published, readers keep reading the old
+        // cells, all of them.
+        let version = fresh_version();
+        let mut overwrites = false;
         for (r, s) in meta.samples().iter().enumerate() {
+            let existing = meta.backend_meta().get(r);
             for (field, column, shared_head) in &columns {
                 let v = column.value(r);
                 let head = shared_head.clone().unwrap_or_else(|| encode_header(&v));
@@ -450,8 +493,20 @@ impl StorageManager for KvStorageManager {
                     Value::Tensor(t) => t.into_data(),
                     Value::Object(b) => b,
                 };
-                per_store[i].push((ks.cell(*s, field), KvValue::new(head, body)));
-                backend_meta[r].insert((*field).clone(), self.stores[i].tag.clone());
+                let loc = CellLoc {
+                    tag: self.stores[i].tag.clone(),
+                    version: if existing.is_some_and(|m| m.contains_key(field.as_str())) {
+                        overwrites = true;
+                        version
+                    } else {
+                        0
+                    },
+                };
+                per_store[i].push((
+                    ks.cell_at(*s, field, loc.version),
+                    KvValue::new(head, body),
+                ));
+                backend_meta[r].insert((*field).clone(), loc.encode());
             }
         }
         // Cells first, the generation key last: a sample becomes readable under a generation
@@ -467,9 +522,12 @@ impl StorageManager for KvStorageManager {
             .collect();
         let written: Vec<&str> = batch.field_names().collect();
         let rearm = self.rearm_plan(meta, &written)?;
-        self.write_rearming(per_store, rearm)
-            .await
-            .map_err(|e| e.context(self.ctx(meta)))?;
+        if let Err(e) = self.write_rearming(per_store, rearm).await {
+            if overwrites {
+                self.discard_versions(&ks, meta.samples(), &backend_meta).await;
+            }
+            return Err(e.context(self.ctx(meta)));
+        }
         if !raise.is_empty() {
             let (rows, items): (Vec<usize>, Vec<(String, u32)>) = raise.into_iter().unzip();
             let held = self.stores[0]
@@ -486,7 +544,7 @@ impl StorageManager for KvStorageManager {
             if let Some(&(s, h)) = lost.first() {
                 // The index was reused while this put was in flight: its cells (keyed by the
                 // old generation) are unreadable; remove them rather than leave them behind.
-                self.discard(&ks, &written, &lost).await;
+                self.discard(&ks, meta.samples(), &backend_meta, &lost).await;
                 return Err(Error::conflict(format!(
                     "{}: put of sample index {} with generation {} is stale; the index was \
                      reused by generation {h} while the put was in flight",
@@ -553,9 +611,10 @@ impl StorageManager for KvStorageManager {
     }
 
     /// Read → merge → write through the stores. Every merge is computed before anything is
-    /// written, so a merge that fails changes nothing; the write itself is not atomic across
-    /// cells (a failure midway, or a concurrent writer, can leave some cells merged and others
-    /// not).
+    /// written, so a merge that fails changes nothing; the merged cells are written under a
+    /// fresh version beside the old ones, so a write that fails midway leaves every old cell
+    /// readable. Two concurrent updates of one cell both read the same old value: the one
+    /// published last wins (no read-modify-write lock across processes).
     async fn update(&self, meta: &BatchMeta, batch: &Batch, merge: &MergeOp) -> Result<PutReceipt> {
         self.check_rows(meta, batch)?;
         if batch.columns().is_empty() || meta.is_empty() {
@@ -568,6 +627,7 @@ impl StorageManager for KvStorageManager {
         let mut per_store: Vec<Vec<(String, KvValue)>> = vec![Vec::new(); self.stores.len()];
         let mut backend_meta: Vec<BackendMeta> = vec![BackendMeta::new(); n];
         let mut schemas = BTreeMap::new();
+        let version = fresh_version();
         for (f, (field, column)) in batch.columns().iter().enumerate() {
             let mut merged = Vec::with_capacity(n);
             for (r, s) in meta.samples().iter().enumerate() {
@@ -586,14 +646,24 @@ impl StorageManager for KvStorageManager {
             for (r, (s, v)) in meta.samples().iter().zip(merged).enumerate() {
                 let i = where_[f * n + r];
                 let head = encode_header(&v);
-                per_store[i].push((ks.cell(*s, field), KvValue::new(head, v.bytes().clone())));
-                backend_meta[r].insert(field.clone(), self.stores[i].tag.clone());
+                // Beside the cells it merges, never over them: a failed update leaves them.
+                let loc = CellLoc {
+                    tag: self.stores[i].tag.clone(),
+                    version,
+                };
+                per_store[i].push((
+                    ks.cell_at(*s, field, version),
+                    KvValue::new(head, v.bytes().clone()),
+                ));
+                backend_meta[r].insert(field.clone(), loc.encode());
             }
         }
         let rearm = self.rearm_plan(meta, &fields)?;
-        self.write_rearming(per_store, rearm)
-            .await
-            .map_err(|e| e.context(self.ctx(meta)))?;
+        if let Err(e) = self.write_rearming(per_store, rearm).await {
+            self.discard_versions(&ks, meta.samples(), &backend_meta)
+                .await;
+            return Err(e.context(self.ctx(meta)));
+        }
         Ok(PutReceipt {
             schemas,
             backend_meta: Some(backend_meta),
@@ -607,6 +677,22 @@ impl StorageManager for KvStorageManager {
     async fn clear(&self, meta: &BatchMeta, fields: &FieldFilter) -> Result<()> {
         self.clear_impl(meta, fields, matches!(fields, FieldFilter::All))
             .await
+    }
+
+    /// The cells are marked to expire after `clear_expire_after` (deleted on stores without
+    /// expiry), so a reader that fetched metadata just before the publish still reads them.
+    async fn retire_replaced(&self, replaced: &BatchMeta) -> Result<()> {
+        let ks = KeyScheme::new(&self.options.namespace, replaced.partition());
+        let mut plan = Plan::new(self.stores.len());
+        let mut tags = self.tags();
+        for (s, row) in replaced.samples().iter().zip(replaced.backend_meta()) {
+            for field in row.keys() {
+                self.plan_existing(&mut plan, &mut tags, &ks, *s, Some(row), field, 0)?;
+            }
+        }
+        self.remove(&plan, true)
+            .await
+            .map_err(|e| e.context(self.ctx(replaced)))
     }
 
     /// Like `clear`, but chosen fields are expired too (they stay readable until they expire).

@@ -1,7 +1,8 @@
 //! A put that fails half-way leaves nothing readable: cells are written before the sample's
 //! generation key, so a first write whose cells only partly landed is "not stored", never a
-//! sample with some fields. Injected failures over the memory store, a real redis-server and a
-//! real Redis Cluster.
+//! sample with some fields. An overwrite that fails half-way leaves the old sample whole: it
+//! writes beside the cells the metadata describes, never over them. Injected failures over the
+//! memory store, a real redis-server and a real Redis Cluster.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 mod common;
@@ -30,8 +31,9 @@ impl KvStore for FailNthWrite {
     }
     fn capabilities(&self) -> KvCapabilities {
         KvCapabilities {
-            // One sample's cells per call, so the put needs several calls.
-            max_keys_per_call: 2,
+            // A sample and a half per call: the put needs three calls, and one of them
+            // leaves a sample with one field written and the other not.
+            max_keys_per_call: 3,
             max_concurrent_calls: 1,
             ..self.inner.capabilities()
         }
@@ -58,8 +60,12 @@ impl KvStore for FailNthWrite {
 }
 
 fn batch() -> Batch {
-    let x: Vec<i64> = (0..8).collect();
-    let y: Vec<f32> = (0..8).map(|v| v as f32).collect();
+    batch_from(0)
+}
+
+fn batch_from(base: i64) -> Batch {
+    let x: Vec<i64> = (base..base + 8).collect();
+    let y: Vec<f32> = (base..base + 8).map(|v| v as f32).collect();
     Batch::from_columns([
         (
             "x",
@@ -126,9 +132,98 @@ async fn half_done_put_is_invisible(store: Arc<dyn KvStore>) {
     }
 }
 
+/// `meta` as the controller records it after a write that returned `receipt`.
+fn recorded(meta: &BatchMeta, receipt: tq_core::PutReceipt) -> BatchMeta {
+    let mut out = meta.clone();
+    out.add_fields(receipt.schemas, receipt.backend_meta).unwrap();
+    out
+}
+
+/// Overwrites every sample's `x` and `y`, failing at each write call in turn: every sample
+/// still reads whole and old, and (`keys`: how many keys the store holds, where the test can
+/// count) the failed write left no key behind. Then a write that succeeds reads new, the old
+/// cells stay readable until retired, and retiring them leaves only the new ones.
+async fn half_done_overwrite_keeps_the_old_sample(
+    store: Arc<dyn KvStore>,
+    keys: Option<&dyn Fn() -> usize>,
+) {
+    let old = batch();
+    let new = batch_from(100);
+    for fail_at in 1..=3 {
+        let options = KvOptions {
+            namespace: common::unique("overwrite"),
+            clear_expire_after: Duration::from_millis(1),
+            ..KvOptions::default()
+        };
+        let plain = KvStorageManager::new(store.clone(), options.clone()).unwrap();
+        let samples: Vec<SampleId> = (0..4).map(|i| SampleId::new(i, 0)).collect();
+        let meta = BatchMeta::new("p", samples)
+            .with_fields(old.schemas())
+            .unwrap();
+        let meta = recorded(&meta, plain.put(&meta, &old).await.unwrap());
+        let before = keys.map(|k| k());
+        let failing = KvStorageManager::new(
+            Arc::new(FailNthWrite {
+                inner: store.clone(),
+                calls: AtomicUsize::new(0),
+                fail_at,
+            }),
+            options,
+        )
+        .unwrap();
+        let e = failing
+            .put(&meta, &new)
+            .await
+            .expect_err("the injected failure");
+        assert_eq!(e.kind(), &ErrorKind::Unavailable, "{e}");
+        let got = plain.get(&meta).await.expect("the old sample reads");
+        assert_eq!(got.column("x"), old.column("x"), "fail at call {fail_at}");
+        assert_eq!(got.column("y"), old.column("y"), "fail at call {fail_at}");
+        assert_eq!(
+            keys.map(|k| k()),
+            before,
+            "fail at call {fail_at}: the failed overwrite left keys behind"
+        );
+        // The write succeeds: the new metadata reads new; the old still reads old (a reader
+        // that fetched it before the publish) until the old cells are retired.
+        let receipt = plain.put(&meta, &new).await.expect("the repeated put");
+        let newer = recorded(&meta, receipt.clone());
+        let got = plain.get(&newer).await.unwrap();
+        assert_eq!(got.column("x"), new.column("x"));
+        assert_eq!(got.column("y"), new.column("y"));
+        assert_eq!(plain.get(&meta).await.unwrap().column("y"), old.column("y"));
+        plain.retire_replaced(&meta).await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while plain.get(&meta).await.is_ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "retired cells still read after 10 s"
+            );
+            tokio::task::yield_now().await;
+        }
+        let got = plain.get(&newer).await.unwrap();
+        assert_eq!(got.column("x"), new.column("x"));
+        plain.clear(&newer, &tq_core::FieldFilter::All).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn memory_store() {
     half_done_put_is_invisible(Arc::new(MemoryKvStore::new())).await;
+}
+
+#[tokio::test]
+async fn memory_store_overwrite() {
+    let store = Arc::new(MemoryKvStore::new());
+    let count = {
+        let store = store.clone();
+        move || {
+            store.sweep();
+            store.resident_keys()
+        }
+    };
+    half_done_overwrite_keeps_the_old_sample(store.clone(), Some(&count)).await;
+    assert_eq!(count(), 0, "every key is gone after the clears");
 }
 
 #[cfg(feature = "redis")]
@@ -151,4 +246,28 @@ async fn redis_cluster() {
     let cluster = common::RedisCluster::start();
     let store = tq_backend_kv::RedisStore::cluster(&cluster.urls(), Default::default()).unwrap();
     half_done_put_is_invisible(Arc::new(store)).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_single_node_overwrite() {
+    if !common::redis_available("partial_put redis_single_node_overwrite") {
+        return;
+    }
+    let server = common::RedisServer::start();
+    let store = tq_backend_kv::RedisStore::single(&server.url(), Default::default()).unwrap();
+    let count = || server.cli(&["DBSIZE"]).trim().parse::<usize>().unwrap();
+    half_done_overwrite_keeps_the_old_sample(Arc::new(store), Some(&count)).await;
+    assert_eq!(count(), 0, "every key is gone after the clears");
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_cluster_overwrite() {
+    if !common::redis_available("partial_put redis_cluster_overwrite") {
+        return;
+    }
+    let cluster = common::RedisCluster::start();
+    let store = tq_backend_kv::RedisStore::cluster(&cluster.urls(), Default::default()).unwrap();
+    half_done_overwrite_keeps_the_old_sample(Arc::new(store), None).await;
 }

@@ -11,7 +11,8 @@ use tq_controller::{
     ProductionStatus, Wait,
 };
 use tq_core::{
-    Batch, BatchMeta, Error, FieldFilter, FieldName, PutReceipt, Result, StorageManager, Tags,
+    BackendMeta, Batch, BatchMeta, Error, FieldFilter, FieldName, PutReceipt, Result,
+    StorageManager, Tags,
 };
 
 /// What a KV write returns.
@@ -264,6 +265,13 @@ impl Client {
     ) -> Result<Option<PutReceipt>> {
         let partition = target.partition();
         let receipt = self.storage.put(target, batch).await?;
+        // An overwrite (the samples already describe cells) may have written beside the old
+        // cells: keep the new places, to remove them if the controller refuses the write.
+        let placed = receipt
+            .backend_meta
+            .as_ref()
+            .filter(|_| target.backend_meta().iter().any(|m| !m.is_empty()))
+            .cloned();
         let (schemas, backend_meta, kept, consistent) = if keep_receipt {
             let (s, b) = (receipt.schemas.clone(), receipt.backend_meta.clone());
             (s, b, Some(receipt), Ok(()))
@@ -282,21 +290,63 @@ impl Client {
                 backend_meta,
             })
             .await;
-        if let Err(e) = notified {
-            self.discard_unpublished(target, batch).await;
-            return Err(
-                e.context("data reached storage but was not published, so it stays invisible")
-            );
+        match notified {
+            Ok(replaced) => self.retire_replaced(target, replaced).await,
+            Err(e) => {
+                self.discard_unpublished(target, batch, placed.as_deref(), &e)
+                    .await;
+                return Err(e.context(
+                    "data reached storage but was not published, so it stays invisible",
+                ));
+            }
         }
         consistent?;
         Ok(kept)
     }
 
+    /// After a published write of `target`'s samples: lets storage reclaim the cells the
+    /// controller answered it `replaced` (best effort).
+    pub(crate) async fn retire_replaced(&self, target: &BatchMeta, replaced: Vec<BackendMeta>) {
+        if replaced.is_empty() {
+            return;
+        }
+        let cells = target.clone().with_backend_meta(replaced);
+        if let Err(e) = match cells {
+            Ok(cells) => self.storage.retire_replaced(&cells).await,
+            Err(e) => Err(e),
+        } {
+            tracing::warn!(
+                partition = target.partition(),
+                error = %e,
+                "could not reclaim the cells an overwrite replaced"
+            );
+        }
+    }
+
     /// After a refused production notice: deletes the cells just written for samples that are
     /// no longer live (cleared, or their index reused — storage clears check the generation,
-    /// so a newer sample's cells are never touched). Best effort: a failure is logged.
-    async fn discard_unpublished(&self, target: &BatchMeta, batch: &Batch) {
+    /// so a newer sample's cells are never touched), and, when the refusal is certain (not a
+    /// lost answer), the cells an overwrite wrote beside those the controller still describes.
+    /// `placed`: where the write put its cells, when it overwrote. Best effort: failures are
+    /// logged.
+    async fn discard_unpublished(
+        &self,
+        target: &BatchMeta,
+        batch: &Batch,
+        placed: Option<&[BackendMeta]>,
+        refusal: &Error,
+    ) {
         let partition = target.partition();
+        // One row per sample, or (a backend's bug) nothing is known of where cells went.
+        let placed = placed.filter(|p| p.len() == target.len());
+        if refusal.retry() != tq_core::Retry::OutcomeUnknown {
+            if let Some(placed) = placed {
+                // The other way round from a publish: the cells written beside described ones
+                // go, the described ones stay.
+                self.retire_replaced(target, written_beside(target.backend_meta(), placed))
+                    .await;
+            }
+        }
         let holds = match self
             .control
             .still_hold(partition, target.samples(), &[])
@@ -313,7 +363,11 @@ impl Client {
             return;
         }
         let samples = gone.iter().map(|&i| target.samples()[i]).collect();
-        let written = BatchMeta::new(partition, samples).with_fields(batch.type_schemas());
+        let mut written = BatchMeta::new(partition, samples).with_fields(batch.type_schemas());
+        if let Some(placed) = placed {
+            let rows = gone.iter().map(|&i| placed[i].clone()).collect();
+            written = written.and_then(|m| m.with_backend_meta(rows));
+        }
         let result = match written {
             Ok(m) => self.storage.clear(&m, &FieldFilter::All).await,
             Err(e) => Err(e),
@@ -443,4 +497,24 @@ pub(crate) fn check_batch(partition: &str, batch: &Batch) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Of the cells a write `placed`, those it wrote beside cells the samples already described
+/// (`before`) at another place, per sample; empty when there are none.
+pub(crate) fn written_beside(before: &[BackendMeta], placed: &[BackendMeta]) -> Vec<BackendMeta> {
+    let rows: Vec<BackendMeta> = before
+        .iter()
+        .zip(placed)
+        .map(|(old, new)| {
+            new.iter()
+                .filter(|(f, v)| old.get(*f).is_some_and(|o| o != *v))
+                .map(|(f, v)| (f.clone(), v.clone()))
+                .collect()
+        })
+        .collect();
+    if rows.iter().all(BackendMeta::is_empty) {
+        Vec::new()
+    } else {
+        rows
+    }
 }

@@ -111,7 +111,9 @@ impl Client {
         // TTL re-arms the deadline of the whole sample, not only of the updated cells.
         let meta = meta.with_backend_meta(current.backend_meta().to_vec())?;
         let receipt = self.storage().update(&meta, fields, merge).await?;
-        self.control()
+        let placed = receipt.backend_meta.clone();
+        let notified = self
+            .control()
             .notify_production(ProductionNotice {
                 partition: partition.to_string(),
                 samples: meta.samples().to_vec(),
@@ -119,13 +121,25 @@ impl Client {
                 tags: None,
                 backend_meta: receipt.backend_meta,
             })
-            .await
-            .map_err(|e| {
-                e.context(
-                    "kv_update: storage may already hold the merged values but the controller \
-                     refused them; do not retry blindly",
-                )
-            })?;
+            .await;
+        // Merged cells are written beside the old ones (on backends that version cells):
+        // once published the old ones go; if certainly refused, the merged ones do.
+        match &notified {
+            Ok(replaced) => self.retire_replaced(&meta, replaced.clone()).await,
+            Err(e) if e.retry() != tq_core::Retry::OutcomeUnknown => {
+                if let Some(placed) = placed.filter(|p| p.len() == meta.len()) {
+                    let beside = crate::client::written_beside(meta.backend_meta(), &placed);
+                    self.retire_replaced(&meta, beside).await;
+                }
+            }
+            Err(_) => {}
+        }
+        notified.map_err(|e| {
+            e.context(
+                "kv_update: storage may already hold the merged values but the controller \
+                 refused them; do not retry blindly",
+            )
+        })?;
         // An update changes neither tags nor which fields the keys hold: the lookup made for
         // the preconditions already has both, no second round trip needed.
         Ok(KvBatchMeta {

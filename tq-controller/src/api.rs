@@ -181,7 +181,12 @@ pub trait ControlPlane: Send + Sync + 'static {
 
     /// Marks cells produced. Rejected (`Conflict`, nothing changed) for samples that are being
     /// cleared or not owned by the partition any more.
-    async fn notify_production(&self, notice: ProductionNotice) -> Result<()>;
+    ///
+    /// Returns the backend meta the notice replaced: per sample, the previous value of each
+    /// entry it changed (empty when nothing was replaced, the common case). A backend that
+    /// writes overwrites beside the old cells reclaims those ([`tq_core::StorageManager::retire_replaced`]);
+    /// only the controller knows them for sure when writers race.
+    async fn notify_production(&self, notice: ProductionNotice) -> Result<Vec<BackendMeta>>;
 
     /// Merges tags into samples without writing data.
     async fn set_tags(&self, partition: &str, samples: &[SampleId], tags: Vec<Tags>) -> Result<()>;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tq_core::{BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
+use tq_core::{BackendMeta, BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
 use tq_net::{CallOptions, Endpoint, Handler, Message, Pool};
 
 /// A storage unit known to the controller.
@@ -164,6 +164,8 @@ enum ControlResponse {
     Acked(usize),
     Topology(Topology),
     Holds(Vec<bool>),
+    /// What a production notice replaced (protocol 4).
+    Replaced(Vec<BackendMeta>),
 }
 
 /// Serves a controller and the unit registry.
@@ -241,10 +243,7 @@ impl ControllerServer {
         let c = &self.controller;
         Ok(match req {
             ControlRequest::GetMeta(r) => ControlResponse::Meta(c.get_meta(r).await?),
-            ControlRequest::Notify(n) => {
-                c.notify_production(n).await?;
-                ControlResponse::Done
-            }
+            ControlRequest::Notify(n) => ControlResponse::Replaced(c.notify_production(n).await?),
             ControlRequest::SetTags {
                 partition,
                 samples,

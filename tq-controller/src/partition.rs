@@ -463,8 +463,9 @@ impl Partition {
             .collect()
     }
 
-    /// Applies a production notice: validates everything, then changes everything.
-    pub fn notify(&mut self, n: &ProductionNotice) -> Result<()> {
+    /// Applies a production notice: validates everything, then changes everything. Returns
+    /// the backend meta entries it replaced (see [`crate::ControlPlane::notify_production`]).
+    pub fn notify(&mut self, n: &ProductionNotice) -> Result<Vec<BackendMeta>> {
         let rows = n.samples.len();
         check_unique_ids(&self.name, &n.samples)?;
         for (name, s) in &n.schemas {
@@ -489,12 +490,21 @@ impl Partition {
                 self.tags[slot_u(s)].extend(t.iter().map(|(k, v)| (k.clone(), v.clone())));
             }
         }
+        let mut replaced = Vec::new();
         if let Some(bm) = &n.backend_meta {
-            for (&s, m) in slots.iter().zip(bm) {
-                self.backend_meta[slot_u(s)].extend(m.iter().map(|(k, v)| (k.clone(), v.clone())));
+            for (r, (&s, m)) in slots.iter().zip(bm).enumerate() {
+                let row = &mut self.backend_meta[slot_u(s)];
+                for (k, v) in m {
+                    if let Some(old) = row.insert(k.clone(), v.clone()).filter(|old| old != v) {
+                        if replaced.is_empty() {
+                            replaced = vec![BackendMeta::new(); rows];
+                        }
+                        replaced[r].insert(k.clone(), old);
+                    }
+                }
             }
         }
-        Ok(())
+        Ok(replaced)
     }
 
     pub fn set_tags(&mut self, ids: &[SampleId], tags: &[Tags]) -> Result<()> {

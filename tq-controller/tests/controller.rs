@@ -299,7 +299,25 @@ async fn tags_and_backend_meta_arrive_with_readiness() {
         })
         .collect();
     n.backend_meta = Some(bm);
-    c.notify_production(n).await.unwrap();
+    let replaced = c.notify_production(n).await.unwrap();
+    assert!(replaced.is_empty(), "a first write replaces nothing");
+    // A rewrite of `a` for the second sample answers the entry it replaced, and only that.
+    let mut again = notice("p", &ids, &[("a", f32s(vec![1]))]);
+    again.backend_meta = Some(vec![
+        BTreeMap::from([("a".to_string(), Bytes::from("a0"))]),
+        BTreeMap::from([("a".to_string(), Bytes::from("a1-new"))]),
+    ]);
+    let replaced = c.notify_production(again).await.unwrap();
+    assert_eq!(
+        replaced,
+        vec![
+            BackendMeta::new(),
+            BTreeMap::from([("a".to_string(), Bytes::from("a1"))])
+        ]
+    );
+    let m = c.get_meta(force("p", &["a", "b"])).await.unwrap();
+    assert_eq!(m.backend_meta()[1]["a"], Bytes::from("a1-new"));
+    assert_eq!(m.backend_meta()[1]["b"], Bytes::from("b1"));
     let m = c
         .get_meta(GetMetaRequest::fetch("p", &["a"], "t", 2, Wait::NoWait))
         .await

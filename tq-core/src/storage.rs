@@ -109,4 +109,18 @@ pub trait StorageManager: Send + Sync + 'static {
     async fn expire(&self, meta: &BatchMeta, fields: &FieldFilter) -> Result<()> {
         self.clear(meta, fields).await
     }
+
+    /// Reclaims cells the controller no longer describes, for backends that write beside the
+    /// cells they replace instead of over them (so that a failed write leaves the old cells
+    /// whole; the KV adapter does). `replaced` names the cells through its backend meta: every
+    /// entry of it (field → backend meta) is one cell to reclaim; fields without an entry stay.
+    ///
+    /// The client calls it after a write is published, with the backend meta the controller
+    /// answered it replaced, and after a write the controller certainly refused, with the
+    /// cells the write put beside the old ones. Failures are logged, not returned to the
+    /// writer. Backends that write in place have nothing to do: the default.
+    async fn retire_replaced(&self, replaced: &BatchMeta) -> Result<()> {
+        let _ = replaced;
+        Ok(())
+    }
 }

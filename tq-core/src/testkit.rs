@@ -134,6 +134,16 @@ fn ids(generation: u32) -> Vec<SampleId> {
         .collect()
 }
 
+/// `meta` after a write that returned `receipt`, as the controller records it: the receipt's
+/// schemas and backend meta are what later calls are handed (a backend may keep where it put a
+/// cell there, and find it only through it).
+pub fn recorded(meta: &BatchMeta, receipt: crate::PutReceipt) -> BatchMeta {
+    let mut out = meta.clone();
+    out.add_fields(receipt.schemas, receipt.backend_meta)
+        .expect("a receipt for the written samples");
+    out
+}
+
 fn meta_for(samples: Vec<SampleId>, batch: Option<&Batch>) -> BatchMeta {
     let m = BatchMeta::new("conformance", samples);
     match batch {
@@ -472,13 +482,14 @@ pub async fn update_merges_in_place(s: &dyn StorageManager) {
     )])
     .unwrap();
     let meta = meta_for(ids(0), Some(&base));
-    s.put(&meta, &base).await.expect("put");
+    let meta = recorded(&meta, s.put(&meta, &base).await.expect("put"));
     let delta = Batch::from_columns([(
         "x",
         Column::Dense(Tensor::from_slice(vec![5, 2], &[2i64; 10]).unwrap()),
     )])
     .unwrap();
-    s.update(&meta, &delta, &MergeOp::Add).await.expect("add");
+    let r = s.update(&meta, &delta, &MergeOp::Add).await.expect("add");
+    let meta = recorded(&meta, r);
     let got = s.get(&meta).await.expect("get");
     let Column::Dense(t) = got.column("x").unwrap() else {
         panic!("update: dense field came back ragged")
@@ -499,6 +510,7 @@ pub async fn update_merges_in_place(s: &dyn StorageManager) {
         FieldMeta::dense(DType::I64, vec![3]),
         "update: receipt"
     );
+    let meta = recorded(&meta, r);
     // A merge that fails on one cell leaves every cell unchanged.
     let wrong = Batch::from_columns([(
         "x",

@@ -39,13 +39,13 @@ impl KvStorageManager {
         // instead of costing a command of its own.
         for (r, s) in meta.samples().iter().enumerate() {
             for (f, field) in fields.iter().enumerate() {
-                let key = ks.cell(*s, field);
                 self.plan_existing(
                     &mut plan,
                     &mut tags,
+                    &ks,
+                    *s,
                     meta.backend_meta().get(r),
                     field,
-                    key,
                     f * n + r,
                 )?;
             }
@@ -116,7 +116,12 @@ impl KvStorageManager {
             return Err(Error::data_lost(format!(
                 "{}: cell `{}` (sample {}, field `{}`) is missing from the kv store{}",
                 self.ctx(meta),
-                ks.cell(meta.samples()[r], fields[f]),
+                Self::existing_key(
+                    &ks,
+                    meta.samples()[r],
+                    meta.backend_meta().get(r),
+                    fields[f]
+                ),
                 meta.samples()[r],
                 fields[f],
                 if missing.len() > 1 {

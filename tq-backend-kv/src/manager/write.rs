@@ -23,18 +23,63 @@ impl KvStorageManager {
         Ok(())
     }
 
-    /// Deletes the cells a put wrote for samples it lost to a reuse of their index (best
-    /// effort: they are keyed by the stale generation, so nothing reads them either way). Runs
-    /// only on that rare path, so it asks every store rather than remembering the routing.
-    pub(super) async fn discard(&self, ks: &KeyScheme, fields: &[&str], lost: &[(SampleId, u32)]) {
-        let keys: Vec<String> = lost
+    /// Deletes the cells a put wrote (`written`: their places) for samples it lost to a reuse
+    /// of their index (best effort: they are keyed by the stale generation, so nothing reads
+    /// them either way).
+    pub(super) async fn discard(
+        &self,
+        ks: &KeyScheme,
+        samples: &[SampleId],
+        written: &[BackendMeta],
+        lost: &[(SampleId, u32)],
+    ) {
+        let rows = samples
             .iter()
-            .flat_map(|(s, _)| fields.iter().map(move |f| ks.cell(*s, f)))
-            .collect();
-        for store in &self.stores {
-            if let Err(e) = store.store.delete_all(&keys).await {
-                tracing::warn!(error = %e, keys = keys.len(), "could not remove the cells of a stale put");
+            .zip(written)
+            .filter(|(s, _)| lost.iter().any(|(l, _)| l == *s));
+        self.delete_written(ks, rows, |_| true).await;
+    }
+
+    /// After a failed write: deletes the cells it wrote under a nonzero version (beside cells
+    /// the controller still describes; nothing reads them). Best effort. Version-0 cells stay:
+    /// they may be the only copy of a sample whose backend meta this manager was not given, and
+    /// repeating the write replaces them.
+    pub(super) async fn discard_versions(
+        &self,
+        ks: &KeyScheme,
+        samples: &[SampleId],
+        written: &[BackendMeta],
+    ) {
+        self.delete_written(ks, samples.iter().zip(written), |loc| {
+            loc.version != 0
+        })
+        .await;
+    }
+
+    async fn delete_written<'a>(
+        &self,
+        ks: &KeyScheme,
+        rows: impl Iterator<Item = (&'a SampleId, &'a BackendMeta)>,
+        pick: impl Fn(&CellLoc) -> bool,
+    ) {
+        let mut plan = Plan::new(self.stores.len());
+        let mut tags = self.tags();
+        for (s, row) in rows {
+            for (field, raw) in row {
+                let Ok(loc) = CellLoc::decode(raw) else {
+                    continue;
+                };
+                if !pick(&loc) {
+                    continue;
+                }
+                if let Ok(i) = tags.resolve(&loc.tag) {
+                    plan.push(i, ks.cell_at(*s, field, loc.version), 0);
+                }
             }
+        }
+        if let Err(e) = self.remove(&plan, false).await {
+            let keys: usize = plan.keys.iter().map(Vec::len).sum();
+            tracing::warn!(error = %e, keys, "could not remove the cells of a failed or stale write");
         }
     }
 
@@ -62,14 +107,7 @@ impl KvStorageManager {
         let mut any = false;
         for (s, row) in meta.samples().iter().zip(meta.backend_meta()) {
             for field in row.keys().filter(|f| !written.contains(&f.as_str())) {
-                self.plan_existing(
-                    &mut plan,
-                    &mut tags,
-                    Some(row),
-                    field,
-                    ks.cell(*s, field),
-                    0,
-                )?;
+                self.plan_existing(&mut plan, &mut tags, &ks, *s, Some(row), field, 0)?;
                 any = true;
             }
         }
@@ -143,9 +181,10 @@ impl KvStorageManager {
                 self.plan_existing(
                     &mut plan,
                     &mut tags,
+                    &ks,
+                    *s,
                     meta.backend_meta().get(r),
                     field,
-                    ks.cell(*s, field),
                     0,
                 )?;
             }

@@ -2,6 +2,7 @@
 //! checks everything, then changes it (or nothing).
 
 use super::*;
+use tq_core::BackendMeta;
 
 #[async_trait]
 impl ControlPlane for Controller {
@@ -49,21 +50,21 @@ impl ControlPlane for Controller {
         }
     }
 
-    async fn notify_production(&self, notice: ProductionNotice) -> Result<()> {
+    async fn notify_production(&self, notice: ProductionNotice) -> Result<Vec<BackendMeta>> {
         tokio::task::consume_budget().await;
         if notice.samples.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        {
+        let replaced = {
             let mut st = self.lock();
             st.refuse_linked(&notice.partition, &notice.samples, "write")?;
             st.partitions
                 .get_mut(&notice.partition)
                 .ok_or_else(|| gone_partition(&notice.partition))?
-                .notify(&notice)?;
-        }
+                .notify(&notice)?
+        };
         self.wake(&notice.partition);
-        Ok(())
+        Ok(replaced)
     }
 
     async fn set_tags(&self, partition: &str, samples: &[SampleId], tags: Vec<Tags>) -> Result<()> {

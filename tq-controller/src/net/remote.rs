@@ -132,9 +132,11 @@ impl ControlPlane for RemoteControlPlane {
             .await
     }
 
-    async fn notify_production(&self, notice: ProductionNotice) -> Result<()> {
-        self.done("notify_production", ControlRequest::Notify(notice), true)
-            .await
+    async fn notify_production(&self, notice: ProductionNotice) -> Result<Vec<BackendMeta>> {
+        match self.call(ControlRequest::Notify(notice), true, Duration::ZERO).await? {
+            ControlResponse::Replaced(r) => Ok(r),
+            other => Err(self.unexpected("notify_production", other)),
+        }
     }
 
     async fn set_tags(&self, partition: &str, samples: &[SampleId], tags: Vec<Tags>) -> Result<()> {
