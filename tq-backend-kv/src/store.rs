@@ -125,27 +125,38 @@ pub trait KvStore: Send + Sync + 'static {
         items: Vec<(String, u32)>,
         ttl: Option<Duration>,
     ) -> Result<Vec<u32>> {
-        let keys: Vec<String> = items.iter().map(|(k, _)| k.clone()).collect();
-        let current = self.mget(&keys).await?;
-        let mut out = Vec::with_capacity(items.len());
-        let mut writes = Vec::new();
-        for ((key, want), have) in items.into_iter().zip(current) {
-            let have = have
-                .map(|raw| crate::codec::decode_generation(&key, &raw))
-                .transpose()?;
-            match have {
-                Some(h) if h > want => out.push(h),
-                _ => {
-                    writes.push((key, crate::codec::encode_generation(want).into()));
-                    out.push(want);
-                }
+        raise_by_read_then_write(self, items, ttl).await
+    }
+}
+
+/// [`KvStore::raise_generations`] by reading every key, then writing those to raise: not
+/// atomic (a writer in between can be overwritten). The trait's default, and the fallback of
+/// stores whose conditional writes turn out to be missing.
+pub(crate) async fn raise_by_read_then_write<S: KvStore + ?Sized>(
+    store: &S,
+    items: Vec<(String, u32)>,
+    ttl: Option<Duration>,
+) -> Result<Vec<u32>> {
+    let keys: Vec<String> = items.iter().map(|(k, _)| k.clone()).collect();
+    let current = store.mget(&keys).await?;
+    let mut out = Vec::with_capacity(items.len());
+    let mut writes = Vec::new();
+    for ((key, want), have) in items.into_iter().zip(current) {
+        let have = have
+            .map(|raw| crate::codec::decode_generation(&key, &raw))
+            .transpose()?;
+        match have {
+            Some(h) if h > want => out.push(h),
+            _ => {
+                writes.push((key, crate::codec::encode_generation(want).into()));
+                out.push(want);
             }
         }
-        if !writes.is_empty() {
-            self.mset(writes, ttl).await?;
-        }
-        Ok(out)
     }
+    if !writes.is_empty() {
+        store.mset(writes, ttl).await?;
+    }
+    Ok(out)
 }
 
 /// Batch helpers over any [`KvStore`]: split to the store's per-call limit and keep up to
