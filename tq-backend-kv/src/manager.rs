@@ -8,10 +8,10 @@ use crate::store::{KvStore, KvStoreExt, KvValue};
 mod cells;
 mod read;
 mod write;
-use cells::{fresh_version, CellLoc};
-pub use cells::VERSION_MARK;
 use async_trait::async_trait;
 use bytes::Bytes;
+pub use cells::VERSION_MARK;
+use cells::{fresh_version, CellLoc};
 use futures::TryStreamExt;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -502,10 +502,7 @@ impl StorageManager for KvStorageManager {
                         0
                     },
                 };
-                per_store[i].push((
-                    ks.cell_at(*s, field, loc.version),
-                    KvValue::new(head, body),
-                ));
+                per_store[i].push((ks.cell_at(*s, field, loc.version), KvValue::new(head, body)));
                 backend_meta[r].insert((*field).clone(), loc.encode());
             }
         }
@@ -524,7 +521,8 @@ impl StorageManager for KvStorageManager {
         let rearm = self.rearm_plan(meta, &written)?;
         if let Err(e) = self.write_rearming(per_store, rearm).await {
             if overwrites {
-                self.discard_versions(&ks, meta.samples(), &backend_meta).await;
+                self.discard_versions(&ks, meta.samples(), &backend_meta)
+                    .await;
             }
             return Err(e.context(self.ctx(meta)));
         }
@@ -544,7 +542,8 @@ impl StorageManager for KvStorageManager {
             if let Some(&(s, h)) = lost.first() {
                 // The index was reused while this put was in flight: its cells (keyed by the
                 // old generation) are unreadable; remove them rather than leave them behind.
-                self.discard(&ks, meta.samples(), &backend_meta, &lost).await;
+                self.discard(&ks, meta.samples(), &backend_meta, &lost)
+                    .await;
                 return Err(Error::conflict(format!(
                     "{}: put of sample index {} with generation {} is stale; the index was \
                      reused by generation {h} while the put was in flight",

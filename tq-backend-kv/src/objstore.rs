@@ -113,7 +113,10 @@ impl ObjectKvStore {
                         e_tag: found.meta.e_tag.clone(),
                         version: found.meta.version.clone(),
                     };
-                    let raw = found.bytes().await.map_err(|e| map_err(&self.name, key, e))?;
+                    let raw = found
+                        .bytes()
+                        .await
+                        .map_err(|e| map_err(&self.name, key, e))?;
                     let held = crate::codec::decode_generation(key, &raw)?;
                     if held >= want {
                         return Ok(Some(held));
@@ -338,7 +341,9 @@ mod tests {
                 let (want, held) = t.await.unwrap();
                 assert!(held >= want, "round {round}: raised {want}, told {held}");
             }
-            let raw = store.mget(&[key.clone()]).await.unwrap()[0].clone().unwrap();
+            let raw = store.mget(&[key.clone()]).await.unwrap()[0]
+                .clone()
+                .unwrap();
             assert_eq!(
                 crate::codec::decode_generation(&key, &raw).unwrap(),
                 31,

@@ -135,7 +135,8 @@ async fn half_done_put_is_invisible(store: Arc<dyn KvStore>) {
 /// `meta` as the controller records it after a write that returned `receipt`.
 fn recorded(meta: &BatchMeta, receipt: tq_core::PutReceipt) -> BatchMeta {
     let mut out = meta.clone();
-    out.add_fields(receipt.schemas, receipt.backend_meta).unwrap();
+    out.add_fields(receipt.schemas, receipt.backend_meta)
+        .unwrap();
     out
 }
 
@@ -203,7 +204,10 @@ async fn half_done_overwrite_keeps_the_old_sample(
         }
         let got = plain.get(&newer).await.unwrap();
         assert_eq!(got.column("x"), new.column("x"));
-        plain.clear(&newer, &tq_core::FieldFilter::All).await.unwrap();
+        plain
+            .clear(&newer, &tq_core::FieldFilter::All)
+            .await
+            .unwrap();
     }
 }
 

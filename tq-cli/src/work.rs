@@ -6,13 +6,18 @@
 //! consumer streams them with acknowledged delivery and prints `acked <id>` for each sample
 //! once its acknowledgement succeeded, so that a run's output says exactly which samples were
 //! consumed, and how often, even when a consumer is killed half-way.
+//!
+//! Both ride out a storage outage (a Redis failover, a restarted unit): an error whose retry
+//! status allows it is retried with backoff for up to `--retry-ms` of consecutive failures — a
+//! producer repeats its keyed put (idempotent: same keys, same data), a consumer opens its
+//! stream again (a batch it had leased but not read is handed out again when its lease ends).
 
 use clap::Args;
 use futures::StreamExt;
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tq_client::{Client, Config, StreamConfig};
-use tq_core::{Batch, Column, Error, Result, TagValue, Tags, Tensor};
+use tq_core::{Batch, Column, Error, ErrorKind, Result, Retry, TagValue, Tags, Tensor};
 
 #[derive(Args, Debug, Clone)]
 pub struct ProduceArgs {
@@ -39,6 +44,12 @@ pub struct ProduceArgs {
     /// Declare the partition complete after writing (consumers then end once it is drained).
     #[arg(long)]
     complete: bool,
+    /// Keep retrying a put that failed with a retryable error for this long, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    retry_ms: u64,
+    /// Pause between puts, in milliseconds (a rollout stage's pace).
+    #[arg(long, default_value_t = 0)]
+    pace_ms: u64,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -67,6 +78,43 @@ pub struct ConsumeArgs {
     /// with an error: the partition was not completed).
     #[arg(long, default_value_t = 60_000)]
     idle_ms: u64,
+    /// Keep reopening the stream after retryable errors for this long, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    retry_ms: u64,
+}
+
+/// Consecutive retryable failures, with backoff, up to a budget.
+struct Backoff {
+    budget: Duration,
+    since: Option<Instant>,
+    pause: Duration,
+}
+
+impl Backoff {
+    fn new(budget_ms: u64) -> Self {
+        Backoff {
+            budget: Duration::from_millis(budget_ms),
+            since: None,
+            pause: Duration::from_millis(50),
+        }
+    }
+
+    /// After `e`: waits and returns `Ok` if it may be retried within the budget, else `e`.
+    async fn retry(&mut self, what: &str, e: Error) -> Result<()> {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if e.retry() == Retry::Never || since.elapsed() + self.pause > self.budget {
+            return Err(e);
+        }
+        tracing::warn!(error = %e, "{what} failed; retrying in {:?}", self.pause);
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(Duration::from_secs(1));
+        Ok(())
+    }
+
+    fn succeeded(&mut self) {
+        self.since = None;
+        self.pause = Duration::from_millis(50);
+    }
 }
 
 async fn connect(url: &str, config: Option<&std::path::Path>) -> Result<Client> {
@@ -94,8 +142,20 @@ pub async fn produce(args: ProduceArgs) -> Result<()> {
         let tags: Vec<Tags> = (next..next + n as i64)
             .map(|id| Tags::from([("id".to_string(), TagValue::Int(id))]))
             .collect();
-        partition.kv_batch_put(&keys, &batch, Some(tags)).await?;
+        let mut backoff = Backoff::new(args.retry_ms);
+        loop {
+            match partition
+                .kv_batch_put(&keys, &batch, Some(tags.clone()))
+                .await
+            {
+                Ok(_) => break,
+                Err(e) => backoff.retry("put", e).await?,
+            }
+        }
         next += n as i64;
+        if args.pace_ms > 0 && next < last {
+            tokio::time::sleep(Duration::from_millis(args.pace_ms)).await;
+        }
     }
     if args.complete {
         partition.complete().await?;
@@ -106,16 +166,30 @@ pub async fn produce(args: ProduceArgs) -> Result<()> {
 
 pub async fn consume(args: ConsumeArgs) -> Result<()> {
     let tq = connect(&args.connect, args.config.as_deref()).await?;
-    let mut stream = tq.partition(args.partition.clone()).stream(
-        StreamConfig::new(args.task.clone(), &["x"], args.batch)
-            .acknowledged(Duration::from_millis(args.lease_ms))
-            .idle_timeout(Duration::from_millis(args.idle_ms))
-            .prefetch(1),
-    )?;
+    let open = || {
+        tq.partition(args.partition.clone()).stream(
+            StreamConfig::new(args.task.clone(), &["x"], args.batch)
+                .acknowledged(Duration::from_millis(args.lease_ms))
+                .idle_timeout(Duration::from_millis(args.idle_ms))
+                .prefetch(1),
+        )
+    };
+    let mut stream = open()?;
     let mut out = std::io::stdout().lock();
     let mut consumed = 0usize;
+    let mut backoff = Backoff::new(args.retry_ms);
     while let Some(item) = stream.next().await {
-        let item = item?;
+        let item = match item {
+            Ok(item) => item,
+            // The stream's own end after `--idle-ms` without a batch: not an outage.
+            Err(e) if e.kind() == &ErrorKind::Timeout && e.retry() == Retry::Safe => return Err(e),
+            // A stream ends after an error: open it again.
+            Err(e) => {
+                backoff.retry("read", e).await?;
+                stream = open()?;
+                continue;
+            }
+        };
         let ids: Vec<i64> = item
             .meta
             .tags()
@@ -141,7 +215,13 @@ pub async fn consume(args: ConsumeArgs) -> Result<()> {
         if args.work_ms > 0 {
             tokio::time::sleep(Duration::from_millis(args.work_ms)).await;
         }
-        let acked = stream.ack(&item).await?;
+        let acked = loop {
+            match stream.ack(&item).await {
+                Ok(n) => break n,
+                Err(e) => backoff.retry("ack", e).await?,
+            }
+        };
+        backoff.succeeded();
         if acked == ids.len() {
             for id in &ids {
                 let _ = writeln!(out, "acked {id}");

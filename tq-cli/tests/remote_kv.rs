@@ -176,12 +176,7 @@ fn the_demo_runs_on_a_redis_cluster_behind_a_controller() {
         return;
     }
     let cluster = RedisCluster::start();
-    let seeds: Vec<String> = cluster
-        .urls()
-        .iter()
-        .map(|u| u.trim_start_matches("redis://").to_string())
-        .collect();
-    demo_against(&format!("redis+cluster://{}", seeds.join(",")));
+    demo_against(&cluster_url(&cluster));
     let keys: usize = cluster
         .nodes
         .iter()
@@ -293,15 +288,18 @@ fn acked_ids(lines: &[String]) -> Vec<i64> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn producers_and_consumers_in_their_own_processes_lose_nothing_when_one_is_killed() {
-    if !redis_available("producers_and_consumers_in_their_own_processes") {
-        return;
-    }
-    let redis = RedisServer::start();
-    let dir = TempDir::new();
-    let config = config_file(&dir, &redis.url());
-    let (_controller, url) = start_controller(&config);
+/// Two producer and two consumer processes (acknowledged streams) against a controller whose
+/// storage `config` describes. The slow consumer is killed (SIGKILL) while it holds leases,
+/// right after its first acknowledgement; `meanwhile` then runs (a fault of the store, or
+/// nothing) while the others go on. Every sample is consumed exactly once, none is lost, no
+/// lease is left. Producers put every `pace_ms`, so a fault lands mid-production. Returns
+/// the surviving processes' stderr.
+async fn pipeline_loses_nothing(
+    config: &std::path::Path,
+    pace_ms: u64,
+    meanwhile: impl FnOnce(),
+) -> String {
+    let (_controller, url) = start_controller(config);
     const PER_PRODUCER: i64 = 300;
     let produce = |first: i64| {
         Tq::spawn(&[
@@ -314,6 +312,10 @@ async fn producers_and_consumers_in_their_own_processes_lose_nothing_when_one_is
             &PER_PRODUCER.to_string(),
             "--batch",
             "10",
+            "--retry-ms",
+            "60000",
+            "--pace-ms",
+            &pace_ms.to_string(),
         ])
     };
     let consume = |work_ms: &str| {
@@ -329,6 +331,8 @@ async fn producers_and_consumers_in_their_own_processes_lose_nothing_when_one_is
             work_ms,
             "--idle-ms",
             "60000",
+            "--retry-ms",
+            "60000",
         ])
     };
     // The slow consumer is killed while it holds leases; the fast one finishes the job.
@@ -339,17 +343,21 @@ async fn producers_and_consumers_in_their_own_processes_lose_nothing_when_one_is
     slow.kill();
     let mut slow_acked = vec![first];
     slow_acked.extend(slow.rest_of_output(Duration::from_secs(10)));
+    meanwhile();
+    let mut logs = String::new();
     for p in producers {
-        let (status, stderr) = p.wait_exit(Duration::from_secs(120));
+        let (status, stderr) = p.wait_exit(Duration::from_secs(180));
         assert!(status.success(), "producer: {stderr}");
+        logs.push_str(&stderr);
     }
     // Nothing more will come: consumers end once everything is consumed.
     let done = Tq::spawn(&["produce", "--connect", &url, "--count", "0", "--complete"]);
     let (status, stderr) = done.wait_exit(Duration::from_secs(30));
     assert!(status.success(), "{stderr}");
-    let fast_out = fast.rest_of_output(Duration::from_secs(120));
+    let fast_out = fast.rest_of_output(Duration::from_secs(180));
     let (status, stderr) = fast.wait_exit(Duration::from_secs(10));
     assert!(status.success(), "consumer: {stderr}");
+    logs.push_str(&stderr);
 
     // Every sample acknowledged, none twice; the killed consumer's leases went to the other.
     let mut ids = acked_ids(&slow_acked);
@@ -376,6 +384,89 @@ async fn producers_and_consumers_in_their_own_processes_lose_nothing_when_one_is
         "{printed} of {} printed",
         2 * PER_PRODUCER
     );
+    logs
+}
+
+/// `redis+cluster://` with every node of `cluster` as a seed.
+fn cluster_url(cluster: &RedisCluster) -> String {
+    let seeds: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| u.trim_start_matches("redis://").to_string())
+        .collect();
+    format!("redis+cluster://{}", seeds.join(","))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producers_and_consumers_in_their_own_processes_lose_nothing_when_one_is_killed() {
+    if !redis_available("producers_and_consumers_in_their_own_processes") {
+        return;
+    }
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    pipeline_loses_nothing(&config_file(&dir, &redis.url()), 0, || {}).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_loses_nothing_on_a_redis_cluster() {
+    if !redis_available("the_pipeline_loses_nothing_on_a_redis_cluster") {
+        return;
+    }
+    let cluster = RedisCluster::start();
+    let dir = TempDir::new();
+    pipeline_loses_nothing(&config_file(&dir, &cluster_url(&cluster)), 0, || {}).await;
+}
+
+/// 3 masters + 3 replicas, puts confirmed by one replica (`WAIT`): a master is killed
+/// (SIGKILL) while producers and consumers run; its replica takes over, the processes retry
+/// through the failover, and the killed node is started again (it rejoins as a replica, so
+/// confirmed writes can go on). Nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_loses_nothing_when_a_cluster_master_is_killed() {
+    if !redis_available("the_pipeline_loses_nothing_when_a_cluster_master_is_killed") {
+        return;
+    }
+    let mut cluster = RedisCluster::start_with(1);
+    cluster.wait_replicas_synced();
+    let dir = TempDir::new();
+    let config = config_file(&dir, &cluster_url(&cluster));
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("\n[storage.kv.redis]\nwait_replicas = 1\nwait_timeout_ms = 2000\n");
+    std::fs::write(&config, text).unwrap();
+    // 30 puts per producer, 300 ms apart: the failover (about 4 s) lands mid-production.
+    let logs = pipeline_loses_nothing(&config, 300, || {
+        let victim = cluster.masters()[0];
+        cluster.nodes[victim].kill();
+        // The replica is promoted after the node timeout (2 s here).
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while cluster.masters().len() != 3 || cluster.masters().contains(&victim) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no replica was promoted"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster.nodes[victim].restart_in_place();
+        cluster.wait_replicas_synced();
+    })
+    .await;
+    assert!(
+        logs.contains("retrying"),
+        "the processes never saw the failover: {logs}"
+    );
+    eprintln!(
+        "retried operations through the failover: {}",
+        logs.matches("retrying").count()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_loses_nothing_on_object_storage_shared_by_the_processes() {
+    let dir = TempDir::new();
+    let store = dir.0.join("objects");
+    std::fs::create_dir_all(&store).unwrap();
+    let config = config_file(&dir, &format!("file://{}", store.display()));
+    pipeline_loses_nothing(&config, 0, || {}).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -295,9 +295,9 @@ impl Client {
             Err(e) => {
                 self.discard_unpublished(target, batch, placed.as_deref(), &e)
                     .await;
-                return Err(e.context(
-                    "data reached storage but was not published, so it stays invisible",
-                ));
+                return Err(
+                    e.context("data reached storage but was not published, so it stays invisible")
+                );
             }
         }
         consistent?;

@@ -87,7 +87,9 @@ mod overwrite {
         async fn mset(&self, items: Vec<(String, KvValue)>, ttl: Option<Duration>) -> Result<()> {
             if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at.load(Ordering::SeqCst)
             {
-                return Err(Error::unavailable("injected: the store went away mid-write"));
+                return Err(Error::unavailable(
+                    "injected: the store went away mid-write",
+                ));
             }
             self.inner.mset(items, ttl).await
         }
@@ -113,8 +115,14 @@ mod overwrite {
         let x: Vec<i64> = (base..base + 8).collect();
         let y: Vec<f32> = (base..base + 8).map(|v| v as f32).collect();
         Batch::from_columns([
-            ("x", Column::Dense(Tensor::from_slice(vec![4, 2], &x).unwrap())),
-            ("y", Column::Dense(Tensor::from_slice(vec![4, 2], &y).unwrap())),
+            (
+                "x",
+                Column::Dense(Tensor::from_slice(vec![4, 2], &x).unwrap()),
+            ),
+            (
+                "y",
+                Column::Dense(Tensor::from_slice(vec![4, 2], &y).unwrap()),
+            ),
         ])
         .unwrap()
     }
@@ -169,7 +177,11 @@ mod overwrite {
             let got = p.kv_batch_get(&keys, None).await.unwrap();
             assert_eq!(got.column("x"), old.column("x"), "fail at call {fail_at}");
             assert_eq!(got.column("y"), old.column("y"), "fail at call {fail_at}");
-            assert_eq!(settle_to(&store, 12).await, 12, "fail at call {fail_at}: leftovers");
+            assert_eq!(
+                settle_to(&store, 12).await,
+                12,
+                "fail at call {fail_at}: leftovers"
+            );
         }
 
         // A failed merge leaves the old values too.
@@ -182,14 +194,22 @@ mod overwrite {
         store.arm(usize::MAX);
         let got = p.kv_batch_get(&keys, None).await.unwrap();
         assert_eq!(got.column("x"), old.column("x"));
-        assert_eq!(settle_to(&store, 12).await, 12, "a failed update left cells");
+        assert_eq!(
+            settle_to(&store, 12).await,
+            12,
+            "a failed update left cells"
+        );
 
         // Writes that succeed read new, and the replaced cells go.
         p.kv_batch_put(&keys, &new, None).await.unwrap();
         let got = p.kv_batch_get(&keys, None).await.unwrap();
         assert_eq!(got.column("x"), new.column("x"));
         assert_eq!(got.column("y"), new.column("y"));
-        assert_eq!(settle_to(&store, 12).await, 12, "replaced cells were not retired");
+        assert_eq!(
+            settle_to(&store, 12).await,
+            12,
+            "replaced cells were not retired"
+        );
         p.kv_batch_update(&keys, &rows(0), &MergeOp::Add)
             .await
             .unwrap();
@@ -197,9 +217,15 @@ mod overwrite {
         let want: Vec<i64> = (0..8).map(|v| 100 + v + v).collect();
         assert_eq!(
             got.column("x"),
-            Some(&Column::Dense(Tensor::from_slice(vec![4, 2], &want).unwrap()))
+            Some(&Column::Dense(
+                Tensor::from_slice(vec![4, 2], &want).unwrap()
+            ))
         );
-        assert_eq!(settle_to(&store, 12).await, 12, "merged-over cells were not retired");
+        assert_eq!(
+            settle_to(&store, 12).await,
+            12,
+            "merged-over cells were not retired"
+        );
         p.kv_clear(&keys).await.unwrap();
         assert_eq!(settle_to(&store, 0).await, 0, "a clear leaves nothing");
     }

@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tq_core::{BackendMeta, BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
+use tq_core::{
+    BackendMeta, BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags,
+};
 use tq_net::{CallOptions, Endpoint, Handler, Message, Pool};
 
 /// A storage unit known to the controller.

@@ -92,7 +92,9 @@ mod tests {
         }
         // Version 0 is the bare tag, as backend meta written before versions existed.
         assert_eq!(
-            CellLoc::decode(&Bytes::from_static(b"hot")).unwrap().version,
+            CellLoc::decode(&Bytes::from_static(b"hot"))
+                .unwrap()
+                .version,
             0
         );
     }

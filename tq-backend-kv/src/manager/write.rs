@@ -50,10 +50,8 @@ impl KvStorageManager {
         samples: &[SampleId],
         written: &[BackendMeta],
     ) {
-        self.delete_written(ks, samples.iter().zip(written), |loc| {
-            loc.version != 0
-        })
-        .await;
+        self.delete_written(ks, samples.iter().zip(written), |loc| loc.version != 0)
+            .await;
     }
 
     async fn delete_written<'a>(

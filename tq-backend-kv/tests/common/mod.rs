@@ -156,6 +156,15 @@ impl RedisServer {
         Self::spawn(self.port, self.cluster, dir)
     }
 
+    /// Kills the process (SIGKILL) and starts it again on the same port and directory: a
+    /// cluster node keeps its identity (its nodes file) and rejoins — a master that was failed
+    /// over comes back as a replica of the node that replaced it.
+    pub fn restart_in_place(&mut self) {
+        self.kill();
+        let dir = std::mem::replace(&mut self.dir, TempDir::new());
+        *self = Self::spawn(self.port, self.cluster, dir);
+    }
+
     /// Sends a signal (`STOP`, `CONT`) to the server process.
     pub fn signal(&self, sig: &str) {
         Command::new("kill")

@@ -133,7 +133,10 @@ impl ControlPlane for RemoteControlPlane {
     }
 
     async fn notify_production(&self, notice: ProductionNotice) -> Result<Vec<BackendMeta>> {
-        match self.call(ControlRequest::Notify(notice), true, Duration::ZERO).await? {
+        match self
+            .call(ControlRequest::Notify(notice), true, Duration::ZERO)
+            .await?
+        {
             ControlResponse::Replaced(r) => Ok(r),
             other => Err(self.unexpected("notify_production", other)),
         }
