@@ -218,6 +218,21 @@ impl KvStore for MemoryKvStore {
         Ok(out)
     }
 
+    async fn clear_generations(&self, items: Vec<(String, u32)>) -> Result<()> {
+        let now = Instant::now();
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, at_most) in items {
+            let have = g
+                .live(&key, now)
+                .map(|v| crate::codec::decode_generation(&key, v))
+                .transpose()?;
+            if have.is_some_and(|h| h <= at_most) {
+                g.remove(&key);
+            }
+        }
+        Ok(())
+    }
+
     async fn delete(&self, keys: &[String]) -> Result<()> {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         for k in keys {

@@ -151,6 +151,16 @@ for i, k in ipairs(KEYS) do \
 end \
 return out";
 
+/// Deletes generation keys atomically unless a newer sample raised them: `KEYS` are the
+/// generation keys of one call (one hash slot on a cluster), `ARGV[i]` the largest generation
+/// `KEYS[i]` may hold to be deleted.
+pub const CLEAR_GENERATIONS_SCRIPT: &str = "\
+for i, k in ipairs(KEYS) do \
+  local cur = redis.call('GET', k) \
+  if cur and struct.unpack('<I4', cur) <= tonumber(ARGV[i]) then redis.call('DEL', k) end \
+end \
+return 0";
+
 /// Slot ranges `(first, last)` and the primary `(host, port)` serving them.
 type SlotMap = Vec<(u16, u16, String, u16)>;
 

@@ -127,6 +127,26 @@ pub trait KvStore: Send + Sync + 'static {
     ) -> Result<Vec<u32>> {
         raise_by_read_then_write(self, items, ttl).await
     }
+
+    /// Deletes sample generation keys: each `(key, generation)` unless the key holds a larger
+    /// generation (a newer sample reused the index). A store that declares
+    /// [`KvCapabilities::atomic_generations`] checks and deletes each key in one atomic step;
+    /// this default reads, then deletes.
+    async fn clear_generations(&self, items: Vec<(String, u32)>) -> Result<()> {
+        let keys: Vec<String> = items.iter().map(|(k, _)| k.clone()).collect();
+        let current = self.mget(&keys).await?;
+        let mut doomed = Vec::with_capacity(items.len());
+        for ((key, at_most), have) in items.into_iter().zip(current) {
+            let Some(raw) = have else { continue };
+            if crate::codec::decode_generation(&key, &raw)? <= at_most {
+                doomed.push(key);
+            }
+        }
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        self.delete(&doomed).await
+    }
 }
 
 /// [`KvStore::raise_generations`] by reading every key, then writing those to raise: not
@@ -232,6 +252,22 @@ pub trait KvStoreExt: KvStore {
             out.extend(self.raise_generations(chunk, ttl).await?);
         }
         Ok(out)
+    }
+
+    /// [`KvStore::clear_generations`] of any number of keys.
+    async fn clear_generations_all(&self, items: Vec<(String, u32)>) -> Result<()> {
+        let caps = self.capabilities();
+        let per_call = caps.max_keys_per_call.max(1);
+        let mut calls = Vec::with_capacity(items.len() / per_call + 1);
+        let mut it = items.into_iter().peekable();
+        while it.peek().is_some() {
+            calls.push(self.clear_generations(it.by_ref().take(per_call).collect()));
+        }
+        futures::stream::iter(calls)
+            .buffer_unordered(caps.max_concurrent_calls.max(1))
+            .try_collect::<Vec<()>>()
+            .await
+            .map(|_| ())
     }
 
     /// [`KvStore::delete`] of any number of keys.

@@ -53,6 +53,7 @@ where
     case!(expire_sets_a_deadline_or_deletes);
     case!(batches_beyond_the_call_limit);
     case!(raise_generations_keeps_the_largest);
+    case!(clear_generations_spares_newer_ones);
     assert!(
         failed.is_empty(),
         "{} KvStore conformance case(s) failed:\n{}",
@@ -301,4 +302,32 @@ pub async fn raise_generations_keeps_the_largest(s: &dyn KvStore) {
         }
     }
     s.delete(&[a, b]).await.expect("tidy");
+}
+
+/// `clear_generations` deletes a generation key holding at most the given generation, keeps
+/// one a newer sample raised, and passes over absent keys.
+pub async fn clear_generations_spares_newer_ones(s: &dyn KvStore) {
+    let p = prefix("clear-generations");
+    let (a, b, absent) = (format!("{p}/a"), format!("{p}/b"), format!("{p}/absent"));
+    s.raise_generations(vec![(a.clone(), 3), (b.clone(), 5)], None)
+        .await
+        .expect("raise");
+    s.clear_generations(vec![(a.clone(), 3), (b.clone(), 4), (absent.clone(), 9)])
+        .await
+        .expect("clear");
+    let stored = s
+        .mget(&[a.clone(), b.clone(), absent.clone()])
+        .await
+        .expect("mget");
+    assert_eq!(stored[0], None, "generation 3 cleared at generation 3");
+    assert_eq!(
+        stored[1].as_deref(),
+        Some(&crate::codec::encode_generation(5)[..]),
+        "generation 5 survives a clear of generation 4"
+    );
+    assert_eq!(stored[2], None, "an absent key stays absent");
+    s.clear_generations(vec![(b.clone(), 6)])
+        .await
+        .expect("clear older");
+    assert_eq!(s.mget(&[b]).await.expect("mget")[0], None);
 }

@@ -580,12 +580,13 @@ async fn redis_commands_follow_the_configuration() {
             .map(|(c, _)| *c)
             .collect();
         // The put raises the generation keys with a script (`EVAL`). A whole-sample clear
-        // always removes the generation keys with the delete command; with a TTL the cells
-        // expire by the configured means (the expire script's own `PEXPIRE`s count too),
-        // without one they are deleted.
+        // deletes the generation keys with a check-and-delete script (its `DEL`s count);
+        // with a TTL the cells expire by the configured means (the expire script's own
+        // `PEXPIRE`s count too), without one they are deleted with the configured command.
         let want: Vec<&str> = match ttl {
-            None => vec![delete, "eval"],
-            Some(_) => vec![delete, "eval", "pexpire"],
+            None if delete == "del" => vec!["del", "eval"],
+            None => vec![delete, "del", "eval"],
+            Some(_) => vec!["del", "eval", "pexpire"],
         };
         let mut want = want;
         want.sort_by_key(|c| {

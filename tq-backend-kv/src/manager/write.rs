@@ -165,7 +165,6 @@ impl KvStorageManager {
         if meta.is_empty() {
             return Ok(());
         }
-        let mut seen = HashSet::with_capacity(meta.len());
         let ks = KeyScheme::new(&self.options.namespace, meta.partition());
         let fields: Vec<&str> = match filter {
             FieldFilter::All => meta.field_names().collect(),
@@ -187,29 +186,27 @@ impl KvStorageManager {
                 )?;
             }
         }
-        let whole = matches!(filter, FieldFilter::All);
-        let (gens, ()) = futures::future::try_join(
-            async {
-                if whole {
-                    self.generations(&ks, meta.samples()).await
-                } else {
-                    Ok(Vec::new())
-                }
-            },
+        // A whole-sample clear also deletes the generation keys — at once, with the cells:
+        // it is what makes the samples unreadable — unless a newer generation raised them (a
+        // check-and-delete in one step where the store can, see `clear_generations`).
+        let mut gens: Vec<(String, u32)> = Vec::new();
+        if matches!(filter, FieldFilter::All) {
+            let mut newest: BTreeMap<u32, u32> = BTreeMap::new();
+            for s in meta.samples() {
+                let g = newest.entry(s.index).or_insert(s.generation);
+                *g = (*g).max(s.generation);
+            }
+            gens = newest
+                .into_iter()
+                .map(|(index, g)| (ks.generation(index), g))
+                .collect();
+        }
+        futures::future::try_join(
+            self.stores[0].store.clear_generations_all(gens),
             self.remove(&plan, expire),
         )
         .await
-        .map_err(|e| e.context(self.ctx(meta)))?;
-        // A whole-sample clear also deletes the generation key (at once: it is what makes the
-        // sample unreadable), unless a newer generation wrote it.
-        let mut markers = Plan::new(self.stores.len());
-        for (s, g) in meta.samples().iter().zip(gens) {
-            if g.is_some_and(|g| g <= s.generation) && seen.insert(s.index) {
-                markers.push(0, ks.generation(s.index), 0);
-            }
-        }
-        self.remove(&markers, false)
-            .await
-            .map_err(|e| e.context(self.ctx(meta)))
+        .map(|_| ())
+        .map_err(|e| e.context(self.ctx(meta)))
     }
 }

@@ -97,6 +97,32 @@ impl KvStore for RedisStore {
         Ok(out)
     }
 
+    /// One [`CLEAR_GENERATIONS_SCRIPT`] call per call (per hash slot on a cluster).
+    async fn clear_generations(&self, items: Vec<(String, u32)>) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let build = |pos: &[usize]| {
+            let bytes: usize = pos.iter().map(|&i| items[i].0.len() + 10).sum();
+            let mut c = cmd_with(
+                "EVAL",
+                2 * pos.len() + 2,
+                CLEAR_GENERATIONS_SCRIPT.len() + 8 + bytes,
+            );
+            c.arg(CLEAR_GENERATIONS_SCRIPT).arg(pos.len());
+            for &i in pos {
+                c.arg(&items[i].0);
+            }
+            for &i in pos {
+                c.arg(items[i].1);
+            }
+            Req::Cmd(c)
+        };
+        self.run(self.groups(items.iter().map(|(k, _)| k)), &build)
+            .await
+            .map(|_| ())
+    }
+
     /// One `UNLINK` (or `DEL`) per call, one per hash slot on a cluster.
     async fn delete(&self, keys: &[String]) -> Result<()> {
         if keys.is_empty() {
