@@ -341,7 +341,7 @@ mod tests {
                 let (want, held) = t.await.unwrap();
                 assert!(held >= want, "round {round}: raised {want}, told {held}");
             }
-            let raw = store.mget(&[key.clone()]).await.unwrap()[0]
+            let raw = store.mget(std::slice::from_ref(&key)).await.unwrap()[0]
                 .clone()
                 .unwrap();
             assert_eq!(
