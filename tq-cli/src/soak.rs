@@ -136,7 +136,20 @@ async fn consume(tq: Client, args: SoakArgs, stop: Arc<AtomicBool>, tally: Arc<M
             }
             continue;
         }
-        let ids: Vec<i64> = match tq.get_data(&meta).await {
+        // A unit that is being restarted refuses connections for a moment: read again (the
+        // batch is leased to this consumer; giving up would leave it leased past the end of
+        // the run) for up to 2 s, then count it with the failures below.
+        let mut read = tq.get_data(&meta).await;
+        let retry_until = Instant::now() + Duration::from_secs(2);
+        while let Err(e) = &read {
+            if !e.is_retryable() || Instant::now() >= retry_until {
+                break;
+            }
+            lock(&tally).error("read (retried)", e);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            read = tq.get_data(&meta).await;
+        }
+        let ids: Vec<i64> = match read {
             Ok(batch) => {
                 let Some(Column::Dense(x)) = batch.column("x") else {
                     lock(&tally)
@@ -176,9 +189,10 @@ async fn consume(tq: Client, args: SoakArgs, stop: Arc<AtomicBool>, tally: Arc<M
                 Vec::new()
             }
             Err(e) => {
+                // Still failing: the batch cannot be read, so it is reported lost (below)
+                // rather than left leased.
                 lock(&tally).error("read", &e);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
+                Vec::new()
             }
         };
         if ids.is_empty() {
