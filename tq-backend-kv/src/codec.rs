@@ -3,8 +3,8 @@
 //! # Keys
 //!
 //! ```text
-//! cell:       <ns>/{<partition>/<index>}/<generation>/<field>[%v<version>]
-//! generation: <ns>/{<partition>/<index>}/gen
+//! cell:       <ns>[/<epoch>]/{<partition>/<index>}/<generation>/<field>[%v<version>]
+//! generation: <ns>[/<epoch>]/{<partition>/<index>}/gen
 //! ```
 //!
 //! `<partition>` and `<field>` are escaped (`%` → `%25`, `/` → `%2F`, `{` → `%7B`, `}` → `%7D`),
@@ -152,8 +152,19 @@ pub struct KeyScheme {
 
 impl KeyScheme {
     pub fn new(namespace: &str, partition: &str) -> Self {
-        let mut prefix = String::with_capacity(namespace.len() + partition.len() + 4);
+        Self::in_epoch(namespace, 0, partition)
+    }
+
+    /// The keys of `partition` in controller epoch `epoch` (0: no epoch component):
+    /// `<ns>/<epoch, 16 hex digits>/{<partition>/...`, so a controller restarted without its
+    /// state never meets the keys of its earlier life.
+    pub fn in_epoch(namespace: &str, epoch: u64, partition: &str) -> Self {
+        use std::fmt::Write;
+        let mut prefix = String::with_capacity(namespace.len() + partition.len() + 21);
         escape_into(&mut prefix, namespace);
+        if epoch != 0 {
+            let _ = write!(prefix, "/{epoch:016x}");
+        }
         prefix.push_str("/{");
         escape_into(&mut prefix, partition);
         prefix.push('/');
@@ -211,6 +222,10 @@ mod tests {
         let k = KeyScheme::new("tq", "a/b");
         assert_eq!(k.cell(SampleId::new(3, 2), "x"), "tq/{a%2Fb/3}/2/x");
         assert_eq!(k.generation(3), "tq/{a%2Fb/3}/gen");
+        assert_eq!(
+            KeyScheme::in_epoch("tq", 0xbeef, "a/b").generation(3),
+            "tq/000000000000beef/{a%2Fb/3}/gen"
+        );
         assert_eq!(
             k.cell_at(SampleId::new(3, 2), "x", 0xab),
             "tq/{a%2Fb/3}/2/x%v00000000000000ab"

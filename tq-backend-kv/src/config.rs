@@ -230,8 +230,15 @@ impl KvConfig {
         }
     }
 
-    /// Builds the manager. Redis stores connect on first use, so this does no I/O.
+    /// Builds the manager, with keys outside any controller epoch. Redis stores connect on
+    /// first use, so this does no I/O.
     pub fn build(&self) -> Result<KvStorageManager> {
+        self.build_in_epoch(0)
+    }
+
+    /// Builds the manager whose keys belong to controller epoch `epoch` (see
+    /// [`KvOptions::epoch`]).
+    pub fn build_in_epoch(&self, epoch: u64) -> Result<KvStorageManager> {
         self.validate()?;
         let stores = self
             .stores
@@ -264,6 +271,7 @@ impl KvConfig {
                 data_ttl: self.data_ttl_ms.map(Duration::from_millis),
                 clear_expire_after: Duration::from_millis(self.clear_expire_after_ms),
                 routing,
+                epoch,
             },
         )
     }

@@ -58,6 +58,10 @@ pub struct KvOptions {
     /// How long cleared keys stay when `data_ttl` is set.
     pub clear_expire_after: Duration,
     pub routing: Routing,
+    /// The controller epoch the keys belong to (0: none). Keys carry it after the namespace,
+    /// so a controller restarted without its state (a new epoch) starts on fresh keys instead
+    /// of meeting generation keys its earlier life left at the same indexes.
+    pub epoch: u64,
 }
 
 impl Default for KvOptions {
@@ -67,6 +71,7 @@ impl Default for KvOptions {
             data_ttl: None,
             clear_expire_after: DEFAULT_CLEAR_EXPIRE_AFTER,
             routing: Routing::First,
+            epoch: 0,
         }
     }
 }
@@ -407,6 +412,11 @@ impl KvStorageManager {
         ks.cell_at(sample, field, version)
     }
 
+    /// The key scheme of `partition` (namespace and epoch of this manager).
+    fn keys(&self, partition: &str) -> KeyScheme {
+        KeyScheme::in_epoch(&self.options.namespace, self.options.epoch, partition)
+    }
+
     fn ctx(&self, meta: &BatchMeta) -> String {
         format!("{} partition `{}`", self.name, meta.partition())
     }
@@ -438,7 +448,7 @@ impl StorageManager for KvStorageManager {
                 backend_meta: None,
             });
         }
-        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let ks = self.keys(meta.partition());
         let gens = self
             .generations(&ks, meta.samples())
             .await
@@ -586,7 +596,7 @@ impl StorageManager for KvStorageManager {
                 }
             })
             .await?;
-        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let ks = self.keys(meta.partition());
         let mut out = Batch::empty(n);
         // `raw` is field-major: field `f`'s cells are `raw[f * n..(f + 1) * n]`.
         for ((field, sink), cells) in fields.into_iter().zip(sinks).zip(raw.chunks(n)) {
@@ -621,7 +631,7 @@ impl StorageManager for KvStorageManager {
         }
         let fields: Vec<&str> = batch.field_names().collect();
         let (raw, where_) = self.read_cells(meta, &fields, &mut |_, _| {}).await?;
-        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let ks = self.keys(meta.partition());
         let n = meta.len();
         let mut per_store: Vec<Vec<(String, KvValue)>> = vec![Vec::new(); self.stores.len()];
         let mut backend_meta: Vec<BackendMeta> = vec![BackendMeta::new(); n];
@@ -681,7 +691,7 @@ impl StorageManager for KvStorageManager {
     /// The cells are marked to expire after `clear_expire_after` (deleted on stores without
     /// expiry), so a reader that fetched metadata just before the publish still reads them.
     async fn retire_replaced(&self, replaced: &BatchMeta) -> Result<()> {
-        let ks = KeyScheme::new(&self.options.namespace, replaced.partition());
+        let ks = self.keys(replaced.partition());
         let mut plan = Plan::new(self.stores.len());
         let mut tags = self.tags();
         for (s, row) in replaced.samples().iter().zip(replaced.backend_meta()) {

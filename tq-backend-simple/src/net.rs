@@ -68,6 +68,14 @@ impl WireMerge {
     }
 }
 
+/// Every unit request, with the controller epoch of the metadata it was made from (0: the
+/// sender does not know one).
+#[derive(Debug, Serialize, Deserialize)]
+struct UnitEnvelope<R> {
+    epoch: u64,
+    request: R,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 enum UnitRequest {
     Put {
@@ -190,22 +198,116 @@ impl FrameReader<'_> {
     }
 }
 
+/// Makes an empty unit in place of one whose controller restarted without its state.
+pub type UnitFactory = Box<dyn Fn() -> Result<Arc<dyn StorageUnit>> + Send + Sync>;
+
 /// Serves one storage unit on the network.
+///
+/// The unit belongs to one controller epoch at a time: requests made from metadata of another
+/// epoch are refused, and when the controller it registers with turns out to have restarted
+/// without its state ([`UnitServer::adopt_epoch`]), the cells of the earlier epoch are dropped
+/// (the unit is made anew by its factory), since no metadata can name them any more and the
+/// new epoch reuses their indexes.
 pub struct UnitServer {
-    unit: Arc<dyn StorageUnit>,
+    id: String,
+    /// `None` while the unit is being made anew.
+    unit: std::sync::RwLock<Option<Arc<dyn StorageUnit>>>,
+    epoch: std::sync::atomic::AtomicU64,
+    fresh: Option<UnitFactory>,
 }
 
 impl UnitServer {
     pub fn new(unit: Arc<dyn StorageUnit>) -> Self {
-        UnitServer { unit }
+        UnitServer {
+            id: unit.id().to_string(),
+            unit: std::sync::RwLock::new(Some(unit)),
+            epoch: std::sync::atomic::AtomicU64::new(0),
+            fresh: None,
+        }
+    }
+
+    /// In `epoch` from the start (a unit in its controller's process).
+    pub fn with_epoch(self, epoch: u64) -> Self {
+        self.epoch
+            .store(epoch, std::sync::atomic::Ordering::Relaxed);
+        self
+    }
+
+    /// How to make an empty unit when the controller's epoch changes. Without one, the
+    /// earlier epoch's cells stay (unreachable) until the process restarts.
+    pub fn with_factory(mut self, fresh: UnitFactory) -> Self {
+        self.fresh = Some(fresh);
+        self
+    }
+
+    /// The epoch this unit serves (0: none yet).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Takes the controller's epoch, as a registration answered it. A first epoch is simply
+    /// adopted; a different one means the controller restarted without its state: the unit is
+    /// made anew (its cells belong to metadata that no longer exists). Returns whether it was.
+    /// If the new unit cannot be made yet (the old one's files are still in use by requests
+    /// in flight), requests are refused as unavailable and the next registration tries again.
+    pub fn adopt_epoch(&self, epoch: u64) -> Result<bool> {
+        use std::sync::atomic::Ordering;
+        let before = self.epoch();
+        let missing = self.current().is_none();
+        if before == epoch && !missing {
+            return Ok(false);
+        }
+        if before == 0 {
+            self.epoch.store(epoch, Ordering::Relaxed);
+            return Ok(false);
+        }
+        let Some(fresh) = &self.fresh else {
+            tracing::warn!(unit = %self.id, "the controller restarted without its state; this unit keeps the earlier epoch's cells until it restarts");
+            self.epoch.store(epoch, Ordering::Relaxed);
+            return Ok(false);
+        };
+        if before != epoch {
+            tracing::warn!(
+                unit = %self.id,
+                old_epoch = %format_args!("{before:016x}"),
+                new_epoch = %format_args!("{epoch:016x}"),
+                "the controller restarted without its state; dropping the earlier epoch's cells"
+            );
+        }
+        // The epoch changes first: from here on, requests of the earlier epoch are refused.
+        self.epoch.store(epoch, Ordering::Relaxed);
+        let old = self.unit.write().unwrap_or_else(|p| p.into_inner()).take();
+        drop(old);
+        let unit = fresh()?;
+        *self.unit.write().unwrap_or_else(|p| p.into_inner()) = Some(unit);
+        Ok(true)
+    }
+
+    fn current(&self) -> Option<Arc<dyn StorageUnit>> {
+        self.unit.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
 #[async_trait]
 impl Handler for UnitServer {
     async fn handle(&self, request: Message) -> Result<Message> {
-        let req: UnitRequest = request.decode()?;
-        let peer = format!("request to unit `{}`", self.unit.id());
+        let envelope: UnitEnvelope<UnitRequest> = request.decode()?;
+        let ours = self.epoch();
+        if envelope.epoch != 0 && ours != 0 && envelope.epoch != ours {
+            return Err(tq_core::epoch_mismatch(
+                &format!("storage unit `{}`", self.id),
+                envelope.epoch,
+                ours,
+            ));
+        }
+        let Some(unit) = self.current() else {
+            return Err(Error::unavailable(format!(
+                "storage unit `{}` is dropping the cells of an earlier controller epoch",
+                self.id
+            )));
+        };
+        let req = envelope.request;
+        let peer = format!("request to unit `{}`", unit.id());
         let mut reader = FrameReader {
             frames: request.frames.iter(),
             peer: &peer,
@@ -214,7 +316,7 @@ impl Handler for UnitServer {
             UnitRequest::Put { samples, fields } => {
                 let fields = reader.fields(fields)?;
                 reader.finish()?;
-                self.unit.put(UnitPut { samples, fields }).await?;
+                unit.put(UnitPut { samples, fields }).await?;
                 return Message::encode(&UnitResponse::Done, Vec::new());
             }
             UnitRequest::Update {
@@ -224,25 +326,24 @@ impl Handler for UnitServer {
             } => {
                 let fields = reader.fields(fields)?;
                 reader.finish()?;
-                let reply = self
-                    .unit
+                let reply = unit
                     .update(UnitUpdate { samples, fields }, &merge.into_op())
                     .await?;
                 UnitResponse::Updated(reply)
             }
             UnitRequest::Get { fields, samples } => {
                 reader.finish()?;
-                let columns = self.unit.get(&fields, &samples).await?;
+                let columns = unit.get(&fields, &samples).await?;
                 let mut frames = Vec::with_capacity(columns.iter().map(Vec::len).sum());
                 let descs = columns.iter().map(|c| describe(c, &mut frames)).collect();
                 return Message::encode(&UnitResponse::Got(descs), frames);
             }
             UnitRequest::Clear { samples, filter } => {
                 reader.finish()?;
-                self.unit.clear(&samples, &filter).await?;
+                unit.clear(&samples, &filter).await?;
                 UnitResponse::Done
             }
-            UnitRequest::Stats => UnitResponse::Stats(self.unit.stats().await?),
+            UnitRequest::Stats => UnitResponse::Stats(unit.stats().await?),
         };
         Message::encode(&response, Vec::new())
     }
@@ -253,6 +354,8 @@ pub struct RemoteUnit {
     id: String,
     endpoint: Endpoint,
     pool: Pool,
+    /// The controller epoch of the metadata this stub serves (0: none), sent with every request.
+    epoch: u64,
 }
 
 impl RemoteUnit {
@@ -262,6 +365,21 @@ impl RemoteUnit {
             id: id.into(),
             endpoint,
             pool,
+            epoch: 0,
+        }
+    }
+
+    /// Requests carry `epoch` (the controller's, from its topology): a unit that moved on to
+    /// a later epoch refuses them instead of serving another sample at the same index.
+    pub fn with_epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch;
+        self
+    }
+
+    fn envelope<'a>(&self, request: &'a UnitRequest) -> UnitEnvelope<&'a UnitRequest> {
+        UnitEnvelope {
+            epoch: self.epoch,
+            request,
         }
     }
 
@@ -275,7 +393,7 @@ impl RemoteUnit {
         frames: Vec<Bytes>,
         idempotent: bool,
     ) -> Result<(UnitResponse, Message)> {
-        let msg = Message::encode(req, frames)?;
+        let msg = Message::encode(&self.envelope(req), frames)?;
         let reply = self
             .pool
             .call(
@@ -361,7 +479,7 @@ impl StorageUnit for RemoteUnit {
             .pool
             .call_into(
                 &self.endpoint,
-                Message::encode(&req, Vec::new())?,
+                Message::encode(&self.envelope(&req), Vec::new())?,
                 CallOptions {
                     timeout: None,
                     idempotent: true,

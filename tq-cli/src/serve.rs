@@ -204,7 +204,7 @@ async fn start_unit(
     ssd: &SsdArgs,
     security: &Security,
     config: &Config,
-) -> Result<Server> {
+) -> Result<(Server, Arc<UnitServer>)> {
     let unit_config = UnitConfig {
         capacity: capacity.or(config.storage.capacity_per_unit),
         compaction_threshold: config.storage.compaction_threshold,
@@ -221,12 +221,23 @@ async fn start_unit(
             .enabled
             .then(|| config.storage.ssd.clone()),
     };
-    let unit: Arc<dyn StorageUnit> = match offload {
-        Some(offload) => Arc::new(tq_backend_ssd::SsdUnit::new(id, unit_config, offload)?),
-        None => Arc::new(MemoryUnit::with_config(id, unit_config)?),
+    let unit_id = id.to_string();
+    let make = move || -> Result<Arc<dyn StorageUnit>> {
+        Ok(match &offload {
+            Some(offload) => Arc::new(tq_backend_ssd::SsdUnit::new(
+                unit_id.clone(),
+                unit_config.clone(),
+                offload.clone(),
+            )?),
+            None => Arc::new(MemoryUnit::with_config(
+                unit_id.clone(),
+                unit_config.clone(),
+            )?),
+        })
     };
-    let handler = Arc::new(UnitServer::new(unit));
-    Server::bind(listen, security.server_config(id), handler).await
+    let handler = Arc::new(UnitServer::new(make()?).with_factory(Box::new(make)));
+    let server = Server::bind(listen, security.server_config(id), handler.clone()).await?;
+    Ok((server, handler))
 }
 
 /// The endpoint clients should use: `local` with its host replaced by `host`, if given.
@@ -261,7 +272,7 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
     let mut units = Vec::new();
     for i in 0..unit_count {
         let id = format!("unit-{i}");
-        let server = start_unit(
+        let (server, handler) = start_unit(
             &id,
             &unit_listen,
             args.capacity_per_unit,
@@ -270,6 +281,8 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
             &config,
         )
         .await?;
+        // In the controller's process: its epoch from the start.
+        handler.adopt_epoch(service.epoch())?;
         let endpoint = advertised(server.local_endpoint(), args.advertise_host.as_deref())?;
         service.register_unit(UnitInfo {
             id: id.clone(),
@@ -314,7 +327,7 @@ pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
     let controller: Endpoint = args.controller.parse()?;
-    let server = start_unit(
+    let (server, handler) = start_unit(
         &args.id,
         &listen,
         args.capacity,
@@ -340,7 +353,10 @@ pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         match control.register_unit(info.clone()).await {
-            Ok(()) => break,
+            Ok(epoch) => {
+                handler.adopt_epoch(epoch)?;
+                break;
+            }
             Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
                 tracing::info!(error = %e, "controller not reachable yet; retrying");
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -355,7 +371,11 @@ pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
     // Rejoin a controller that restarted (it starts with an empty unit table).
     tokio::select! {
         _ = shutdown => {}
-        _ = control.keep_registered(info, REGISTER_EVERY) => {}
+        _ = control.keep_registered(info, REGISTER_EVERY, |epoch| {
+            if let Err(e) = handler.adopt_epoch(epoch) {
+                tracing::warn!(error = %e, "cannot make the unit anew for the controller's new epoch; retrying at the next registration");
+            }
+        }) => {}
     }
     eprintln!("shutting down");
     server.shutdown().await;

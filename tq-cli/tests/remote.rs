@@ -714,7 +714,9 @@ async fn key_cache_speculation_never_answers_stale_metadata() {
 }
 
 /// Defect 6 of the adversarial-testing issue: a controller killed and restarted on the same
-/// address was never rejoined by its storage units, so no client could connect again.
+/// address was never rejoined by its storage units, so no client could connect again. And the
+/// restarted controller is a new epoch: a client from before is refused, never served the new
+/// samples that reuse its indexes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storage_units_rejoin_a_restarted_controller() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -736,6 +738,7 @@ async fn storage_units_rejoin_a_restarted_controller() {
         .kv_put("k", &rows(1, 0), None)
         .await
         .unwrap();
+    let old_meta = tq.partition("p").kv_meta(&["k"]).await.unwrap();
 
     controller.kill();
     let mut controller = start_controller();
@@ -755,10 +758,44 @@ async fn storage_units_rejoin_a_restarted_controller() {
             .unwrap(),
         rows(1, 5)
     );
-    // The client from before the restart routes the same way as the new one.
+    // The restarted controller has none of the earlier state: a new epoch. The client from
+    // before the restart is refused by the controller and by the units alike — its metadata
+    // names index 0, generation 0, which is now the new epoch's `q/k` on the same unit.
+    assert_ne!(tq.epoch(), fresh.epoch());
+    let refused = |e: tq_core::Error| {
+        assert_eq!(e.kind(), &ErrorKind::Conflict, "{e}");
+        assert_eq!(e.retry(), tq_core::Retry::Never, "{e}");
+        assert!(e.message().contains("restarted without its state"), "{e}");
+    };
+    refused(
+        tq.partition("q")
+            .kv_batch_get(&["k"], None)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(
-        tq.partition("q").kv_batch_get(&["k"], None).await.unwrap(),
-        rows(1, 5)
+        old_meta.samples(),
+        fresh
+            .partition("q")
+            .kv_meta(&["k"])
+            .await
+            .unwrap()
+            .samples()
+    );
+    refused(tq.get_data(&old_meta).await.unwrap_err());
+    refused(
+        tq.clear_samples(&old_meta)
+            .await
+            .expect_err("an old clear must not reach the new sample"),
+    );
+    assert_eq!(
+        fresh
+            .partition("q")
+            .kv_batch_get(&["k"], None)
+            .await
+            .unwrap(),
+        rows(1, 5),
+        "the new sample is untouched"
     );
     let _ = controller.terminate(Duration::from_secs(5));
 }

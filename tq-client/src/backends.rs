@@ -14,14 +14,16 @@ pub type BackendFactory =
 /// Custom backends by the name `storage.backend` uses.
 pub(crate) type BackendRegistry = BTreeMap<String, BackendFactory>;
 
+/// The storage `config` names, for a controller in epoch `epoch` (KV keys carry it).
 pub(crate) fn build(
     config: &Config,
     merges: MergeRegistry,
     custom: &BackendRegistry,
+    epoch: u64,
 ) -> Result<Arc<dyn StorageManager>> {
     match &config.storage.backend {
         Backend::Simple => simple(config, merges),
-        Backend::Kv => kv(config, merges),
+        Backend::Kv => kv(config, merges, epoch),
         Backend::Custom(name) => match custom.get(name) {
             Some(factory) => factory(config, &merges),
             None => Err(Error::invalid(format!(
@@ -74,13 +76,17 @@ fn simple(_: &Config, _: MergeRegistry) -> Result<Arc<dyn StorageManager>> {
 }
 
 #[cfg(feature = "kv")]
-fn kv(config: &Config, merges: MergeRegistry) -> Result<Arc<dyn StorageManager>> {
+fn kv(config: &Config, merges: MergeRegistry, epoch: u64) -> Result<Arc<dyn StorageManager>> {
     Ok(Arc::new(
-        config.storage.kv.build()?.with_merge_registry(merges),
+        config
+            .storage
+            .kv
+            .build_in_epoch(epoch)?
+            .with_merge_registry(merges),
     ))
 }
 
 #[cfg(not(feature = "kv"))]
-fn kv(_: &Config, _: MergeRegistry) -> Result<Arc<dyn StorageManager>> {
+fn kv(_: &Config, _: MergeRegistry, _: u64) -> Result<Arc<dyn StorageManager>> {
     Err(crate::config::feature_off("storage.backend = \"kv\"", "kv"))
 }

@@ -120,6 +120,8 @@ impl ClientBuilder {
     /// An embedded client: the controller and the storage run in this process.
     pub fn build(mut self) -> Result<Client> {
         let config = self.take_config()?;
+        // The epoch is chosen before the storage is built: KV keys carry it.
+        let epoch = tq_core::new_epoch();
         let storage = match self.storage.take() {
             Some(storage) => {
                 if !self.merges.is_empty() {
@@ -130,7 +132,7 @@ impl ClientBuilder {
                 }
                 storage
             }
-            None => crate::backends::build(&config, self.merges, &self.backends)?,
+            None => crate::backends::build(&config, self.merges, &self.backends, epoch)?,
         };
         let (default_sampler, named) = config.sampler_specs()?;
         let controller = Controller::new(ControllerConfig {
@@ -138,7 +140,8 @@ impl ClientBuilder {
             default_sampler,
             storage_backend: storage.name().to_string(),
             links_supported: storage.capabilities().links,
-        })?;
+        })?
+        .with_epoch(epoch);
         for (name, spec) in named {
             controller.register_sampler(name, spec.build()?);
         }

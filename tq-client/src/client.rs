@@ -152,6 +152,11 @@ impl Client {
     pub fn storage(&self) -> &Arc<dyn StorageManager> {
         &self.storage
     }
+    /// The epoch of the controller's state this client works in: a controller restarted
+    /// without its state has another, and refuses this client's requests.
+    pub fn epoch(&self) -> u64 {
+        self.control.epoch()
+    }
     pub fn config(&self) -> &Config {
         &self.config
     }

@@ -65,7 +65,7 @@ pub(crate) async fn connect(
         };
         if let Some(storage) = &topology.storage {
             adopt_storage(&mut config, storage, &endpoint)?;
-            let storage = crate::backends::build(&config, merges, backends)
+            let storage = crate::backends::build(&config, merges, backends, topology.epoch)
                 .map_err(|e| e.context(format!("the storage of controller {endpoint}")))?;
             return Ok(Client::from_parts(Arc::new(control), storage, config));
         }
@@ -82,8 +82,9 @@ pub(crate) async fn connect(
                 let ep: Endpoint = u.endpoint.parse().map_err(|e: Error| {
                     e.context(format!("storage unit `{}` registered a bad endpoint", u.id))
                 })?;
-                Ok(Arc::new(RemoteUnit::new(u.id.clone(), ep, pool.clone()))
-                    as Arc<dyn tq_unit::StorageUnit>)
+                Ok(Arc::new(
+                    RemoteUnit::new(u.id.clone(), ep, pool.clone()).with_epoch(topology.epoch),
+                ) as Arc<dyn tq_unit::StorageUnit>)
             })
             .collect::<Result<Vec<_>>>()?;
         let storage = SimpleStorage::new(units)?;

@@ -1,5 +1,6 @@
 //! Defects of the adversarial-testing issue that need a real Redis: keys stuck after a put
-//! failed during an outage, stale writes leaking keys, and the TTL re-arm of a whole sample.
+//! failed during an outage, stale writes leaking keys, and the TTL re-arm of a whole sample; and
+//! the epoch in KV keys, which keeps a restarted process off the keys of its earlier life.
 //! Each test starts its own `redis-server` on a free loopback port.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 
@@ -163,4 +164,44 @@ async fn defect_5_rewriting_one_field_re_arms_the_ttl_of_the_whole_sample() {
         ttl > 500_000,
         "field y was not re-armed by an update of x: PTTL {ttl} ms"
     );
+}
+
+/// Epochs: an embedded process that died without clearing left generation keys in Redis (index
+/// 0 at generation 2 here). Its successor's controller starts again at index 0, generation 0:
+/// its keys carry a new epoch, so it neither trips over the old generation key (a put refused
+/// as stale) nor touches the keys of its earlier life.
+#[tokio::test]
+async fn a_restarted_embedded_process_starts_on_fresh_keys() {
+    if !redis_available("a_restarted_embedded_process_starts_on_fresh_keys") {
+        return;
+    }
+    let redis = RedisServer::start();
+    let first = client_on(&redis, "");
+    let p = first.partition("p");
+    for round in 0..3 {
+        p.kv_put("k", &ints(1, round), None).await.unwrap();
+        if round < 2 {
+            p.kv_clear(&["k"]).await.unwrap();
+        }
+    }
+    let old = p.kv_meta(&["k"]).await.unwrap();
+    assert_eq!(old.samples()[0], tq_core::SampleId::new(0, 2));
+    let first_epoch = first.epoch();
+    drop(first);
+    let left = dbsize(&redis);
+    assert_eq!(
+        left, 2,
+        "one cell and one generation key of the earlier life"
+    );
+
+    let second = client_on(&redis, "");
+    assert_ne!(second.epoch(), first_epoch);
+    let q = second.partition("p");
+    q.kv_put("k", &ints(1, 100), None).await.unwrap();
+    let now = q.kv_meta(&["k"]).await.unwrap();
+    assert_eq!(now.samples()[0], tq_core::SampleId::new(0, 0));
+    assert_eq!(q.kv_batch_get(&["k"], None).await.unwrap(), ints(1, 100));
+    assert_eq!(dbsize(&redis), left + 2, "the earlier keys are untouched");
+    q.kv_clear(&["k"]).await.unwrap();
+    assert_eq!(dbsize(&redis), left);
 }

@@ -176,6 +176,10 @@ impl KeyListing {
 /// a remote stub will implement the same trait, so client code has one path.
 #[async_trait]
 pub trait ControlPlane: Send + Sync + 'static {
+    /// The epoch of the controller's state (see `tq_core::new_epoch`); 0 for a remote stub
+    /// that has not asked for the topology yet.
+    fn epoch(&self) -> u64;
+
     /// Metadata for a batch: fetch, insert (allocate) or force mode.
     async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta>;
 

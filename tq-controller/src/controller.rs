@@ -200,6 +200,8 @@ pub struct Controller {
     default_sampler: Arc<dyn Sampler>,
     storage_backend: String,
     links_supported: bool,
+    /// Which life of this controller's state its metadata belongs to (see `tq_core::new_epoch`).
+    epoch: u64,
 }
 
 impl Controller {
@@ -220,7 +222,21 @@ impl Controller {
             default_sampler: config.default_sampler.build()?,
             storage_backend: config.storage_backend,
             links_supported: config.links_supported,
+            epoch: tq_core::new_epoch(),
         })
+    }
+
+    /// The same controller in epoch `epoch` (an embedded client picks the epoch before it
+    /// builds its storage, whose KV keys carry it).
+    pub fn with_epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch.max(1);
+        self
+    }
+
+    /// The epoch of this controller's state: a controller started without its state has a
+    /// new one, and requests or keys of another epoch are refused.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Makes `sampler` available to fetches that name it.

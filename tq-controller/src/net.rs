@@ -35,6 +35,9 @@ pub struct Topology {
     /// the same stores, routing and TTL. It may hold credentials (store URLs): it is only sent
     /// to peers that passed the handshake, and never logged.
     pub storage: Option<String>,
+    /// The controller's epoch (see `tq_core::new_epoch`): clients and units send it with every
+    /// request, and a controller restarted without its state refuses the old one.
+    pub epoch: u64,
 }
 
 impl std::fmt::Debug for Topology {
@@ -42,6 +45,7 @@ impl std::fmt::Debug for Topology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Topology")
             .field("expected_units", &self.expected_units)
+            .field("epoch", &format_args!("{:016x}", self.epoch))
             .field("units", &self.units)
             .field(
                 "storage",
@@ -59,6 +63,14 @@ impl Topology {
     pub fn is_complete(&self) -> bool {
         self.units.len() == self.expected_units as usize
     }
+}
+
+/// Every controller request, with the epoch of the metadata it carries (0: not known yet — a
+/// first topology request, a unit registering).
+#[derive(Debug, Serialize, Deserialize)]
+struct ControlEnvelope {
+    epoch: u64,
+    request: ControlRequest,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -168,6 +180,10 @@ enum ControlResponse {
     Holds(Vec<bool>),
     /// What a production notice replaced (protocol 4).
     Replaced(Vec<BackendMeta>),
+    /// A unit registered; the controller's epoch.
+    Registered {
+        epoch: u64,
+    },
 }
 
 /// Serves a controller and the unit registry.
@@ -179,26 +195,35 @@ pub struct ControllerServer {
 impl ControllerServer {
     /// Serves `controller`, expecting `expected_units` storage units to register.
     pub fn new(controller: Arc<Controller>, expected_units: u32) -> Self {
+        let epoch = controller.epoch();
         ControllerServer {
             controller,
             topology: Mutex::new(Topology {
                 expected_units,
                 units: Vec::new(),
                 storage: None,
+                epoch,
             }),
         }
+    }
+
+    /// The controller's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.controller.epoch()
     }
 
     /// Serves `controller` whose payloads live in the storage `storage` describes (the
     /// `[storage]` section of a configuration, TOML), which every client builds for itself;
     /// no storage unit registers.
     pub fn with_shared_storage(controller: Arc<Controller>, storage: String) -> Self {
+        let epoch = controller.epoch();
         ControllerServer {
             controller,
             topology: Mutex::new(Topology {
                 expected_units: 0,
                 units: Vec::new(),
                 storage: Some(storage),
+                epoch,
             }),
         }
     }
@@ -338,7 +363,9 @@ impl ControllerServer {
             } => ControlResponse::Holds(c.still_hold(&partition, &samples, &fields).await?),
             ControlRequest::RegisterUnit(info) => {
                 self.register_unit(info)?;
-                ControlResponse::Done
+                ControlResponse::Registered {
+                    epoch: self.epoch(),
+                }
             }
             ControlRequest::Topology => ControlResponse::Topology(self.topology()),
         })
@@ -351,8 +378,15 @@ impl Handler for ControllerServer {
         if !request.frames.is_empty() {
             return Err(Error::invalid("controller requests carry no body frames"));
         }
-        let req: ControlRequest = request.decode()?;
-        let resp = self.dispatch(req).await?;
+        let envelope: ControlEnvelope = request.decode()?;
+        if envelope.epoch != 0 && envelope.epoch != self.epoch() {
+            return Err(tq_core::epoch_mismatch(
+                "the controller",
+                envelope.epoch,
+                self.epoch(),
+            ));
+        }
+        let resp = self.dispatch(envelope.request).await?;
         Message::encode(&resp, Vec::new())
     }
 }

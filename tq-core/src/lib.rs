@@ -12,6 +12,7 @@
 pub mod buffer;
 mod column;
 mod dtype;
+mod epoch;
 mod error;
 mod merge;
 mod meta;
@@ -24,6 +25,7 @@ pub mod testkit;
 
 pub use column::{Batch, Column, FieldName};
 pub use dtype::{DType, Element};
+pub use epoch::{epoch_mismatch, new_epoch};
 pub use error::{Error, ErrorKind, Result, Retry};
 pub use merge::{apply_merge, MergeRegistry};
 pub use meta::{BackendMeta, BatchMeta, LeaseId, Links, SampleId, TagValue, Tags};

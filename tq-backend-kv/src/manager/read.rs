@@ -29,7 +29,7 @@ impl KvStorageManager {
         on_cell: &mut (dyn FnMut(usize, &Bytes) + Send),
     ) -> Result<(Vec<Bytes>, Vec<usize>)> {
         let n = meta.len();
-        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let ks = self.keys(meta.partition());
         let mut plan = Plan::new(self.stores.len());
         let mut tags = self.tags();
         let cell_count = fields.len() * n;

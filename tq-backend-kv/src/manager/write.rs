@@ -99,7 +99,7 @@ impl KvStorageManager {
         if self.options.data_ttl.is_none() {
             return Ok(None);
         }
-        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let ks = self.keys(meta.partition());
         let mut plan = Plan::new(self.stores.len());
         let mut tags = self.tags();
         let mut any = false;
@@ -165,7 +165,7 @@ impl KvStorageManager {
         if meta.is_empty() {
             return Ok(());
         }
-        let ks = KeyScheme::new(&self.options.namespace, meta.partition());
+        let ks = self.keys(meta.partition());
         let fields: Vec<&str> = match filter {
             FieldFilter::All => meta.field_names().collect(),
             FieldFilter::Only(f) => f.iter().map(String::as_str).collect(),

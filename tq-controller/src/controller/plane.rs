@@ -6,6 +6,10 @@ use tq_core::BackendMeta;
 
 #[async_trait]
 impl ControlPlane for Controller {
+    fn epoch(&self) -> u64 {
+        Controller::epoch(self)
+    }
+
     async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
         // Embedded calls that never wait must still let other tasks run (a NoWait poll loop).
         tokio::task::consume_budget().await;

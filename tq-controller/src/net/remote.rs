@@ -9,6 +9,10 @@ pub struct RemoteControlPlane {
     pool: Pool,
     endpoint: Endpoint,
     request_timeout: Duration,
+    /// The controller's epoch, learned from its topology (0 until then); sent with every
+    /// request, so a controller that restarted without its state refuses this client's
+    /// metadata instead of applying it to its new samples.
+    epoch: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl RemoteControlPlane {
@@ -19,7 +23,13 @@ impl RemoteControlPlane {
             pool,
             endpoint,
             request_timeout,
+            epoch: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         }
+    }
+
+    /// The controller's epoch as this stub knows it (0 before the first topology request).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn endpoint(&self) -> &Endpoint {
@@ -32,7 +42,11 @@ impl RemoteControlPlane {
         idempotent: bool,
         extra_wait: Duration,
     ) -> Result<ControlResponse> {
-        let msg = Message::encode(&req, Vec::new())?;
+        let envelope = ControlEnvelope {
+            epoch: self.epoch(),
+            request: req,
+        };
+        let msg = Message::encode(&envelope, Vec::new())?;
         let reply = self
             .pool
             .call(
@@ -75,20 +89,22 @@ impl RemoteControlPlane {
         }
     }
 
-    /// Registers a storage unit (used by `tq storage-unit`).
     /// Registers `info` again every `every`, forever: registering is idempotent, and a
     /// controller that restarted (and lost its unit table) is rejoined within one period.
-    /// Failures (controller down) are logged and retried. Run it beside the unit's server.
-    pub async fn keep_registered(&self, info: UnitInfo, every: Duration) {
+    /// `on_epoch` sees the controller's epoch after every registration (a unit whose
+    /// controller restarted without its state drops the earlier epoch's cells). Failures
+    /// (controller down) are logged and retried. Run it beside the unit's server.
+    pub async fn keep_registered(&self, info: UnitInfo, every: Duration, on_epoch: impl Fn(u64)) {
         let mut was_ok = true;
         loop {
             tokio::time::sleep(every).await;
             match self.register_unit(info.clone()).await {
-                Ok(()) if !was_ok => {
+                Ok(epoch) if !was_ok => {
                     tracing::info!(unit = %info.id, controller = %self.endpoint, "registered with the controller again");
                     was_ok = true;
+                    on_epoch(epoch);
                 }
-                Ok(()) => {}
+                Ok(epoch) => on_epoch(epoch),
                 Err(e) => {
                     if was_ok {
                         tracing::warn!(unit = %info.id, error = %e, "controller unreachable; will register again when it is back");
@@ -99,18 +115,46 @@ impl RemoteControlPlane {
         }
     }
 
-    pub async fn register_unit(&self, info: UnitInfo) -> Result<()> {
-        self.done("register_unit", ControlRequest::RegisterUnit(info), true)
+    /// Registers a storage unit (used by `tq storage-unit`); returns the controller's epoch.
+    /// A unit does not send an epoch (it learns it here), so it can rejoin a controller that
+    /// restarted.
+    pub async fn register_unit(&self, info: UnitInfo) -> Result<u64> {
+        let envelope = ControlEnvelope {
+            epoch: 0,
+            request: ControlRequest::RegisterUnit(info),
+        };
+        let msg = Message::encode(&envelope, Vec::new())?;
+        let options = CallOptions {
+            timeout: Some(self.request_timeout),
+            idempotent: true,
+        };
+        let reply = self
+            .pool
+            .call(&self.endpoint, msg, options)
             .await
+            .map_err(|e| e.context(format!("controller {}", self.endpoint)))?;
+        match reply.decode()? {
+            ControlResponse::Registered { epoch } => Ok(epoch),
+            other => Err(self.unexpected("register_unit", other)),
+        }
     }
 
-    /// The storage units in routing order.
+    /// The storage units in routing order. The first answer fixes this stub's epoch; a
+    /// later request of a stub whose controller restarted without its state is refused.
     pub async fn topology(&self) -> Result<Topology> {
         match self
             .call(ControlRequest::Topology, true, Duration::ZERO)
             .await?
         {
-            ControlResponse::Topology(t) => Ok(t),
+            ControlResponse::Topology(t) => {
+                let _ = self.epoch.compare_exchange(
+                    0,
+                    t.epoch,
+                    std::sync::atomic::Ordering::Relaxed,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                Ok(t)
+            }
             other => Err(self.unexpected("topology", other)),
         }
     }
@@ -118,6 +162,10 @@ impl RemoteControlPlane {
 
 #[async_trait]
 impl ControlPlane for RemoteControlPlane {
+    fn epoch(&self) -> u64 {
+        RemoteControlPlane::epoch(self)
+    }
+
     async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
         // A fetch marks samples consumed and an insert allocates: replaying either after a lost
         // answer would lose or leak samples, so only force mode is retried.
