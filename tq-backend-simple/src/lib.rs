@@ -12,7 +12,7 @@ mod net;
 
 pub use manager::{SimpleConfig, SimpleStorage, PLACE_MIN_ROW_BYTES};
 #[cfg(feature = "net")]
-pub use net::{RemoteUnit, UnitServer};
+pub use net::{RemoteUnit, UnitFactory, UnitServer};
 /// The unit layer, re-exported so that users of this backend name one crate.
 pub use tq_unit::{
     CellShape, Fetched, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats,
