@@ -81,16 +81,23 @@ async fn a_server_without_a_token_accepts_any_client() {
 
 #[tokio::test]
 async fn a_newer_server_gives_the_client_a_clear_version_message() {
-    // A hand-made "server" that speaks version 4 and refuses version 3.
+    // A hand-made "server" that speaks the next version and refuses this one.
+    let ours = tq_net::PROTOCOL_VERSION;
+    let newer = ours + 1;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let peer = Endpoint::Tcp(listener.local_addr().expect("addr").to_string());
     let fake = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.expect("accept");
         let mut hello = [0u8; 8];
         s.read_exact(&mut hello).await.expect("hello");
-        assert_eq!(&hello, b"TQNET\x03\x00\x00", "client hello bytes");
+        assert_eq!(
+            hello,
+            [b'T', b'Q', b'N', b'E', b'T', ours, 0, 0],
+            "client hello bytes"
+        );
         let text = b"upgrade your client";
-        let mut reply = b"TQNET\x04\x01".to_vec();
+        let mut reply = b"TQNET".to_vec();
+        reply.extend_from_slice(&[newer, 1]);
         reply.extend_from_slice(&(text.len() as u16).to_le_bytes());
         reply.extend_from_slice(text);
         s.write_all(&reply).await.expect("reply");
@@ -100,7 +107,8 @@ async fn a_newer_server_gives_the_client_a_clear_version_message() {
         .await
         .expect_err("mismatch");
     assert_eq!(err.kind(), &ErrorKind::PermissionDenied);
-    let expected = format!("peer {peer} speaks tq protocol version 4, this build speaks 3");
+    let expected =
+        format!("peer {peer} speaks tq protocol version {newer}, this build speaks {ours}");
     assert!(err.message().contains(&expected), "{err}");
     assert!(err.message().contains("upgrade your client"), "{err}");
     fake.await.expect("fake server");
@@ -108,22 +116,28 @@ async fn a_newer_server_gives_the_client_a_clear_version_message() {
 
 #[tokio::test]
 async fn an_older_or_newer_client_gets_a_version_mismatch_reply_then_close() {
+    let ours = tq_net::PROTOCOL_VERSION;
+    let newer = ours + 1;
     let server = common::serve(common::Echo, ServerConfig::default()).await;
     let peer = server.local_endpoint().clone();
     let mut s = raw(&peer).await;
-    // Version 4, with a hello layout this server cannot know.
-    s.write_all(b"TQNET\x04\x00\x00\x00\x00whatever-v4-sends")
-        .await
-        .expect("hello");
+    // The next version, with a hello layout this server cannot know.
+    let mut hello = b"TQNET".to_vec();
+    hello.push(newer);
+    hello.extend_from_slice(b"\x00\x00\x00\x00whatever-the-next-version-sends");
+    s.write_all(&hello).await.expect("hello");
     let mut head = [0u8; 9];
     s.read_exact(&mut head).await.expect("reply");
     assert_eq!(&head[..5], b"TQNET");
-    assert_eq!(head[5], tq_net::PROTOCOL_VERSION);
+    assert_eq!(head[5], ours);
     assert_eq!(head[6], 1, "status: version mismatch");
     let mut text = vec![0u8; u16::from_le_bytes([head[7], head[8]]) as usize];
     s.read_exact(&mut text).await.expect("message");
     let text = String::from_utf8(text).expect("utf-8");
-    assert!(text.contains("version 3") && text.contains("4"), "{text}");
+    assert!(
+        text.contains(&format!("version {ours}")) && text.contains(&newer.to_string()),
+        "{text}"
+    );
     assert_closed_by_server(&mut s, Duration::from_secs(3)).await;
     assert_serving(&common::pool(), &peer).await;
     server.shutdown().await;
