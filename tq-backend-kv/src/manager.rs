@@ -103,6 +103,8 @@ pub struct KvStorageManager {
     stores: Vec<NamedStore>,
     route: Route,
     options: KvOptions,
+    /// The controller epoch keys carry (from `options.epoch`; a loaded checkpoint changes it).
+    epoch: std::sync::atomic::AtomicU64,
     merges: MergeRegistry,
 }
 
@@ -296,6 +298,7 @@ impl KvStorageManager {
                 })
                 .collect(),
             route,
+            epoch: std::sync::atomic::AtomicU64::new(options.epoch),
             options,
             merges: MergeRegistry::default(),
         })
@@ -414,7 +417,8 @@ impl KvStorageManager {
 
     /// The key scheme of `partition` (namespace and epoch of this manager).
     fn keys(&self, partition: &str) -> KeyScheme {
-        KeyScheme::in_epoch(&self.options.namespace, self.options.epoch, partition)
+        let epoch = self.epoch.load(std::sync::atomic::Ordering::Relaxed);
+        KeyScheme::in_epoch(&self.options.namespace, epoch, partition)
     }
 
     fn ctx(&self, meta: &BatchMeta) -> String {
@@ -438,6 +442,11 @@ impl StorageManager for KvStorageManager {
                     .all(|s| s.store.capabilities().native_expire),
             links: false,
         }
+    }
+
+    fn adopt_epoch(&self, epoch: u64) {
+        self.epoch
+            .store(epoch, std::sync::atomic::Ordering::Relaxed);
     }
 
     async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<PutReceipt> {

@@ -2,6 +2,7 @@
 
 #[cfg(feature = "bench")]
 mod bench;
+mod checkpoint;
 mod demo;
 mod procs;
 mod serve;
@@ -44,6 +45,9 @@ enum Command {
     /// Run producers and consumers for a long time against a deployment of its own, killing and
     /// restarting storage units, and check that nothing is lost silently or handed out twice.
     Soak(soak::SoakArgs),
+    /// Save or load a checkpoint of a running deployment's controller state (payloads stay in
+    /// the shared store: KV on Redis or object storage).
+    Checkpoint(checkpoint::CheckpointArgs),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +79,7 @@ fn main() -> ExitCode {
         Command::Produce(args) => runtime.block_on(work::produce(args)),
         Command::Consume(args) => runtime.block_on(work::consume(args)),
         Command::Soak(args) => soak::run(args),
+        Command::Checkpoint(args) => runtime.block_on(checkpoint::run(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -629,3 +629,111 @@ async fn a_kv_controller_restarted_without_its_state_refuses_earlier_metadata() 
     assert_eq!(dbsize(&redis), left + 2, "the earlier keys are untouched");
     let _ = controller.terminate(Duration::from_secs(5));
 }
+
+/// `tq checkpoint save`, kill -9 of the controller, a new controller on the same address and
+/// `tq checkpoint load`: the job goes on — every sample produced before the checkpoint is
+/// consumed exactly once across the two controllers, the ones consumed before are not handed
+/// out again, and the payloads are read where they stayed (Redis).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_carries_a_job_across_a_controller_kill() {
+    if !redis_available("a_checkpoint_carries_a_job_across_a_controller_kill") {
+        return;
+    }
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let config = config_file(&dir, &redis.url());
+    let checkpoint = dir.0.join("checkpoint");
+    let listen = format!("tcp://127.0.0.1:{}", redis_common::free_port());
+    let start = || {
+        Tq::spawn(&[
+            "controller",
+            "--listen",
+            &listen,
+            "--config",
+            config.to_str().unwrap(),
+        ])
+    };
+    let mut controller = start();
+    controller.listening(1);
+    let produce = Tq::spawn(&[
+        "produce",
+        "--connect",
+        &listen,
+        "--count",
+        "200",
+        "--batch",
+        "20",
+    ]);
+    let (status, stderr) = produce.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "{stderr}");
+    // Consume 50 (acknowledged) before the checkpoint.
+    let tq = Client::connect_with(&listen, Config::default())
+        .await
+        .unwrap();
+    let mut first: Vec<i64> = Vec::new();
+    while first.len() < 50 {
+        let meta = tq
+            .get_meta(
+                tq_client::GetMetaRequest::fetch(
+                    "work",
+                    &["x"],
+                    "consume",
+                    10,
+                    tq_client::Wait::NoWait,
+                )
+                .with_lease(Duration::from_secs(60)),
+            )
+            .await
+            .unwrap();
+        tq.get_data(&meta).await.unwrap();
+        tq.ack("consume", &meta).await.unwrap();
+        first.extend(meta.tags().iter().map(|t| match t["id"] {
+            tq_core::TagValue::Int(id) => id,
+            _ => panic!("id tag"),
+        }));
+    }
+    let saved = Tq::spawn(&[
+        "checkpoint",
+        "save",
+        &format!("file://{}", checkpoint.display()),
+        "--controller",
+        &listen,
+    ]);
+    let (status, stderr) = saved.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+
+    controller.kill();
+    let mut controller = start();
+    controller.listening(1);
+    let loaded = Tq::spawn(&[
+        "checkpoint",
+        "load",
+        checkpoint.to_str().unwrap(),
+        "--controller",
+        &listen,
+    ]);
+    let (status, stderr) = loaded.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    let mut consumer = Tq::spawn(&["consume", "--connect", &listen, "--batch", "7"]);
+    let done = Tq::spawn(&[
+        "produce",
+        "--connect",
+        &listen,
+        "--count",
+        "0",
+        "--complete",
+    ]);
+    let (status, stderr) = done.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    let rest = acked_ids(&consumer.rest_of_output(Duration::from_secs(60)));
+    let (status, stderr) = consumer.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "consumer after the load: {stderr}");
+    let mut all: Vec<i64> = first.iter().chain(&rest).copied().collect();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..200).collect::<Vec<i64>>(),
+        "each sample exactly once"
+    );
+    let _ = controller.terminate(Duration::from_secs(5));
+}

@@ -34,6 +34,7 @@
 mod backends;
 mod blocking;
 mod builder;
+mod checkpoint;
 mod clear;
 mod client;
 mod config;
@@ -48,6 +49,7 @@ mod stream;
 pub use backends::BackendFactory;
 pub use blocking::{BlockingBatchStream, BlockingClient, BlockingPartition};
 pub use builder::ClientBuilder;
+pub use checkpoint::{CheckpointFile, CheckpointManifest, CHECKPOINT_FORMAT};
 pub use client::{Client, KvBatchMeta};
 pub use config::{
     Backend, Config, ControllerSection, KvSection, NetSection, NotBuilt, SsdSection, StorageSection,
@@ -59,5 +61,6 @@ pub use remote::pool_config;
 pub use shared::LinkOptions;
 pub use stream::{BatchStream, Delivery, StreamConfig, StreamItem, StreamProgress};
 pub use tq_controller::{
-    ConsumptionStatus, GetMetaMode, GetMetaRequest, KeyListing, ProductionStatus, Wait,
+    ConsumptionStatus, GetMetaMode, GetMetaRequest, KeyListing, ProductionStatus, SnapshotCounts,
+    Wait,
 };

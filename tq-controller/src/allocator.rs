@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use tq_core::SampleId;
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct IndexAllocator {
     units: u32,
     /// Next never-used index.

@@ -318,6 +318,12 @@ pub trait ControlPlane: Send + Sync + 'static {
     /// finished by the next clear). Unknown keys are skipped.
     async fn kv_mark_clearing(&self, partition: &str, keys: &[String]) -> Result<BatchMeta>;
 
+    /// The whole state as a snapshot (see `Controller::snapshot`).
+    async fn snapshot(&self) -> Result<(Vec<u8>, crate::SnapshotCounts)>;
+
+    /// Replaces the state with a snapshot's (see `Controller::restore`).
+    async fn restore(&self, snapshot: Vec<u8>) -> Result<crate::SnapshotCounts>;
+
     /// Per sample: still owned by `partition` at that generation, not being cleared, and
     /// holding every one of `fields`. Tells a read that found cells missing whether the data
     /// was lost (`true`) or cleared meanwhile (`false`), and a refused write which of its

@@ -1,7 +1,7 @@
 //! A growable bitmap indexed by slot. One per field (production), per task (consumption) and
 //! for row states, so that readiness scans run a word (64 slots) at a time.
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Bitmap {
     words: Vec<u64>,
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 mod plane;
+mod snapshot;
 use tq_core::{BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
 
 /// The largest `Insert` one request may ask for: bigger requests are refused before anything is
@@ -63,6 +64,7 @@ fn present<'a>(
         .ok_or_else(|| Error::internal(format!("partition `{name}` vanished under the lock")))
 }
 
+#[derive(Serialize, Deserialize)]
 struct State {
     partitions: HashMap<String, Partition>,
     /// Partition names in creation order.
@@ -201,7 +203,7 @@ pub struct Controller {
     storage_backend: String,
     links_supported: bool,
     /// Which life of this controller's state its metadata belongs to (see `tq_core::new_epoch`).
-    epoch: u64,
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 impl Controller {
@@ -222,21 +224,22 @@ impl Controller {
             default_sampler: config.default_sampler.build()?,
             storage_backend: config.storage_backend,
             links_supported: config.links_supported,
-            epoch: tq_core::new_epoch(),
+            epoch: std::sync::atomic::AtomicU64::new(tq_core::new_epoch()),
         })
     }
 
     /// The same controller in epoch `epoch` (an embedded client picks the epoch before it
     /// builds its storage, whose KV keys carry it).
-    pub fn with_epoch(mut self, epoch: u64) -> Self {
-        self.epoch = epoch.max(1);
+    pub fn with_epoch(self, epoch: u64) -> Self {
+        self.epoch
+            .store(epoch.max(1), std::sync::atomic::Ordering::Relaxed);
         self
     }
 
     /// The epoch of this controller's state: a controller started without its state has a
     /// new one, and requests or keys of another epoch are refused.
     pub fn epoch(&self) -> u64 {
-        self.epoch
+        self.epoch.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Makes `sampler` available to fetches that name it.

@@ -12,6 +12,7 @@
 mod allocator;
 mod api;
 mod bitmap;
+mod checkpoint;
 mod controller;
 #[cfg(feature = "net")]
 mod net;
@@ -22,6 +23,7 @@ pub use api::{
     ConsumptionStatus, ControlPlane, GetMetaMode, GetMetaRequest, KeyListing, KvMeta, LinkRequest,
     ProductionNotice, ProductionStatus, Wait,
 };
+pub use checkpoint::{SnapshotCounts, SNAPSHOT_FORMAT};
 pub use controller::{sampler_from_name, Controller, ControllerConfig, MAX_INSERT_COUNT};
 #[cfg(feature = "net")]
 pub use net::{ControllerServer, RemoteControlPlane, Topology, UnitInfo};

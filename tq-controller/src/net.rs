@@ -3,6 +3,7 @@
 //! client-side stub implementing [`ControlPlane`], so client code is the same embedded or remote.
 
 use crate::api::*;
+use crate::checkpoint::SnapshotCounts;
 use crate::Controller;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -10,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tq_core::{
-    BackendMeta, BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags,
+    BackendMeta, BatchMeta, Bytes, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags,
 };
 use tq_net::{CallOptions, Endpoint, Handler, Message, Pool};
 
@@ -164,6 +165,10 @@ enum ControlRequest {
     },
     RegisterUnit(UnitInfo),
     Topology,
+    /// The whole state; answered with the snapshot as the body frame.
+    Snapshot,
+    /// Replace the state with the snapshot in the body frame.
+    Restore,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -184,6 +189,8 @@ enum ControlResponse {
     Registered {
         epoch: u64,
     },
+    /// A snapshot (its bytes are the body frame) or a restore: what it holds.
+    Snapshot(SnapshotCounts),
 }
 
 /// Serves a controller and the unit registry.
@@ -260,13 +267,17 @@ impl ControllerServer {
     }
 
     pub fn topology(&self) -> Topology {
-        self.topology
+        let mut t = self
+            .topology
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .clone();
+        // A restored checkpoint brings its epoch.
+        t.epoch = self.epoch();
+        t
     }
 
-    async fn dispatch(&self, req: ControlRequest) -> Result<ControlResponse> {
+    async fn dispatch(&self, req: ControlRequest, body: Option<Bytes>) -> Result<ControlResponse> {
         let c = &self.controller;
         Ok(match req {
             ControlRequest::GetMeta(r) => ControlResponse::Meta(c.get_meta(r).await?),
@@ -368,6 +379,14 @@ impl ControllerServer {
                 }
             }
             ControlRequest::Topology => ControlResponse::Topology(self.topology()),
+            // Answered in `handle` (the snapshot travels as a body frame).
+            ControlRequest::Snapshot => return Err(Error::internal("snapshot reached dispatch")),
+            ControlRequest::Restore => {
+                let body = body.ok_or_else(|| {
+                    Error::invalid("a restore request carries the snapshot as one body frame")
+                })?;
+                ControlResponse::Snapshot(c.restore(&body)?)
+            }
         })
     }
 }
@@ -375,10 +394,16 @@ impl ControllerServer {
 #[async_trait]
 impl Handler for ControllerServer {
     async fn handle(&self, request: Message) -> Result<Message> {
-        if !request.frames.is_empty() {
-            return Err(Error::invalid("controller requests carry no body frames"));
-        }
         let envelope: ControlEnvelope = request.decode()?;
+        let body = match (&envelope.request, request.frames.as_slice()) {
+            (ControlRequest::Restore, [one]) => Some(one.clone()),
+            (_, []) => None,
+            _ => {
+                return Err(Error::invalid(
+                    "controller requests carry no body frames (a restore carries one)",
+                ))
+            }
+        };
         if envelope.epoch != 0 && envelope.epoch != self.epoch() {
             return Err(tq_core::epoch_mismatch(
                 "the controller",
@@ -386,7 +411,11 @@ impl Handler for ControllerServer {
                 self.epoch(),
             ));
         }
-        let resp = self.dispatch(envelope.request).await?;
+        if let ControlRequest::Snapshot = envelope.request {
+            let (bytes, counts) = self.controller.snapshot()?;
+            return Message::encode(&ControlResponse::Snapshot(counts), vec![Bytes::from(bytes)]);
+        }
+        let resp = self.dispatch(envelope.request, body).await?;
         Message::encode(&resp, Vec::new())
     }
 }

@@ -8,6 +8,7 @@ use crate::allocator::IndexAllocator;
 use crate::api::{ConsumptionStatus, ProductionNotice, ProductionStatus};
 use crate::bitmap::{BitIter, Bitmap};
 use crate::sampler::Candidate;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
 mod clear;
@@ -21,7 +22,7 @@ use tq_core::{
 };
 
 /// Per-sample shapes of a tensor field.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 enum Shapes {
     /// No member yet (or an object field).
     Unknown,
@@ -33,7 +34,7 @@ enum Shapes {
 
 /// Shapes of a ragged field: one per member slot, plus how many members have each shape, so
 /// that deciding whether the field is dense again costs O(1) instead of a scan of the members.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 struct RaggedShapes {
     by_slot: HashMap<u32, Vec<usize>>,
     counts: HashMap<Vec<usize>, usize>,
@@ -68,7 +69,7 @@ impl RaggedShapes {
 
 /// The schema and membership of one field in one partition. Fields keep their column number for
 /// the partition's lifetime; a field with no members forgets its dtype and shapes.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 struct FieldState {
     name: FieldName,
     produced: Bitmap,
@@ -186,12 +187,14 @@ impl FieldState {
 }
 
 /// What one task has taken from a partition.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct TaskState {
     /// Consumed for good (at-most-once fetches, or acknowledged leases).
     consumed: Bitmap,
     /// Handed out under a lease that has not been acknowledged or expired yet.
     leased: Bitmap,
+    /// Deadlines are saved as the time left, and restored from the time of loading.
+    #[serde(with = "crate::checkpoint::deadlines")]
     leases: HashMap<u32, (LeaseId, Instant)>,
 }
 
@@ -213,6 +216,7 @@ pub(crate) enum Production {
     Computed,
 }
 
+#[derive(Serialize, Deserialize)]
 pub(crate) struct Partition {
     pub name: String,
     /// Sample of each slot (meaningful where `live` is set).
@@ -300,6 +304,12 @@ impl Partition {
     }
 
     /// Number of live samples (including those being cleared).
+    /// Keys and outstanding leases (for snapshot counts).
+    pub fn key_and_lease_counts(&self) -> (usize, usize) {
+        let leases = self.tasks.values().map(|t| t.leases.len()).sum();
+        (self.keys.len(), leases)
+    }
+
     pub fn len(&self) -> usize {
         self.slot_of.len()
     }

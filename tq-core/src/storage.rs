@@ -119,6 +119,13 @@ pub trait StorageManager: Send + Sync + 'static {
     /// answered it replaced, and after a write the controller certainly refused, with the
     /// cells the write put beside the old ones. Failures are logged, not returned to the
     /// writer. Backends that write in place have nothing to do: the default.
+    /// The controller's epoch changed to `epoch` (a checkpoint was loaded into it): storage
+    /// that keys its data by epoch (the KV adapter) follows, so it finds the checkpoint's data.
+    /// Others have nothing to do: the default.
+    fn adopt_epoch(&self, epoch: u64) {
+        let _ = epoch;
+    }
+
     async fn retire_replaced(&self, replaced: &BatchMeta) -> Result<()> {
         let _ = replaced;
         Ok(())

@@ -38,10 +38,10 @@
 
 pub use tq_client::{
     Backend, BackendFactory, BatchStream, BlockingBatchStream, BlockingClient, BlockingPartition,
-    Client, ClientBuilder, Config, ConsumptionStatus, ControllerSection, Delivery, GetMetaMode,
-    GetMetaRequest, KeyCacheStats, KeyListing, KvBatchMeta, KvSection, LinkOptions, NetSection,
-    NotBuilt, ProductionStatus, SsdSection, StorageSection, StreamConfig, StreamItem,
-    StreamProgress, Wait,
+    CheckpointFile, CheckpointManifest, Client, ClientBuilder, Config, ConsumptionStatus,
+    ControllerSection, Delivery, GetMetaMode, GetMetaRequest, KeyCacheStats, KeyListing,
+    KvBatchMeta, KvSection, LinkOptions, NetSection, NotBuilt, ProductionStatus, SnapshotCounts,
+    SsdSection, StorageSection, StreamConfig, StreamItem, StreamProgress, Wait,
 };
 pub use tq_core::{
     numel, Batch, BatchMeta, Bytes, Column, DType, Element, Error, ErrorKind, FieldKind, FieldMeta,

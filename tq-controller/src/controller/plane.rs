@@ -495,6 +495,14 @@ impl ControlPlane for Controller {
             .mark_clearing_where(partition, |p| p.key_slots_for_clear(keys))
     }
 
+    async fn snapshot(&self) -> Result<(Vec<u8>, crate::SnapshotCounts)> {
+        Controller::snapshot(self)
+    }
+
+    async fn restore(&self, snapshot: Vec<u8>) -> Result<crate::SnapshotCounts> {
+        Controller::restore(self, &snapshot)
+    }
+
     async fn still_hold(
         &self,
         partition: &str,

@@ -139,6 +139,30 @@ impl RemoteControlPlane {
         }
     }
 
+    /// The topology, asked with no epoch (so it is answered whatever the controller's epoch).
+    async fn topology_unchecked(&self) -> Result<Topology> {
+        let envelope = ControlEnvelope {
+            epoch: 0,
+            request: ControlRequest::Topology,
+        };
+        let reply = self
+            .pool
+            .call(
+                &self.endpoint,
+                Message::encode(&envelope, Vec::new())?,
+                CallOptions {
+                    timeout: Some(self.request_timeout),
+                    idempotent: true,
+                },
+            )
+            .await
+            .map_err(|e| e.context(format!("controller {}", self.endpoint)))?;
+        match reply.decode()? {
+            ControlResponse::Topology(t) => Ok(t),
+            other => Err(self.unexpected("topology", other)),
+        }
+    }
+
     /// The storage units in routing order. The first answer fixes this stub's epoch; a
     /// later request of a stub whose controller restarted without its state is refused.
     pub async fn topology(&self) -> Result<Topology> {
@@ -432,6 +456,60 @@ impl ControlPlane for RemoteControlPlane {
         };
         self.meta("kv_mark_clearing", req, true, Duration::ZERO)
             .await
+    }
+
+    async fn snapshot(&self) -> Result<(Vec<u8>, crate::SnapshotCounts)> {
+        let envelope = ControlEnvelope {
+            epoch: self.epoch(),
+            request: ControlRequest::Snapshot,
+        };
+        let reply = self
+            .pool
+            .call(
+                &self.endpoint,
+                Message::encode(&envelope, Vec::new())?,
+                CallOptions {
+                    timeout: Some(self.request_timeout),
+                    idempotent: true,
+                },
+            )
+            .await
+            .map_err(|e| e.context(format!("controller {}", self.endpoint)))?;
+        match (reply.decode()?, reply.frames.as_slice()) {
+            (ControlResponse::Snapshot(counts), [bytes]) => Ok((bytes.to_vec(), counts)),
+            (other, _) => Err(self.unexpected("snapshot", other)),
+        }
+    }
+
+    /// Not retried: a lost answer leaves it unknown whether the state was replaced (a second
+    /// attempt would then be refused as a non-empty controller).
+    async fn restore(&self, snapshot: Vec<u8>) -> Result<crate::SnapshotCounts> {
+        let envelope = ControlEnvelope {
+            epoch: self.epoch(),
+            request: ControlRequest::Restore,
+        };
+        let reply = self
+            .pool
+            .call(
+                &self.endpoint,
+                Message::encode(&envelope, vec![Bytes::from(snapshot)])?,
+                CallOptions {
+                    timeout: Some(self.request_timeout),
+                    idempotent: false,
+                },
+            )
+            .await
+            .map_err(|e| e.context(format!("controller {}", self.endpoint)))?;
+        match reply.decode()? {
+            ControlResponse::Snapshot(counts) => {
+                // The controller is in the snapshot's epoch now: so is this stub.
+                let t = self.topology_unchecked().await?;
+                self.epoch
+                    .store(t.epoch, std::sync::atomic::Ordering::Relaxed);
+                Ok(counts)
+            }
+            other => Err(self.unexpected("restore", other)),
+        }
     }
 
     async fn still_hold(

@@ -1,0 +1,64 @@
+//! `tq checkpoint save|load DIR --controller URL`: checkpoints of a running deployment whose
+//! payloads stay in a shared store (see `tq_client`'s checkpoint module).
+
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+use tq_client::{CheckpointManifest, Client, Config};
+use tq_core::Result;
+
+#[derive(Args, Debug)]
+pub struct CheckpointArgs {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Subcommand, Debug)]
+enum Action {
+    /// Save the controller's whole state to a directory (`DIR` or `file://DIR`).
+    Save(Target),
+    /// Restore a checkpoint into a controller that holds nothing yet.
+    Load(Target),
+}
+
+#[derive(Args, Debug)]
+struct Target {
+    /// The checkpoint directory: a path or a `file://` URL.
+    dir: String,
+    /// The controller (`tcp://host:port`).
+    #[arg(long)]
+    controller: String,
+    /// Configuration file (network settings: token, timeouts).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+impl Target {
+    fn path(&self) -> PathBuf {
+        PathBuf::from(self.dir.strip_prefix("file://").unwrap_or(&self.dir))
+    }
+
+    async fn client(&self) -> Result<Client> {
+        Client::connect_with(&self.controller, Config::load(self.config.as_deref())?).await
+    }
+}
+
+fn report(what: &str, m: &CheckpointManifest) {
+    println!(
+        "{what} checkpoint: epoch {}, {} partitions, {} samples, {} keys, {} leases; storage {}",
+        m.epoch, m.counts.partitions, m.counts.samples, m.counts.keys, m.counts.leases, m.storage
+    );
+}
+
+pub async fn run(args: CheckpointArgs) -> Result<()> {
+    match args.action {
+        Action::Save(t) => {
+            let m = t.client().await?.save_checkpoint(t.path()).await?;
+            report("saved", &m);
+        }
+        Action::Load(t) => {
+            let m = t.client().await?.load_checkpoint(t.path()).await?;
+            report("loaded", &m);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! Controller snapshots: the whole control-plane state as bytes, to checkpoint and restore.
+//!
+//! ```text
+//! magic "TQCS" | format u32 LE | body length u64 LE | CRC-32 of the body u32 LE | body
+//! ```
+//!
+//! The body is the postcard encoding of the controller's epoch, unit count and state
+//! (partitions with their fields, production and consumption bitmaps, tags, keys, links and
+//! backend meta; the index allocator with every generation; leases, with the time each had
+//! left). A reader refuses a newer format, a damaged body (length, checksum, decoding) and a
+//! deployment that does not match, before changing anything.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tq_core::{Error, LeaseId, Result};
+
+/// The snapshot format this build writes; it reads this one and older.
+pub const SNAPSHOT_FORMAT: u32 = 1;
+
+const MAGIC: &[u8; 4] = b"TQCS";
+const HEADER: usize = 4 + 4 + 8 + 4;
+
+/// What a snapshot holds, for manifests and messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct SnapshotCounts {
+    pub partitions: u64,
+    /// Samples held (visible or being cleared), over all partitions.
+    pub samples: u64,
+    pub keys: u64,
+    /// Leases outstanding (handed out, not acknowledged).
+    pub leases: u64,
+}
+
+/// Frames `body` (a postcard encoding) as a snapshot.
+pub(crate) fn frame(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + body.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&SNAPSHOT_FORMAT.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// The body of a snapshot, checked: magic, format, length and checksum.
+pub(crate) fn unframe(bytes: &[u8]) -> Result<&[u8]> {
+    let bad = |why: String| Error::corrupted(format!("controller snapshot: {why}"));
+    if bytes.len() < HEADER || &bytes[..4] != MAGIC {
+        return Err(bad("not a tq controller snapshot (no `TQCS` header)".into()));
+    }
+    let word =
+        |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+    let format = word(4);
+    if format > SNAPSHOT_FORMAT {
+        return Err(Error::invalid(format!(
+            "controller snapshot: format {format} is newer than this build reads (up to \
+             {SNAPSHOT_FORMAT}); load it with a newer tq"
+        )));
+    }
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&bytes[8..16]);
+    let len = u64::from_le_bytes(len);
+    let body = &bytes[HEADER..];
+    if body.len() as u64 != len {
+        return Err(bad(format!(
+            "the body is {} bytes, the header says {len}",
+            body.len()
+        )));
+    }
+    let (want, got) = (word(16), crc32fast::hash(body));
+    if want != got {
+        return Err(bad(format!(
+            "checksum mismatch (header {want:08x}, body {got:08x}): the snapshot is damaged"
+        )));
+    }
+    Ok(body)
+}
+
+/// Lease deadlines as the time they had left (an `Instant` means nothing in another process).
+pub(crate) mod deadlines {
+    use super::*;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    type Leases = HashMap<u32, (LeaseId, Instant)>;
+
+    pub fn serialize<S: Serializer>(leases: &Leases, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let now = Instant::now();
+        let left: Vec<(u32, LeaseId, u64)> = leases
+            .iter()
+            .map(|(slot, (lease, deadline))| {
+                let ms = deadline.saturating_duration_since(now).as_millis();
+                (*slot, *lease, u64::try_from(ms).unwrap_or(u64::MAX))
+            })
+            .collect();
+        left.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Leases, D::Error> {
+        let now = Instant::now();
+        let left: Vec<(u32, LeaseId, u64)> = Vec::deserialize(d)?;
+        Ok(left
+            .into_iter()
+            .map(|(slot, lease, ms)| {
+                let deadline = now
+                    .checked_add(Duration::from_millis(ms))
+                    .unwrap_or(now + Duration::from_secs(86_400));
+                (slot, (lease, deadline))
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,103 @@
+//! Taking and restoring the whole controller state (see [`crate::checkpoint`]).
+
+use super::*;
+use crate::checkpoint::{frame, unframe, SnapshotCounts};
+
+#[derive(Serialize)]
+struct BodyRef<'a> {
+    epoch: u64,
+    units: u32,
+    state: &'a State,
+}
+
+#[derive(Deserialize)]
+struct Body {
+    epoch: u64,
+    units: u32,
+    state: State,
+}
+
+fn counts(state: &State) -> SnapshotCounts {
+    let mut c = SnapshotCounts {
+        partitions: state.partitions.len() as u64,
+        ..SnapshotCounts::default()
+    };
+    for p in state.partitions.values() {
+        let (keys, leases) = p.key_and_lease_counts();
+        c.samples += p.len() as u64;
+        c.keys += keys as u64;
+        c.leases += leases as u64;
+    }
+    c
+}
+
+impl Controller {
+    /// The whole state as one consistent snapshot (taken under the state lock, so no write
+    /// is half in it), with its counts. Sampler caches are not part of it: samplers start
+    /// afresh after a restore.
+    pub fn snapshot(&self) -> Result<(Vec<u8>, SnapshotCounts)> {
+        let st = self.lock();
+        let body = postcard::to_allocvec(&BodyRef {
+            epoch: self.epoch(),
+            units: st.alloc.units(),
+            state: &st,
+        })
+        .map_err(|e| Error::internal(format!("cannot encode the controller state: {e}")))?;
+        let counts = counts(&st);
+        drop(st);
+        Ok((frame(&body), counts))
+    }
+
+    /// Replaces this controller's state with `snapshot`'s, epoch included, so that clients
+    /// and KV keys of the snapshot's epoch work again (clients of this controller's current
+    /// epoch are refused from then on). Everything is checked before anything changes: the
+    /// format, the checksum, the decoding, the unit count, and that this controller holds
+    /// no partition yet (a snapshot replaces a state, it does not merge into one).
+    pub fn restore(&self, snapshot: &[u8]) -> Result<SnapshotCounts> {
+        let body = unframe(snapshot)?;
+        let Body {
+            epoch,
+            units,
+            state,
+        } = postcard::from_bytes(body).map_err(|e| {
+            Error::corrupted(format!(
+                "controller snapshot: the state does not decode: {e}"
+            ))
+        })?;
+        let counts = counts(&state);
+        let names: Vec<String> = {
+            let mut st = self.lock();
+            if st.alloc.units() != units {
+                return Err(Error::invalid(format!(
+                    "controller snapshot: taken with {units} storage units, this controller \
+                     has {}",
+                    st.alloc.units()
+                )));
+            }
+            if !st.partitions.is_empty() {
+                return Err(Error::conflict(format!(
+                    "controller snapshot: this controller already holds {} partition(s); load \
+                     a checkpoint into a controller that holds none",
+                    st.partitions.len()
+                )));
+            }
+            if epoch == 0 {
+                return Err(Error::corrupted("controller snapshot: epoch 0"));
+            }
+            *st = state;
+            self.epoch
+                .store(epoch, std::sync::atomic::Ordering::Relaxed);
+            st.order.clone()
+        };
+        tracing::info!(
+            epoch = %format_args!("{epoch:016x}"),
+            partitions = counts.partitions,
+            samples = counts.samples,
+            "controller state restored from a snapshot"
+        );
+        for name in names {
+            self.wake(&name);
+        }
+        Ok(counts)
+    }
+}
