@@ -116,3 +116,59 @@ pub fn kv_retrieve_meta(
         None => Ok(stats),
     }
 }
+
+/// A controller holding the metadata of `samples` keyed samples (`fields` dense fields, one
+/// tag each, half of them consumed by a task): what a checkpoint or a recovery must carry.
+pub fn populated(
+    runtime: &tokio::runtime::Runtime,
+    samples: usize,
+    fields: usize,
+) -> Result<Controller> {
+    let c = Controller::new(ControllerConfig::default())?;
+    let schemas: BTreeMap<String, FieldMeta> = (0..fields)
+        .map(|f| {
+            (
+                format!("field_{f}"),
+                FieldMeta::dense(DType::F32, vec![128]),
+            )
+        })
+        .collect();
+    runtime.block_on(async {
+        let mut done = 0;
+        while done < samples {
+            let n = (samples - done).min(4096);
+            let names: Vec<String> = (done..done + n).map(|i| format!("key_{i}")).collect();
+            let kv = c.kv_retrieve_meta("bench", &names, true).await?;
+            c.notify_production(ProductionNotice {
+                partition: "bench".into(),
+                samples: kv.meta.samples().to_vec(),
+                schemas: schemas.clone(),
+                tags: Some(
+                    (done..done + n)
+                        .map(|i| {
+                            tq_core::Tags::from([(
+                                "len".to_string(),
+                                tq_core::TagValue::Int(i as i64),
+                            )])
+                        })
+                        .collect(),
+                ),
+                backend_meta: None,
+            })
+            .await?;
+            done += n;
+        }
+        let half = c
+            .get_meta(GetMetaRequest::fetch(
+                "bench",
+                &["field_0"],
+                "train",
+                samples / 2,
+                Wait::NoWait,
+            ))
+            .await?;
+        assert_eq!(half.len(), samples / 2);
+        Ok::<_, tq_core::Error>(())
+    })?;
+    Ok(c)
+}
