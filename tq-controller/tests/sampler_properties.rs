@@ -5,7 +5,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 use proptest::prelude::*;
 use std::collections::HashSet;
-use tq_controller::{Candidate, GrpoGroupNSampler, Sampler, SamplerContext, SequentialSampler};
+use tq_controller::{
+    Candidate, GrpoGroupNSampler, Sampler, SamplerContext, SeqlenBalancedSampler, SequentialSampler,
+};
 use tq_core::{SampleId, Tags};
 
 fn ctx() -> SamplerContext<'static> {
@@ -71,5 +73,71 @@ proptest! {
         // Every sample handed out is consumed, and nothing else.
         let consumed: HashSet<SampleId> = got.consumed.iter().copied().collect();
         prop_assert_eq!(consumed, seen);
+    }
+
+    /// Seqlen balancing over `dp` ranks: the ranks' shares are disjoint whole groups, every rank
+    /// gets the same number of groups, a later rank gets the share cached for it, and the
+    /// heaviest share outweighs the lightest by at most the heaviest group.
+    #[test]
+    fn seqlen_balanced_shares_are_disjoint_whole_groups_within_one_group_of_balance(
+        weights in proptest::collection::vec(1i64..1000, 4..40),
+        n in 1usize..4,
+        dp in 1usize..4,
+        groups_per_rank in 1usize..3,
+    ) {
+        let count = weights.len() / n * n;
+        let tags: Vec<Tags> = weights[..count]
+            .iter()
+            .map(|w| Tags::from([(
+                SeqlenBalancedSampler::DEFAULT_WEIGHT_TAG.to_string(),
+                tq_core::TagValue::Int(*w),
+            )]))
+            .collect();
+        let ready: Vec<Candidate<'_>> = tags
+            .iter()
+            .enumerate()
+            .map(|(s, t)| Candidate { id: SampleId::new(s as u32, 0), seq: s as u64, tags: t })
+            .collect();
+        let sampler = SeqlenBalancedSampler::new(n, dp).unwrap();
+        let batch = groups_per_rank * n;
+        let weight_of = |id: &SampleId| weights[id.index as usize];
+        let mut seen = HashSet::new();
+        let mut share_weights = Vec::new();
+        for rank in 0..dp {
+            let ctx = SamplerContext {
+                partition: "p",
+                task: "t",
+                dp_rank: Some(rank as u32),
+                batch_index: Some(0),
+                draining: false,
+            };
+            let got = sampler.sample(&ready, batch, &ctx).unwrap();
+            if got.sampled.is_empty() {
+                // Too few complete groups for every rank: nobody gets anything.
+                prop_assert!(count / n < groups_per_rank * dp);
+                return Ok(());
+            }
+            prop_assert_eq!(got.sampled.len(), batch, "rank {}", rank);
+            for id in &got.sampled {
+                prop_assert!(seen.insert(*id), "sample {:?} handed to two ranks", id);
+            }
+            // Whole groups: index / n names the group, each present n times.
+            let mut per_group = std::collections::HashMap::new();
+            for id in &got.sampled {
+                *per_group.entry(id.index as usize / n).or_insert(0usize) += 1;
+            }
+            prop_assert!(per_group.values().all(|c| *c == n));
+            share_weights.push(got.sampled.iter().map(weight_of).sum::<i64>());
+        }
+        let heaviest_group = weights[..count]
+            .chunks(n)
+            .map(|g| g.iter().sum::<i64>())
+            .max()
+            .unwrap();
+        let (lo, hi) = (
+            *share_weights.iter().min().unwrap(),
+            *share_weights.iter().max().unwrap(),
+        );
+        prop_assert!(hi - lo <= heaviest_group, "shares {:?}, heaviest group {}", share_weights, heaviest_group);
     }
 }
