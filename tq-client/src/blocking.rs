@@ -109,6 +109,18 @@ impl BlockingClient {
     pub fn list_partitions(&self) -> Result<Vec<String>> {
         self.runtime.block_on(self.client.list_partitions())
     }
+    pub fn save_checkpoint(
+        &self,
+        dir: impl AsRef<std::path::Path>,
+    ) -> Result<crate::CheckpointManifest> {
+        self.runtime.block_on(self.client.save_checkpoint(dir))
+    }
+    pub fn load_checkpoint(
+        &self,
+        dir: impl AsRef<std::path::Path>,
+    ) -> Result<crate::CheckpointManifest> {
+        self.runtime.block_on(self.client.load_checkpoint(dir))
+    }
     pub fn kv_list_all(&self) -> Result<Vec<KeyListing>> {
         self.runtime.block_on(self.client.kv_list_all())
     }
