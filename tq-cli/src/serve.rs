@@ -116,6 +116,11 @@ pub struct ControllerArgs {
     /// default: `controller.default_sampler`).
     #[arg(long)]
     default_sampler: Option<tq_controller::SamplerSpec>,
+    /// Keep the controller's state in this directory: every change is on disk before it is
+    /// answered, and a controller started again on the directory (after a crash or kill -9)
+    /// carries on with the same state and epoch.
+    #[arg(long)]
+    state_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     security: Security,
 }
@@ -308,8 +313,16 @@ pub async fn controller_server(mut args: ControllerArgs) -> Result<()> {
     let config = args.security.load()?;
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
-    let service = Arc::new(controller(&config, args.units, args.default_sampler)?);
-    let server = Server::bind(&listen, args.security.server_config("controller"), service).await?;
+    let mut service = controller(&config, args.units, args.default_sampler)?;
+    if let Some(dir) = &args.state_dir {
+        service = service.with_state_dir(dir)?;
+    }
+    let server = Server::bind(
+        &listen,
+        args.security.server_config("controller"),
+        Arc::new(service),
+    )
+    .await?;
     println!("listening controller {}", server.local_endpoint());
     shutdown.await;
     eprintln!("shutting down");

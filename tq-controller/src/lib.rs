@@ -18,6 +18,7 @@ mod controller;
 mod net;
 mod partition;
 mod sampler;
+mod state_dir;
 
 pub use api::{
     ConsumptionStatus, ControlPlane, GetMetaMode, GetMetaRequest, KeyListing, KvMeta, LinkRequest,
@@ -32,3 +33,4 @@ pub use sampler::{
     Candidate, GrpoGroupNSampler, RankAwareSampler, Sampled, Sampler, SamplerContext, SamplerSpec,
     SeqlenBalancedSampler, SequentialSampler,
 };
+pub use state_dir::StateDir;

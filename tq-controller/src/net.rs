@@ -193,10 +193,48 @@ enum ControlResponse {
     Snapshot(SnapshotCounts),
 }
 
+impl ControlRequest {
+    /// Whether a successful request of this kind may have changed the controller's state
+    /// (which `--state-dir` must then make durable before answering).
+    fn changes_state(&self) -> bool {
+        match self {
+            ControlRequest::GetMeta(r) => !matches!(r.mode, GetMetaMode::Force),
+            ControlRequest::KvRetrieveMeta { create, .. } => *create,
+            ControlRequest::KvList { .. }
+            | ControlRequest::ProductionStatus { .. }
+            | ControlRequest::ConsumptionStatus { .. }
+            | ControlRequest::ListPartitions
+            | ControlRequest::PrepareWrite { .. }
+            | ControlRequest::StillHold { .. }
+            | ControlRequest::RegisterUnit(_)
+            | ControlRequest::Topology
+            | ControlRequest::Snapshot => false,
+            ControlRequest::Notify(_)
+            | ControlRequest::SetTags { .. }
+            | ControlRequest::MarkClearing { .. }
+            | ControlRequest::Release { .. }
+            | ControlRequest::BeginClearFields { .. }
+            | ControlRequest::FinishClearFields { .. }
+            | ControlRequest::ResetConsumption { .. }
+            | ControlRequest::Ack { .. }
+            | ControlRequest::MarkComplete { .. }
+            | ControlRequest::DropPartition { .. }
+            | ControlRequest::KvLink(_)
+            | ControlRequest::KvUnlink { .. }
+            | ControlRequest::MarkUnlinkedPublic { .. }
+            | ControlRequest::KvPreparePut { .. }
+            | ControlRequest::KvMarkClearing { .. }
+            | ControlRequest::Restore => true,
+        }
+    }
+}
+
 /// Serves a controller and the unit registry.
 pub struct ControllerServer {
     controller: Arc<Controller>,
     topology: Mutex<Topology>,
+    /// With `--state-dir`: changes are durable before they are answered.
+    state_dir: Option<Arc<crate::StateDir>>,
 }
 
 impl ControllerServer {
@@ -211,12 +249,21 @@ impl ControllerServer {
                 storage: None,
                 epoch,
             }),
+            state_dir: None,
         }
     }
 
     /// The controller's epoch.
     pub fn epoch(&self) -> u64 {
         self.controller.epoch()
+    }
+
+    /// Keeps the controller's state in `dir` (see [`crate::StateDir`]): the state found there
+    /// is restored first (so call this before serving), and from then on every change is on
+    /// disk before it is answered.
+    pub fn with_state_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Result<Self> {
+        self.state_dir = Some(crate::StateDir::open(dir, self.controller.clone())?);
+        Ok(self)
     }
 
     /// Serves `controller` whose payloads live in the storage `storage` describes (the
@@ -232,6 +279,7 @@ impl ControllerServer {
                 storage: Some(storage),
                 epoch,
             }),
+            state_dir: None,
         }
     }
 
@@ -415,7 +463,11 @@ impl Handler for ControllerServer {
             let (bytes, counts) = self.controller.snapshot()?;
             return Message::encode(&ControlResponse::Snapshot(counts), vec![Bytes::from(bytes)]);
         }
+        let changes = envelope.request.changes_state();
         let resp = self.dispatch(envelope.request, body).await?;
+        if let (true, Some(state)) = (changes, &self.state_dir) {
+            state.changed().await?;
+        }
         Message::encode(&resp, Vec::new())
     }
 }
