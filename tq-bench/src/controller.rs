@@ -37,7 +37,7 @@ pub fn allocate_notify_fetch(
 
 /// One timed allocate → notify → fetch, followed by an untimed clear.
 async fn one_round(
-    c: &Controller,
+    c: &dyn ControlPlane,
     samples: usize,
     schemas: &BTreeMap<String, FieldMeta>,
 ) -> Result<Duration> {
@@ -171,4 +171,52 @@ pub fn populated(
         Ok::<_, tq_core::Error>(())
     })?;
     Ok(c)
+}
+
+/// [`allocate_notify_fetch`] through a controller server on loopback TCP (a remote client's
+/// view), with the state kept in `state_dir` (`tq controller --state-dir`) or in memory only.
+pub fn remote_allocate_notify_fetch(
+    runtime: &tokio::runtime::Runtime,
+    samples: usize,
+    fields: usize,
+    reps: usize,
+    state_dir: Option<&std::path::Path>,
+) -> Result<Stats> {
+    use std::sync::Arc;
+    let controller = Arc::new(Controller::new(ControllerConfig::default())?);
+    let mut service = tq_controller::ControllerServer::new(controller, 1);
+    if let Some(dir) = state_dir {
+        service = service.with_state_dir(dir)?;
+    }
+    let schemas: BTreeMap<String, FieldMeta> = (0..fields)
+        .map(|f| {
+            (
+                format!("field_{f}"),
+                FieldMeta::dense(DType::F32, vec![128]),
+            )
+        })
+        .collect();
+    runtime.block_on(async {
+        let server = tq_net::Server::bind(
+            &tq_net::Endpoint::tcp("127.0.0.1:0"),
+            tq_net::ServerConfig::default(),
+            Arc::new(service),
+        )
+        .await?;
+        let remote = tq_controller::RemoteControlPlane::new(
+            tq_net::Pool::new(tq_net::ClientConfig::default()),
+            server.local_endpoint().clone(),
+            Duration::from_secs(30),
+        );
+        remote.topology().await?;
+        let mut times = Vec::new();
+        for i in 0..=reps {
+            let elapsed = one_round(&remote, samples, &schemas).await?;
+            if i > 0 {
+                times.push(elapsed);
+            }
+        }
+        server.shutdown().await;
+        Ok(Stats::from_samples(times))
+    })
 }
