@@ -14,7 +14,7 @@ pub struct CheckpointArgs {
 
 #[derive(Subcommand, Debug)]
 enum Action {
-    /// Save the controller's whole state to a directory (`DIR` or `file://DIR`).
+    /// Save the controller's whole state (to `DIR`, `file://DIR` or `s3://bucket/prefix`).
     Save(Target),
     /// Restore a checkpoint into a controller that holds nothing yet.
     Load(Target),
@@ -22,7 +22,8 @@ enum Action {
 
 #[derive(Args, Debug)]
 struct Target {
-    /// The checkpoint directory: a path or a `file://` URL.
+    /// Where the checkpoint lives: a directory (a path or `file://DIR`), or `s3://bucket/prefix`
+    /// (a tq built with feature `s3`; credentials from the `AWS_*` environment).
     dir: String,
     /// The controller (`tcp://host:port`).
     #[arg(long)]
@@ -33,10 +34,6 @@ struct Target {
 }
 
 impl Target {
-    fn path(&self) -> PathBuf {
-        PathBuf::from(self.dir.strip_prefix("file://").unwrap_or(&self.dir))
-    }
-
     async fn client(&self) -> Result<Client> {
         Client::connect_with(&self.controller, Config::load(self.config.as_deref())?).await
     }
@@ -52,11 +49,11 @@ fn report(what: &str, m: &CheckpointManifest) {
 pub async fn run(args: CheckpointArgs) -> Result<()> {
     match args.action {
         Action::Save(t) => {
-            let m = t.client().await?.save_checkpoint(t.path()).await?;
+            let m = t.client().await?.save_checkpoint_to_url(&t.dir).await?;
             report("saved", &m);
         }
         Action::Load(t) => {
-            let m = t.client().await?.load_checkpoint(t.path()).await?;
+            let m = t.client().await?.load_checkpoint_from_url(&t.dir).await?;
             report("loaded", &m);
         }
     }

@@ -172,3 +172,94 @@ async fn storage_a_checkpoint_cannot_reattach_is_refused() {
         "a refused save writes nothing"
     );
 }
+
+/// The same through an object store (here `object_store`'s in-memory one, shared by the two
+/// clients): written under a prefix, loaded back, earlier state objects removed, damage named.
+#[cfg(feature = "object-store")]
+#[tokio::test]
+async fn a_checkpoint_round_trips_through_an_object_store() {
+    use object_store::ObjectStoreExt;
+    if !redis_available("a_checkpoint_round_trips_through_an_object_store") {
+        return;
+    }
+    let redis = RedisServer::start();
+    let store: std::sync::Arc<dyn object_store::ObjectStore> =
+        std::sync::Arc::new(object_store::memory::InMemory::new());
+    let first = client_on(&redis);
+    let keys: Vec<String> = (0..3).map(|i| format!("k{i}")).collect();
+    first
+        .partition("p")
+        .kv_batch_put(&keys, &ints(3, 10), None)
+        .await
+        .unwrap();
+    first
+        .save_checkpoint_to_store(store.clone(), "jobs/a")
+        .await
+        .unwrap();
+    first
+        .partition("p")
+        .kv_put("k3", &ints(1, 40), None)
+        .await
+        .unwrap();
+    let saved = first
+        .save_checkpoint_to_store(store.clone(), "jobs/a/")
+        .await
+        .unwrap();
+    assert_eq!(saved.counts.samples, 4);
+    // One state object left: the earlier one went once the new manifest was in place.
+    let listed: Vec<_> = futures::TryStreamExt::try_collect::<Vec<_>>(
+        store.list(Some(&object_store::path::Path::from("jobs/a"))),
+    )
+    .await
+    .unwrap();
+    let states: Vec<String> = listed
+        .iter()
+        .map(|m| m.location.to_string())
+        .filter(|l| l.ends_with(".state"))
+        .collect();
+    assert_eq!(states.len(), 1, "{states:?}");
+
+    let second = client_on(&redis);
+    assert_eq!(
+        second
+            .load_checkpoint_from_store(store.clone(), "jobs/a")
+            .await
+            .unwrap(),
+        saved
+    );
+    let all: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
+    let got = second
+        .partition("p")
+        .kv_batch_get(&all, None)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 4);
+
+    // A damaged state object is named.
+    let state = object_store::path::Path::from(states[0].as_str());
+    store
+        .put(&state, b"not a snapshot".to_vec().into())
+        .await
+        .unwrap();
+    let e = client_on(&redis)
+        .load_checkpoint_from_store(store.clone(), "jobs/a")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Corrupted, "{e}");
+    assert!(e.message().contains(&states[0]), "{e}");
+    // Nothing at a prefix: not found, naming the manifest.
+    let e = client_on(&redis)
+        .load_checkpoint_from_store(store, "jobs/none")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::NotFound, "{e}");
+    assert!(e.message().contains("MANIFEST.toml"), "{e}");
+}
+
+#[tokio::test]
+async fn checkpoint_urls_are_checked() {
+    let tq = Client::embedded(Config::default()).unwrap();
+    let e = tq.save_checkpoint_to_url("memory://x").await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid, "{e}");
+    assert!(e.message().contains("s3://bucket/prefix"), "{e}");
+}
