@@ -121,6 +121,32 @@ impl BlockingClient {
     ) -> Result<crate::CheckpointManifest> {
         self.runtime.block_on(self.client.load_checkpoint(dir))
     }
+    pub fn save_checkpoint_to_url(&self, url: &str) -> Result<crate::CheckpointManifest> {
+        self.runtime
+            .block_on(self.client.save_checkpoint_to_url(url))
+    }
+    pub fn load_checkpoint_from_url(&self, url: &str) -> Result<crate::CheckpointManifest> {
+        self.runtime
+            .block_on(self.client.load_checkpoint_from_url(url))
+    }
+    #[cfg(feature = "object-store")]
+    pub fn save_checkpoint_to_store(
+        &self,
+        store: Arc<dyn object_store::ObjectStore>,
+        prefix: &str,
+    ) -> Result<crate::CheckpointManifest> {
+        self.runtime
+            .block_on(self.client.save_checkpoint_to_store(store, prefix))
+    }
+    #[cfg(feature = "object-store")]
+    pub fn load_checkpoint_from_store(
+        &self,
+        store: Arc<dyn object_store::ObjectStore>,
+        prefix: &str,
+    ) -> Result<crate::CheckpointManifest> {
+        self.runtime
+            .block_on(self.client.load_checkpoint_from_store(store, prefix))
+    }
     pub fn kv_list_all(&self) -> Result<Vec<KeyListing>> {
         self.runtime.block_on(self.client.kv_list_all())
     }
