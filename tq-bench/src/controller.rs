@@ -8,6 +8,18 @@ use tq_controller::{
 };
 use tq_core::{DType, FieldMeta, Result};
 
+/// `fields` dense f32 fields of 128 elements, `field_0`, `field_1`, ...
+fn f32_fields(fields: usize) -> BTreeMap<String, FieldMeta> {
+    (0..fields)
+        .map(|f| {
+            (
+                format!("field_{f}"),
+                FieldMeta::dense(DType::F32, vec![128]),
+            )
+        })
+        .collect()
+}
+
 /// `allocate → notify(fields) → fetch` of `samples` samples with `fields` fields, then an
 /// untimed clear so every iteration starts from the same state.
 pub fn allocate_notify_fetch(
@@ -17,14 +29,7 @@ pub fn allocate_notify_fetch(
     reps: usize,
 ) -> Result<Stats> {
     let c = Controller::new(ControllerConfig::default())?;
-    let schemas: BTreeMap<String, FieldMeta> = (0..fields)
-        .map(|f| {
-            (
-                format!("field_{f}"),
-                FieldMeta::dense(DType::F32, vec![128]),
-            )
-        })
-        .collect();
+    let schemas = f32_fields(fields);
     let mut times = Vec::new();
     for i in 0..=reps {
         let elapsed = runtime.block_on(one_round(&c, samples, &schemas))?;
@@ -125,14 +130,7 @@ pub fn populated(
     fields: usize,
 ) -> Result<Controller> {
     let c = Controller::new(ControllerConfig::default())?;
-    let schemas: BTreeMap<String, FieldMeta> = (0..fields)
-        .map(|f| {
-            (
-                format!("field_{f}"),
-                FieldMeta::dense(DType::F32, vec![128]),
-            )
-        })
-        .collect();
+    let schemas = f32_fields(fields);
     runtime.block_on(async {
         let mut done = 0;
         while done < samples {
@@ -188,14 +186,7 @@ pub fn remote_allocate_notify_fetch(
     if let Some(dir) = state_dir {
         service = service.with_state_dir(dir)?;
     }
-    let schemas: BTreeMap<String, FieldMeta> = (0..fields)
-        .map(|f| {
-            (
-                format!("field_{f}"),
-                FieldMeta::dense(DType::F32, vec![128]),
-            )
-        })
-        .collect();
+    let schemas = f32_fields(fields);
     runtime.block_on(async {
         let server = tq_net::Server::bind(
             &tq_net::Endpoint::tcp("127.0.0.1:0"),

@@ -867,15 +867,6 @@ fn tempdir(name: &str) -> std::path::PathBuf {
     dir
 }
 
-/// The sample ids of a consumer's `acked <id>` lines.
-fn acked(lines: &[String]) -> Vec<i64> {
-    lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("acked "))
-        .map(|id| id.parse().unwrap())
-        .collect()
-}
-
 /// `tq controller --state-dir`, killed with SIGKILL while two producers and a consumer (in
 /// processes of their own, acknowledged delivery) are at work, and started again on the same
 /// directory and address: the storage units rejoin without losing their cells (same epoch), the
@@ -905,110 +896,14 @@ async fn a_controller_with_a_state_dir_survives_kill_9() {
     controller.listening(1);
     let mut units: Vec<Tq> = (0..2)
         .map(|i| {
-            let mut u = Tq::spawn(&[
-                "storage-unit",
-                "--controller",
-                &listen,
-                "--id",
-                &format!("unit-{i}"),
-            ]);
+            let id = format!("unit-{i}");
+            let mut u = Tq::spawn(&["storage-unit", "--controller", &listen, "--id", &id]);
             u.listening(1);
             u
         })
         .collect();
-    const PER_PRODUCER: i64 = 200;
-    let produce = |first: i64| {
-        Tq::spawn(&[
-            "produce",
-            "--connect",
-            &listen,
-            "--first",
-            &first.to_string(),
-            "--count",
-            &PER_PRODUCER.to_string(),
-            "--batch",
-            "10",
-            "--pace-ms",
-            "100",
-            "--retry-ms",
-            "60000",
-        ])
-    };
-    let mut consumer = Tq::spawn(&[
-        "consume",
-        "--connect",
-        &listen,
-        "--batch",
-        "6",
-        "--lease-ms",
-        "2000",
-        "--idle-ms",
-        "60000",
-        "--retry-ms",
-        "60000",
-    ]);
-    let started = Instant::now();
-    let producers = [produce(0), produce(PER_PRODUCER)];
-    let first = consumer.wait_line("acked ", Duration::from_secs(60));
-    controller.kill();
-    let killed_after = started.elapsed();
-    let mut controller = start();
-    controller.listening(1);
-    let mut logs = String::new();
-    for p in producers {
-        let (status, stderr) = p.wait_exit(Duration::from_secs(120));
-        assert!(status.success(), "producer: {stderr}");
-        logs.push_str(&stderr);
-    }
-    let done = Tq::spawn(&[
-        "produce",
-        "--connect",
-        &listen,
-        "--count",
-        "0",
-        "--complete",
-        "--retry-ms",
-        "30000",
-    ]);
-    let (status, stderr) = done.wait_exit(Duration::from_secs(60));
-    assert!(status.success(), "{stderr}");
-    let mut lines = vec![first];
-    lines.extend(consumer.rest_of_output(Duration::from_secs(120)));
-    let (status, stderr) = consumer.wait_exit(Duration::from_secs(10));
-    assert!(status.success(), "consumer: {stderr}");
-    logs.push_str(&stderr);
-    // (The workers may not even notice the outage: the connection pool repeats an idempotent
-    // request once on a fresh connection, and the controller can be back by then. The kill
-    // lands mid-production: producers put every 100 ms for about 2 s.)
-    assert!(
-        killed_after < Duration::from_millis(1500),
-        "the kill must land mid-production: {killed_after:?}; {logs}"
-    );
-
-    let mut ids = acked(&lines);
-    let printed = ids.len();
-    ids.sort_unstable();
-    ids.dedup();
-    assert_eq!(ids.len(), printed, "a sample was acknowledged twice");
-    let tq = Client::connect_with(&listen, config(5_000)).await.unwrap();
-    let status = tq
-        .partition("work")
-        .consumption_status("consume")
-        .await
-        .unwrap();
-    assert_eq!(
-        status.samples.len(),
-        2 * PER_PRODUCER as usize,
-        "nothing lost, nothing extra"
-    );
-    assert!(status.all_consumed(), "every sample consumed");
-    assert!(status.leased.iter().all(|l| !l), "no lease left");
-    // An acknowledgement whose answer was lost in the kill is repeated and then counts 0: its
-    // samples are consumed but not printed. At most a batch or two.
-    assert!(
-        2 * PER_PRODUCER as usize - printed <= 12,
-        "{printed} printed"
-    );
+    let mut controller =
+        common::a_job_across_a_controller_kill(&listen, controller, start, 2, 200).await;
     let _ = controller.terminate(Duration::from_secs(5));
     for u in &mut units {
         u.kill();

@@ -6,7 +6,7 @@ mod common;
 #[path = "../../tq-backend-kv/tests/common/mod.rs"]
 mod redis_common;
 
-use common::Tq;
+use common::{acked_ids, Tq};
 use redis_common::{redis_available, RedisCluster, RedisServer, TempDir};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -47,6 +47,20 @@ fn start_controller(config: &std::path::Path) -> (Tq, String) {
     ]);
     let url = Tq::controller_endpoint(&c.listening(1));
     (c, url)
+}
+
+/// `tq controller` on `listen` with the configuration file `config` and `extra` arguments (for
+/// tests that restart it on the same address).
+fn controller_at(listen: &str, config: &std::path::Path, extra: &[&str]) -> Tq {
+    let mut args = vec![
+        "controller",
+        "--listen",
+        listen,
+        "--config",
+        config.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Tq::spawn(&args)
 }
 
 fn dbsize(server: &RedisServer) -> usize {
@@ -277,15 +291,6 @@ fn secrets_in_store_urls_never_reach_the_servers_output() {
     c.terminate(Duration::from_secs(10));
     let (_, stderr) = c.wait_exit(Duration::from_secs(10));
     assert!(!stderr.contains("pw-s3cret"), "{stderr}");
-}
-
-/// The sample ids a consumer's `acked <id>` lines name.
-fn acked_ids(lines: &[String]) -> Vec<i64> {
-    lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("acked "))
-        .map(|id| id.parse().unwrap())
-        .collect()
 }
 
 /// Two producer and two consumer processes (acknowledged streams) against a controller whose
@@ -573,15 +578,7 @@ async fn a_kv_controller_restarted_without_its_state_refuses_earlier_metadata() 
     let config = config_file(&dir, &redis.url());
     let port = redis_common::free_port();
     let listen = format!("tcp://127.0.0.1:{port}");
-    let start = || {
-        Tq::spawn(&[
-            "controller",
-            "--listen",
-            &listen,
-            "--config",
-            config.to_str().unwrap(),
-        ])
-    };
+    let start = || controller_at(&listen, &config, &[]);
     let mut controller = start();
     controller.listening(1);
     let old = Client::connect_with(&listen, Config::default())
@@ -644,15 +641,7 @@ async fn a_checkpoint_carries_a_job_across_a_controller_kill() {
     let config = config_file(&dir, &redis.url());
     let checkpoint = dir.0.join("checkpoint");
     let listen = format!("tcp://127.0.0.1:{}", redis_common::free_port());
-    let start = || {
-        Tq::spawn(&[
-            "controller",
-            "--listen",
-            &listen,
-            "--config",
-            config.to_str().unwrap(),
-        ])
-    };
+    let start = || controller_at(&listen, &config, &[]);
     let mut controller = start();
     controller.listening(1);
     let produce = Tq::spawn(&[
@@ -751,88 +740,10 @@ async fn a_kv_controller_with_a_state_dir_survives_kill_9() {
     let config = config_file(&dir, &redis.url());
     let state = dir.0.join("state");
     let listen = format!("tcp://127.0.0.1:{}", redis_common::free_port());
-    let start = || {
-        Tq::spawn(&[
-            "controller",
-            "--listen",
-            &listen,
-            "--config",
-            config.to_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-        ])
-    };
+    let start = || controller_at(&listen, &config, &["--state-dir", state.to_str().unwrap()]);
     let mut controller = start();
     controller.listening(1);
-    // 20 puts 100 ms apart: production lasts about 2 s, so the kill lands in the middle.
-    let started = std::time::Instant::now();
-    let producer = Tq::spawn(&[
-        "produce",
-        "--connect",
-        &listen,
-        "--count",
-        "200",
-        "--batch",
-        "10",
-        "--pace-ms",
-        "100",
-        "--retry-ms",
-        "60000",
-    ]);
-    let mut consumer = Tq::spawn(&[
-        "consume",
-        "--connect",
-        &listen,
-        "--batch",
-        "6",
-        "--lease-ms",
-        "2000",
-        "--retry-ms",
-        "60000",
-    ]);
-    let first = consumer.wait_line("acked ", Duration::from_secs(60));
-    controller.kill();
-    let killed_after = started.elapsed();
-    let mut controller = start();
-    controller.listening(1);
-    let (status, stderr) = producer.wait_exit(Duration::from_secs(120));
-    assert!(status.success(), "producer: {stderr}");
-    // (A put may not even notice: the connection pool repeats an idempotent request once on a
-    // fresh connection, and the controller can be back by then.)
-    assert!(
-        killed_after < Duration::from_millis(1500),
-        "the kill must land mid-production: {killed_after:?}"
-    );
-    let done = Tq::spawn(&[
-        "produce",
-        "--connect",
-        &listen,
-        "--count",
-        "0",
-        "--complete",
-    ]);
-    let (status, stderr) = done.wait_exit(Duration::from_secs(30));
-    assert!(status.success(), "{stderr}");
-    let mut lines = vec![first];
-    lines.extend(consumer.rest_of_output(Duration::from_secs(120)));
-    let (status, stderr) = consumer.wait_exit(Duration::from_secs(10));
-    assert!(status.success(), "consumer: {stderr}");
-    let mut ids = acked_ids(&lines);
-    let printed = ids.len();
-    ids.sort_unstable();
-    ids.dedup();
-    assert_eq!(ids.len(), printed, "a sample was acknowledged twice");
-    let tq = Client::connect_with(&listen, Config::default())
-        .await
-        .unwrap();
-    let status = tq
-        .partition("work")
-        .consumption_status("consume")
-        .await
-        .unwrap();
-    assert_eq!(status.samples.len(), 200);
-    assert!(status.all_consumed(), "every sample consumed");
-    assert!(status.leased.iter().all(|l| !l), "no lease left");
-    assert!(200 - printed <= 12, "{printed} printed");
+    let mut controller =
+        common::a_job_across_a_controller_kill(&listen, controller, start, 1, 200).await;
     let _ = controller.terminate(Duration::from_secs(5));
 }

@@ -36,19 +36,18 @@ impl RemoteControlPlane {
         &self.endpoint
     }
 
-    async fn call(
+    /// Sends `request` in an envelope with `epoch` (0: none, for requests a stub must be able
+    /// to make whatever the controller's epoch) and `frames` as body; returns the answer.
+    async fn send(
         &self,
-        req: ControlRequest,
+        epoch: u64,
+        request: ControlRequest,
+        frames: Vec<Bytes>,
         idempotent: bool,
         extra_wait: Duration,
-    ) -> Result<ControlResponse> {
-        let envelope = ControlEnvelope {
-            epoch: self.epoch(),
-            request: req,
-        };
-        let msg = Message::encode(&envelope, Vec::new())?;
-        let reply = self
-            .pool
+    ) -> Result<Message> {
+        let msg = Message::encode(&ControlEnvelope { epoch, request }, frames)?;
+        self.pool
             .call(
                 &self.endpoint,
                 msg,
@@ -58,8 +57,18 @@ impl RemoteControlPlane {
                 },
             )
             .await
-            .map_err(|e| e.context(format!("controller {}", self.endpoint)))?;
-        reply.decode()
+            .map_err(|e| e.context(format!("controller {}", self.endpoint)))
+    }
+
+    async fn call(
+        &self,
+        req: ControlRequest,
+        idempotent: bool,
+        extra_wait: Duration,
+    ) -> Result<ControlResponse> {
+        self.send(self.epoch(), req, Vec::new(), idempotent, extra_wait)
+            .await?
+            .decode()
     }
 
     fn unexpected(&self, what: &str, got: ControlResponse) -> Error {
@@ -119,20 +128,10 @@ impl RemoteControlPlane {
     /// A unit does not send an epoch (it learns it here), so it can rejoin a controller that
     /// restarted.
     pub async fn register_unit(&self, info: UnitInfo) -> Result<u64> {
-        let envelope = ControlEnvelope {
-            epoch: 0,
-            request: ControlRequest::RegisterUnit(info),
-        };
-        let msg = Message::encode(&envelope, Vec::new())?;
-        let options = CallOptions {
-            timeout: Some(self.request_timeout),
-            idempotent: true,
-        };
+        let request = ControlRequest::RegisterUnit(info);
         let reply = self
-            .pool
-            .call(&self.endpoint, msg, options)
-            .await
-            .map_err(|e| e.context(format!("controller {}", self.endpoint)))?;
+            .send(0, request, Vec::new(), true, Duration::ZERO)
+            .await?;
         match reply.decode()? {
             ControlResponse::Registered { epoch } => Ok(epoch),
             other => Err(self.unexpected("register_unit", other)),
@@ -141,22 +140,10 @@ impl RemoteControlPlane {
 
     /// The topology, asked with no epoch (so it is answered whatever the controller's epoch).
     async fn topology_unchecked(&self) -> Result<Topology> {
-        let envelope = ControlEnvelope {
-            epoch: 0,
-            request: ControlRequest::Topology,
-        };
+        let request = ControlRequest::Topology;
         let reply = self
-            .pool
-            .call(
-                &self.endpoint,
-                Message::encode(&envelope, Vec::new())?,
-                CallOptions {
-                    timeout: Some(self.request_timeout),
-                    idempotent: true,
-                },
-            )
-            .await
-            .map_err(|e| e.context(format!("controller {}", self.endpoint)))?;
+            .send(0, request, Vec::new(), true, Duration::ZERO)
+            .await?;
         match reply.decode()? {
             ControlResponse::Topology(t) => Ok(t),
             other => Err(self.unexpected("topology", other)),
@@ -459,22 +446,10 @@ impl ControlPlane for RemoteControlPlane {
     }
 
     async fn snapshot(&self) -> Result<(Vec<u8>, crate::SnapshotCounts)> {
-        let envelope = ControlEnvelope {
-            epoch: self.epoch(),
-            request: ControlRequest::Snapshot,
-        };
+        let request = ControlRequest::Snapshot;
         let reply = self
-            .pool
-            .call(
-                &self.endpoint,
-                Message::encode(&envelope, Vec::new())?,
-                CallOptions {
-                    timeout: Some(self.request_timeout),
-                    idempotent: true,
-                },
-            )
-            .await
-            .map_err(|e| e.context(format!("controller {}", self.endpoint)))?;
+            .send(self.epoch(), request, Vec::new(), true, Duration::ZERO)
+            .await?;
         match (reply.decode()?, reply.frames.as_slice()) {
             (ControlResponse::Snapshot(counts), [bytes]) => Ok((bytes.to_vec(), counts)),
             (other, _) => Err(self.unexpected("snapshot", other)),
@@ -484,22 +459,16 @@ impl ControlPlane for RemoteControlPlane {
     /// Not retried: a lost answer leaves it unknown whether the state was replaced (a second
     /// attempt would then be refused as a non-empty controller).
     async fn restore(&self, snapshot: Vec<u8>) -> Result<crate::SnapshotCounts> {
-        let envelope = ControlEnvelope {
-            epoch: self.epoch(),
-            request: ControlRequest::Restore,
-        };
+        let frames = vec![Bytes::from(snapshot)];
         let reply = self
-            .pool
-            .call(
-                &self.endpoint,
-                Message::encode(&envelope, vec![Bytes::from(snapshot)])?,
-                CallOptions {
-                    timeout: Some(self.request_timeout),
-                    idempotent: false,
-                },
+            .send(
+                self.epoch(),
+                ControlRequest::Restore,
+                frames,
+                false,
+                Duration::ZERO,
             )
-            .await
-            .map_err(|e| e.context(format!("controller {}", self.endpoint)))?;
+            .await?;
         match reply.decode()? {
             ControlResponse::Snapshot(counts) => {
                 // The controller is in the snapshot's epoch now: so is this stub.
