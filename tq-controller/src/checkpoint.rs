@@ -84,7 +84,7 @@ pub(crate) mod deadlines {
     type Leases = HashMap<u32, (LeaseId, Instant)>;
 
     pub fn serialize<S: Serializer>(leases: &Leases, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let now = Instant::now();
+        let now = tokio::time::Instant::now().into_std();
         let left: Vec<(u32, LeaseId, u64)> = leases
             .iter()
             .map(|(slot, (lease, deadline))| {
@@ -96,7 +96,7 @@ pub(crate) mod deadlines {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Leases, D::Error> {
-        let now = Instant::now();
+        let now = tokio::time::Instant::now().into_std();
         let left: Vec<(u32, LeaseId, u64)> = Vec::deserialize(d)?;
         Ok(left
             .into_iter()

@@ -318,7 +318,9 @@ impl Controller {
         let Some(p) = st.partitions.get_mut(&req.partition) else {
             return Ok(Attempt::NotReady { next_expiry: None });
         };
-        let now = Instant::now();
+        // Leases run on tokio's clock: the runtime's time, which tests pause and advance (the
+        // same clock as the waits), and the system's otherwise.
+        let now = tokio::time::Instant::now().into_std();
         let next_expiry = p.expire_leases(now);
         let Some(fids) = p.known_fields(&req.fields) else {
             return Ok(Attempt::not_ready(p, task, next_expiry));
