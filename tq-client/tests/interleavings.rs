@@ -9,13 +9,15 @@
 //! index stays in use. With acknowledged delivery (leases on the controller's clock, which is
 //! the paused runtime clock here, advanced by the tasks): a sample is handed out again only
 //! after a lease on it was abandoned and ran out, and every sample is acknowledged exactly once.
+//! Keys also link a field to public rows and have fields cleared: a linked read returns its
+//! public row's own data or an error, never another row's.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashSet};
 use std::rc::Rc;
 use std::time::Duration;
-use tq_client::{Client, Config, GetMetaRequest, Wait};
+use tq_client::{Client, Config, GetMetaRequest, LinkOptions, Wait};
 use tq_core::{Batch, Column, ErrorKind, Tensor};
 
 /// xorshift64*: small, seedable, and the same on every machine.
@@ -83,7 +85,8 @@ fn run(seed: u64, tasks: usize, steps: usize) -> Vec<String> {
                     // Keys 0..8 are shared by every task; each writes its own versions.
                     let key_id = rng.below(8) as i64;
                     let key = format!("k{key_id}");
-                    let outcome = match rng.below(9) {
+                    let pub_key = format!("pub{key_id}");
+                    let outcome = match rng.below(13) {
                         0 | 1 => {
                             version += 1;
                             let v = (t as i64) * 1000 + version;
@@ -188,6 +191,78 @@ fn run(seed: u64, tasks: usize, steps: usize) -> Vec<String> {
                             tokio::time::advance(Duration::from_secs(6)).await;
                             "time +6 s".to_string()
                         }
+                        9 => {
+                            // A public row, marked `100 + key_id` in both its fields.
+                            version += 1;
+                            let v = (t as i64) * 1000 + version;
+                            let x = payload(100 + key_id, v);
+                            let row = x.clone().with("p", x.column("x").unwrap().clone()).unwrap();
+                            match tq
+                                .partition("__public__")
+                                .kv_put(&pub_key, &row, None)
+                                .await
+                            {
+                                Ok(_) => format!("publish {pub_key} v{v}"),
+                                Err(e) => {
+                                    assert_eq!(e.kind(), &ErrorKind::Conflict, "seed {seed}: {e}");
+                                    format!("publish {pub_key} refused")
+                                }
+                            }
+                        }
+                        10 => match kv
+                            .kv_link(&[&key], &[&pub_key], &["p"], &LinkOptions::default())
+                            .await
+                        {
+                            Ok(_) => format!("link {key} -> {pub_key}"),
+                            Err(e) => {
+                                assert!(
+                                    matches!(
+                                        e.kind(),
+                                        ErrorKind::Conflict
+                                            | ErrorKind::Invalid
+                                            | ErrorKind::NotFound
+                                    ),
+                                    "seed {seed}: link {key}: {e}"
+                                );
+                                format!("link {key} {:?}", e.kind())
+                            }
+                        },
+                        11 => match kv.kv_batch_get(&[&key], Some(&["p"])).await {
+                            Ok(b) => {
+                                let Some(Column::Dense(p)) = b.column("p") else {
+                                    panic!("seed {seed}: `p` is not dense")
+                                };
+                                let v = p.to_vec::<i64>().unwrap();
+                                assert_eq!(
+                                    &v[..3],
+                                    &[100 + key_id; 3],
+                                    "seed {seed}: {key} read another row through its link"
+                                );
+                                format!("get linked {key} v{}", v[3])
+                            }
+                            Err(e) => {
+                                assert!(
+                                    matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Invalid),
+                                    "seed {seed}: get linked {key}: {e}"
+                                );
+                                format!("get linked {key} {:?}", e.kind())
+                            }
+                        },
+                        12 => match kv.kv_clear_fields(&[&key], &["x"]).await {
+                            Ok(()) => format!("clear {key}.x"),
+                            Err(e) => {
+                                assert!(
+                                    matches!(
+                                        e.kind(),
+                                        ErrorKind::Conflict
+                                            | ErrorKind::Invalid
+                                            | ErrorKind::NotFound
+                                    ),
+                                    "seed {seed}: clear {key}.x: {e}"
+                                );
+                                format!("clear {key}.x {:?}", e.kind())
+                            }
+                        },
                         _ => {
                             let req = GetMetaRequest::fetch("m", &["id"], "train", 2, Wait::NoWait);
                             match tq.get_meta(req).await {
@@ -263,6 +338,8 @@ fn run(seed: u64, tasks: usize, steps: usize) -> Vec<String> {
         assert!(all.all_consumed(), "seed {seed}");
         let keys: Vec<String> = (0..8).map(|k| format!("k{k}")).collect();
         tq.partition("kv").kv_clear(&keys).await.unwrap();
+        let public: Vec<String> = (0..8).map(|k| format!("pub{k}")).collect();
+        tq.partition("__public__").kv_clear(&public).await.unwrap();
         let left: BTreeMap<String, usize> = tq
             .kv_list_all()
             .await
@@ -280,12 +357,17 @@ fn run(seed: u64, tasks: usize, steps: usize) -> Vec<String> {
 
 #[test]
 fn random_interleavings_keep_the_invariants_and_replay_exactly() {
-    let mut redelivered = 0;
+    let (mut redelivered, mut linked_reads, mut field_clears) = (0, 0, 0);
     for seed in 0..24 {
         let first = run(seed, 4, 40);
         let again = run(seed, 4, 40);
         assert_eq!(first, again, "seed {seed} did not replay the same run");
         assert_eq!(first.len(), 4 * 40 + 1);
+        linked_reads += first
+            .iter()
+            .filter(|l| l.contains("get linked") && l.contains(" v"))
+            .count();
+        field_clears += first.iter().filter(|l| l.ends_with(".x")).count();
         let last = first.last().unwrap();
         redelivered += last
             .strip_prefix("redelivered ")
