@@ -380,4 +380,6 @@ fn random_interleavings_keep_the_invariants_and_replay_exactly() {
         redelivered > 0,
         "no run handed out a sample whose lease ran out"
     );
+    assert!(linked_reads > 0, "no run read through a link");
+    assert!(field_clears > 0, "no run cleared a field");
 }
