@@ -49,6 +49,28 @@ fn start_controller(config: &std::path::Path) -> (Tq, String) {
     (c, url)
 }
 
+/// A redis-server of its own, a configuration file with KV storage on it, and a fixed
+/// controller address (for tests that restart the controller where clients know it).
+struct KvJob {
+    redis: RedisServer,
+    dir: TempDir,
+    config: PathBuf,
+    listen: String,
+}
+
+fn kv_job() -> KvJob {
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let config = config_file(&dir, &redis.url());
+    let listen = format!("tcp://127.0.0.1:{}", redis_common::free_port());
+    KvJob {
+        redis,
+        dir,
+        config,
+        listen,
+    }
+}
+
 /// `tq controller` on `listen` with the configuration file `config` and `extra` arguments (for
 /// tests that restart it on the same address).
 fn controller_at(listen: &str, config: &std::path::Path, extra: &[&str]) -> Tq {
@@ -573,11 +595,13 @@ async fn a_kv_controller_restarted_without_its_state_refuses_earlier_metadata() 
     if !redis_available("a_kv_controller_restarted_without_its_state") {
         return;
     }
-    let redis = RedisServer::start();
-    let dir = TempDir::new();
-    let config = config_file(&dir, &redis.url());
-    let port = redis_common::free_port();
-    let listen = format!("tcp://127.0.0.1:{port}");
+    // (`dir` holds the configuration file: it must live as long as the test.)
+    let KvJob {
+        redis,
+        dir: _dir,
+        config,
+        listen,
+    } = kv_job();
     let start = || controller_at(&listen, &config, &[]);
     let mut controller = start();
     controller.listening(1);
@@ -636,11 +660,13 @@ async fn a_checkpoint_carries_a_job_across_a_controller_kill() {
     if !redis_available("a_checkpoint_carries_a_job_across_a_controller_kill") {
         return;
     }
-    let redis = RedisServer::start();
-    let dir = TempDir::new();
-    let config = config_file(&dir, &redis.url());
+    let KvJob {
+        redis: _redis,
+        dir,
+        config,
+        listen,
+    } = kv_job();
     let checkpoint = dir.0.join("checkpoint");
-    let listen = format!("tcp://127.0.0.1:{}", redis_common::free_port());
     let start = || controller_at(&listen, &config, &[]);
     let mut controller = start();
     controller.listening(1);
@@ -735,11 +761,13 @@ async fn a_kv_controller_with_a_state_dir_survives_kill_9() {
     if !redis_available("a_kv_controller_with_a_state_dir_survives_kill_9") {
         return;
     }
-    let redis = RedisServer::start();
-    let dir = TempDir::new();
-    let config = config_file(&dir, &redis.url());
+    let KvJob {
+        redis: _redis,
+        dir,
+        config,
+        listen,
+    } = kv_job();
     let state = dir.0.join("state");
-    let listen = format!("tcp://127.0.0.1:{}", redis_common::free_port());
     let start = || controller_at(&listen, &config, &["--state-dir", state.to_str().unwrap()]);
     let mut controller = start();
     controller.listening(1);

@@ -52,6 +52,40 @@ fn ids_batch(ids: &[i64]) -> Batch {
     .unwrap()
 }
 
+/// Reads `field` of `key`: data marked `mark` (every element but the last, which is the
+/// version) or an error saying it is not there — never another key's or row's data. Returns
+/// the trace line, `"{what} {key} v{version}"` or the error's kind.
+async fn read_marked(
+    kv: &tq_client::Partition,
+    key: &str,
+    field: &str,
+    mark: i64,
+    seed: u64,
+    what: &str,
+) -> String {
+    match kv.kv_batch_get(&[key], Some(&[field])).await {
+        Ok(b) => {
+            let Some(Column::Dense(x)) = b.column(field) else {
+                panic!("seed {seed}: `{field}` is not dense")
+            };
+            let v = x.to_vec::<i64>().unwrap();
+            assert_eq!(
+                &v[..3],
+                &[mark; 3],
+                "seed {seed}: {what} {key}: another's data"
+            );
+            format!("{what} {key} v{}", v[3])
+        }
+        Err(e) => {
+            assert!(
+                matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Invalid),
+                "seed {seed}: {what} {key}: {e}"
+            );
+            format!("{what} {key} {:?}", e.kind())
+        }
+    }
+}
+
 /// One run: `tasks` tasks of `steps` random operations each. Returns the trace of outcomes.
 fn run(seed: u64, tasks: usize, steps: usize) -> Vec<String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -98,27 +132,7 @@ fn run(seed: u64, tasks: usize, steps: usize) -> Vec<String> {
                                 }
                             }
                         }
-                        2 => match kv.kv_batch_get(&[&key], Some(&["x"])).await {
-                            Ok(b) => {
-                                let Some(Column::Dense(x)) = b.column("x") else {
-                                    panic!("seed {seed}: `x` is not dense")
-                                };
-                                let v = x.to_vec::<i64>().unwrap();
-                                assert_eq!(
-                                    &v[..3],
-                                    &[key_id; 3],
-                                    "seed {seed}: {key} read another key's data"
-                                );
-                                format!("get {key} v{}", v[3])
-                            }
-                            Err(e) => {
-                                assert!(
-                                    matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Invalid),
-                                    "seed {seed}: get {key}: {e}"
-                                );
-                                format!("get {key} {:?}", e.kind())
-                            }
-                        },
+                        2 => read_marked(&kv, &key, "x", key_id, seed, "get").await,
                         3 => match kv.kv_clear(&[&key]).await {
                             Ok(()) => format!("clear {key}"),
                             Err(e) => {
@@ -227,27 +241,7 @@ fn run(seed: u64, tasks: usize, steps: usize) -> Vec<String> {
                                 format!("link {key} {:?}", e.kind())
                             }
                         },
-                        11 => match kv.kv_batch_get(&[&key], Some(&["p"])).await {
-                            Ok(b) => {
-                                let Some(Column::Dense(p)) = b.column("p") else {
-                                    panic!("seed {seed}: `p` is not dense")
-                                };
-                                let v = p.to_vec::<i64>().unwrap();
-                                assert_eq!(
-                                    &v[..3],
-                                    &[100 + key_id; 3],
-                                    "seed {seed}: {key} read another row through its link"
-                                );
-                                format!("get linked {key} v{}", v[3])
-                            }
-                            Err(e) => {
-                                assert!(
-                                    matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Invalid),
-                                    "seed {seed}: get linked {key}: {e}"
-                                );
-                                format!("get linked {key} {:?}", e.kind())
-                            }
-                        },
+                        11 => read_marked(&kv, &key, "p", 100 + key_id, seed, "get linked").await,
                         12 => match kv.kv_clear_fields(&[&key], &["x"]).await {
                             Ok(()) => format!("clear {key}.x"),
                             Err(e) => {
