@@ -40,6 +40,10 @@ pub struct SoakArgs {
     /// Elements (i64) per sample.
     #[arg(long, default_value_t = 256)]
     width: usize,
+    /// Seconds between progress lines on stderr (samples produced, consumed, reported lost,
+    /// faults so far); 0: none.
+    #[arg(long, default_value_t = 10)]
+    progress_every: u64,
 }
 
 #[derive(Default)]
@@ -281,8 +285,22 @@ pub fn run(args: SoakArgs) -> Result<()> {
         let mut next_fault =
             (args.fault_every > 0).then(|| Instant::now() + Duration::from_secs(args.fault_every));
         let mut victim = 0u32;
+        let progress_every = Duration::from_secs(args.progress_every);
+        let mut next_progress = Instant::now() + progress_every;
         while Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
+            if args.progress_every > 0 && Instant::now() >= next_progress {
+                next_progress += progress_every;
+                let t = lock(&tally);
+                eprintln!(
+                    "soak progress: {:.0} s, {} produced, {} consumed, {} reported lost, {} faults",
+                    started.elapsed().as_secs_f64(),
+                    t.produced.len(),
+                    t.consumed.len(),
+                    t.errors.get("samples reported lost").copied().unwrap_or(0),
+                    faults.load(Ordering::Relaxed)
+                );
+            }
             if next_fault.is_some_and(|t| Instant::now() >= t) {
                 // The unit's process is children[1 + victim]: kill it and start it again.
                 let slot = 1 + victim as usize;

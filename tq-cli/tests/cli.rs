@@ -93,14 +93,15 @@ fn a_short_soak_with_faults_keeps_its_invariants() {
         "8",
         "--width",
         "16",
+        "--progress-every",
+        "1",
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("check: OK"), "{stdout}");
+    // A long run says how it is going while it runs.
+    assert!(stderr.contains("soak progress: "), "{stderr}");
     let faults: u32 = stdout
         .split(" faults")
         .next()
