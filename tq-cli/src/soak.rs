@@ -40,6 +40,10 @@ pub struct SoakArgs {
     /// Elements (i64) per sample.
     #[arg(long, default_value_t = 256)]
     width: usize,
+    /// Producers pause while more than this many samples are produced but neither consumed
+    /// nor reported lost, so the backlog (and each fetch's work) stays bounded; 0: no limit.
+    #[arg(long, default_value_t = 8192)]
+    max_backlog: usize,
     /// Seconds between progress lines on stderr (samples produced, consumed, reported lost,
     /// faults so far); 0: none.
     #[arg(long, default_value_t = 10)]
@@ -80,6 +84,12 @@ async fn produce(
 ) {
     let mut next = (id as i64) << 40;
     while !stop.load(Ordering::Relaxed) {
+        if args.max_backlog > 0 && backlog(&tally) > args.max_backlog {
+            // Backpressure: wait for the consumers (a real pipeline's rollout waits for the
+            // trainer the same way).
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
         let batch = match rows(next, args.batch, args.width) {
             Ok(b) => b,
             Err(e) => {
@@ -103,6 +113,13 @@ async fn produce(
             }
         }
     }
+}
+
+/// Samples produced and neither consumed nor reported lost yet.
+fn backlog(tally: &Mutex<Tally>) -> usize {
+    let t = lock(tally);
+    let lost = t.errors.get("samples reported lost").copied().unwrap_or(0) as usize;
+    t.produced.len().saturating_sub(t.consumed.len() + lost)
 }
 
 fn lock(t: &Mutex<Tally>) -> std::sync::MutexGuard<'_, Tally> {
