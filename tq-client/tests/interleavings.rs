@@ -52,6 +52,15 @@ fn ids_batch(ids: &[i64]) -> Batch {
     .unwrap()
 }
 
+/// The `id` column of a fetched batch.
+async fn read_ids(tq: &Client, meta: &tq_core::BatchMeta, seed: u64) -> Vec<i64> {
+    let data = tq.get_data(meta).await.unwrap();
+    let Some(Column::Dense(ids)) = data.column("id") else {
+        panic!("seed {seed}: `id` is not dense")
+    };
+    ids.to_vec::<i64>().unwrap()
+}
+
 /// Reads `field` of `key`: data marked `mark` (every element but the last, which is the
 /// version) or an error saying it is not there — never another key's or row's data. Returns
 /// the trace line, `"{what} {key} v{version}"` or the error's kind.
@@ -161,11 +170,7 @@ fn run(seed: u64, tasks: usize, steps: usize) -> Vec<String> {
                             if meta.is_empty() {
                                 "lease nothing".to_string()
                             } else {
-                                let data = tq.get_data(&meta).await.unwrap();
-                                let Some(Column::Dense(ids)) = data.column("id") else {
-                                    panic!("seed {seed}: `id` is not dense")
-                                };
-                                let ids = ids.to_vec::<i64>().unwrap();
+                                let ids = read_ids(&tq, &meta, seed).await;
                                 for id in &ids {
                                     assert!(
                                         !acked.borrow().contains(id),
@@ -261,11 +266,7 @@ fn run(seed: u64, tasks: usize, steps: usize) -> Vec<String> {
                             let req = GetMetaRequest::fetch("m", &["id"], "train", 2, Wait::NoWait);
                             match tq.get_meta(req).await {
                                 Ok(meta) if !meta.is_empty() => {
-                                    let data = tq.get_data(&meta).await.unwrap();
-                                    let Some(Column::Dense(ids)) = data.column("id") else {
-                                        panic!("seed {seed}: `id` is not dense")
-                                    };
-                                    let ids = ids.to_vec::<i64>().unwrap();
+                                    let ids = read_ids(&tq, &meta, seed).await;
                                     for id in &ids {
                                         assert!(
                                             fetched.borrow_mut().insert(*id),
@@ -310,11 +311,7 @@ fn run(seed: u64, tasks: usize, steps: usize) -> Vec<String> {
                 Err(e) if e.kind() == &ErrorKind::Closed => break,
                 Err(e) => panic!("seed {seed}: drain: {e}"),
             };
-            let data = tq.get_data(&meta).await.unwrap();
-            let Some(Column::Dense(ids)) = data.column("id") else {
-                panic!("seed {seed}: `id` is not dense")
-            };
-            for id in ids.to_vec::<i64>().unwrap() {
+            for id in read_ids(&tq, &meta, seed).await {
                 assert!(
                     acked.borrow_mut().insert(id),
                     "seed {seed}: {id} acknowledged twice"
