@@ -1,10 +1,12 @@
 //! Test support: `redis-server` processes started on free loopback ports and killed on drop.
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -58,11 +60,27 @@ pub fn redis_available(test: &str) -> bool {
     false
 }
 
+/// A loopback port that is free now and that no other test in this process was given before.
+///
+/// The kernel hands a port freed by a killed server to the next `bind(0)`, so without the
+/// record a test that killed its Redis to simulate an outage could find another test's fresh
+/// Redis answering on that port (a CI run saw a put "succeed" during the outage that way).
+/// A port's cluster-bus twin (`port + 10000`) is recorded with it.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind a free port")
-        .port()
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind a free port")
+            .port();
+        let bus = port.checked_add(10_000);
+        if let Some(bus) = bus.filter(|b| !given.contains(&port) && !given.contains(b)) {
+            given.insert(port);
+            given.insert(bus);
+            return port;
+        }
+    }
 }
 
 /// One `redis-server` process on 127.0.0.1, killed when dropped (also on panic).
