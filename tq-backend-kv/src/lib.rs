@@ -25,6 +25,7 @@ pub mod codec;
 mod config;
 mod manager;
 mod memory;
+mod metered;
 #[cfg(feature = "object-store")]
 mod objstore;
 #[cfg(feature = "redis")]

@@ -293,8 +293,8 @@ impl KvStorageManager {
             stores: stores
                 .into_iter()
                 .map(|(n, store)| NamedStore {
+                    store: crate::metered::MeteredStore::wrap(&n, store),
                     tag: Bytes::from(n),
-                    store,
                 })
                 .collect(),
             route,

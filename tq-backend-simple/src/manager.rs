@@ -91,7 +91,8 @@ impl SimpleStorage {
         Ok(SimpleStorage { units })
     }
 
-    /// `num_units` in-process [`MemoryUnit`]s named `unit-0`, `unit-1`, ...
+    /// `num_units` in-process [`MemoryUnit`]s named `unit-0`, `unit-1`, ..., each recording the
+    /// storage role's request metrics ([`tq_unit::MeteredUnit`]).
     pub fn in_memory(num_units: usize, config: SimpleConfig) -> Result<Self> {
         check_threshold(config.compaction_threshold)?;
         let units = (0..num_units)
@@ -104,7 +105,7 @@ impl SimpleStorage {
                         merge_registry: config.merge_registry.clone(),
                     },
                 )?;
-                Ok(Arc::new(unit) as Arc<dyn StorageUnit>)
+                Ok(tq_unit::MeteredUnit::wrap(Arc::new(unit)))
             })
             .collect::<Result<Vec<_>>>()?;
         SimpleStorage::new(units)
@@ -660,6 +661,15 @@ impl StorageManager for SimpleStorage {
         // indexes of samples whose data may still be stored.
         self.collect("clear", meta, join_all(calls).await)?;
         Ok(())
+    }
+
+    async fn status(&self) -> Result<Vec<tq_core::telemetry::UnitStatus>> {
+        Ok(self
+            .stats()
+            .await?
+            .iter()
+            .map(UnitStats::to_status)
+            .collect())
     }
 }
 

@@ -217,10 +217,12 @@ pub struct UnitServer {
 }
 
 impl UnitServer {
+    /// Serves `unit`, recording the storage role's request metrics for it (see
+    /// [`tq_unit::MeteredUnit`]).
     pub fn new(unit: Arc<dyn StorageUnit>) -> Self {
         UnitServer {
             id: unit.id().to_string(),
-            unit: std::sync::RwLock::new(Some(unit)),
+            unit: std::sync::RwLock::new(Some(tq_unit::MeteredUnit::wrap(unit))),
             epoch: std::sync::atomic::AtomicU64::new(0),
             fresh: None,
         }
@@ -278,9 +280,21 @@ impl UnitServer {
         self.epoch.store(epoch, Ordering::Relaxed);
         let old = self.unit.write().unwrap_or_else(|p| p.into_inner()).take();
         drop(old);
-        let unit = fresh()?;
+        let unit = tq_unit::MeteredUnit::wrap(fresh()?);
         *self.unit.write().unwrap_or_else(|p| p.into_inner()) = Some(unit);
         Ok(true)
+    }
+
+    /// The unit's counters (with the memory of this process), for a metrics endpoint.
+    /// `Unavailable` while the unit is being made anew.
+    pub async fn stats(&self) -> Result<tq_unit::UnitStats> {
+        let Some(unit) = self.current() else {
+            return Err(Error::unavailable(format!(
+                "storage unit `{}` is dropping the cells of an earlier controller epoch",
+                self.id
+            )));
+        };
+        unit.stats().await
     }
 
     fn current(&self) -> Option<Arc<dyn StorageUnit>> {
@@ -292,8 +306,19 @@ impl UnitServer {
 impl Handler for UnitServer {
     async fn handle(&self, request: Message) -> Result<Message> {
         let envelope: UnitEnvelope<UnitRequest> = request.decode()?;
+        let op = match &envelope.request {
+            UnitRequest::Put { .. } => "PUT_DATA",
+            UnitRequest::Update { .. } => "UPDATE_DATA",
+            UnitRequest::Get { .. } => "GET_DATA",
+            UnitRequest::Clear { .. } => "CLEAR_DATA",
+            UnitRequest::Stats => "STATS",
+        };
+        tracing::debug!(unit = %self.id, op, "storage request");
         let ours = self.epoch();
         if envelope.epoch != 0 && ours != 0 && envelope.epoch != ours {
+            // Refused before the unit sees it, so its meter does not: count it here.
+            metrics::counter!("tq_storage_request_total", "op_type" => op).increment(1);
+            metrics::counter!("tq_storage_request_errors_total", "op_type" => op).increment(1);
             return Err(tq_core::epoch_mismatch(
                 &format!("storage unit `{}`", self.id),
                 envelope.epoch,

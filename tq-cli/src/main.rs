@@ -4,6 +4,7 @@
 mod bench;
 mod checkpoint;
 mod demo;
+mod observe;
 mod procs;
 mod serve;
 mod soak;
@@ -21,6 +22,16 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as human-readable text or as one JSON object per line (for log shippers).
+    /// Levels come from RUST_LOG (default `warn`); request spans are at `info`.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -48,17 +59,25 @@ enum Command {
     /// Save or load a checkpoint of a running deployment's controller state (payloads stay in
     /// the shared store: KV on Redis or object storage).
     Checkpoint(checkpoint::CheckpointArgs),
+    /// Show a running deployment: partitions (samples, production and consumption per task,
+    /// leases), storage units (cells, bytes, capacity, SSD) and the controller.
+    Stats(observe::StatsArgs),
+    /// Check that a deployment answers (the controller and every storage unit); exit code 0
+    /// when it does, 1 with the reason otherwise. For probes and scripts.
+    Health(observe::HealthArgs),
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -80,6 +99,8 @@ fn main() -> ExitCode {
         Command::Consume(args) => runtime.block_on(work::consume(args)),
         Command::Soak(args) => soak::run(args),
         Command::Checkpoint(args) => runtime.block_on(checkpoint::run(args)),
+        Command::Stats(args) => runtime.block_on(observe::stats(args)),
+        Command::Health(args) => runtime.block_on(observe::health(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

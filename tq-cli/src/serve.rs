@@ -12,6 +12,11 @@ use tq_controller::{Controller, ControllerConfig, ControllerServer, RemoteContro
 use tq_core::{Error, Result};
 use tq_net::{Endpoint, Server, ServerConfig};
 
+use crate::observe::{MetricsArgs, Probe};
+use std::future::Future;
+use std::pin::Pin;
+use tq_client::DeploymentStatus;
+
 /// SSD offload of storage units.
 #[derive(Args, Debug, Clone)]
 pub struct SsdArgs {
@@ -101,6 +106,8 @@ pub struct ServeArgs {
     default_sampler: Option<tq_controller::SamplerSpec>,
     #[command(flatten)]
     security: Security,
+    #[command(flatten)]
+    metrics: MetricsArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -123,6 +130,8 @@ pub struct ControllerArgs {
     state_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     security: Security,
+    #[command(flatten)]
+    metrics: MetricsArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -146,6 +155,8 @@ pub struct UnitArgs {
     ssd: SsdArgs,
     #[command(flatten)]
     security: Security,
+    #[command(flatten)]
+    metrics: MetricsArgs,
 }
 
 /// Installs the SIGINT/SIGTERM handlers now (before anything is announced, so a signal that
@@ -261,6 +272,7 @@ fn advertised(local: &Endpoint, host: Option<&str>) -> Result<String> {
 /// `tq serve`: a controller and N storage units in one process.
 pub async fn serve(mut args: ServeArgs) -> Result<()> {
     let shutdown = shutdown_signal()?;
+    let exporter = args.metrics.install()?;
     let config = args.security.load()?;
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
@@ -275,6 +287,7 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
         args.security.check(&unit_listen)?;
     }
     let mut units = Vec::new();
+    let mut unit_handlers = Vec::new();
     for i in 0..unit_count {
         let id = format!("unit-{i}");
         let (server, handler) = start_unit(
@@ -295,9 +308,21 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
         })?;
         println!("listening unit {id} {endpoint}");
         units.push(server);
+        unit_handlers.push(handler);
     }
-    let server = Server::bind(&listen, args.security.server_config("controller"), service).await?;
+    let server = Server::bind(
+        &listen,
+        args.security.server_config("controller"),
+        service.clone(),
+    )
+    .await?;
+    service.count_connections(server.connection_count());
     println!("listening controller {}", server.local_endpoint());
+    let probe = Arc::new(ServerProbe {
+        controller: Some(service),
+        units: unit_handlers,
+    });
+    let _metrics = args.metrics.serve(exporter, probe).await?;
     shutdown.await;
     eprintln!("shutting down");
     server.shutdown().await;
@@ -310,6 +335,7 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
 /// `tq controller`: the controller alone; storage units register with it.
 pub async fn controller_server(mut args: ControllerArgs) -> Result<()> {
     let shutdown = shutdown_signal()?;
+    let exporter = args.metrics.install()?;
     let config = args.security.load()?;
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
@@ -317,17 +343,85 @@ pub async fn controller_server(mut args: ControllerArgs) -> Result<()> {
     if let Some(dir) = &args.state_dir {
         service = service.with_state_dir(dir)?;
     }
+    let service = Arc::new(service);
     let server = Server::bind(
         &listen,
         args.security.server_config("controller"),
-        Arc::new(service),
+        service.clone(),
     )
     .await?;
+    service.count_connections(server.connection_count());
     println!("listening controller {}", server.local_endpoint());
+    let probe = Arc::new(ServerProbe {
+        controller: Some(service),
+        units: Vec::new(),
+    });
+    let _metrics = args.metrics.serve(exporter, probe).await?;
     shutdown.await;
     eprintln!("shutting down");
     server.shutdown().await;
     Ok(())
+}
+
+/// The `/metrics` state and `/healthz` answer of a server process: its controller (if it runs
+/// one) and the storage units it hosts.
+struct ServerProbe {
+    controller: Option<Arc<ControllerServer>>,
+    units: Vec<Arc<UnitServer>>,
+}
+
+impl ServerProbe {
+    async fn unit_status(&self) -> Result<Vec<tq_core::telemetry::UnitStatus>> {
+        let mut out = Vec::with_capacity(self.units.len());
+        for unit in &self.units {
+            out.push(unit.stats().await?.to_status());
+        }
+        Ok(out)
+    }
+}
+
+impl Probe for ServerProbe {
+    fn state(&self) -> Pin<Box<dyn Future<Output = Result<String>> + Send + '_>> {
+        Box::pin(async move {
+            let units = self.unit_status().await?;
+            Ok(match &self.controller {
+                Some(c) => tq_client::telemetry::render_status(&DeploymentStatus {
+                    storage_backend: String::new(),
+                    controller: c.status(),
+                    units,
+                }),
+                None => {
+                    let mut out = String::new();
+                    tq_client::telemetry::render_units(&mut out, &units);
+                    out
+                }
+            })
+        })
+    }
+
+    fn health(&self) -> Pin<Box<dyn Future<Output = Result<()>> + Send + '_>> {
+        Box::pin(async move {
+            if let Some(c) = &self.controller {
+                let t = c.topology();
+                if !t.is_complete() {
+                    return Err(Error::unavailable(format!(
+                        "{} of {} storage units registered",
+                        t.units.len(),
+                        t.expected_units
+                    )));
+                }
+            }
+            for unit in &self.units {
+                if unit.epoch() == 0 {
+                    return Err(Error::unavailable(
+                        "storage unit has not registered with a controller yet",
+                    ));
+                }
+                unit.stats().await?;
+            }
+            Ok(())
+        })
+    }
 }
 
 /// How often a storage unit registers again, so a restarted controller is rejoined quickly.
@@ -336,6 +430,7 @@ const REGISTER_EVERY: Duration = Duration::from_millis(500);
 /// `tq storage-unit`: one storage unit that registers with a controller (and keeps doing so).
 pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
     let shutdown = shutdown_signal()?;
+    let exporter = args.metrics.install()?;
     let config = args.security.load()?;
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
@@ -381,6 +476,11 @@ pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
         }
     }
     println!("listening unit {} {}", args.id, advertised);
+    let probe = Arc::new(ServerProbe {
+        controller: None,
+        units: vec![handler.clone()],
+    });
+    let _metrics = args.metrics.serve(exporter, probe).await?;
     // Rejoin a controller that restarted (it starts with an empty unit table).
     tokio::select! {
         _ = shutdown => {}

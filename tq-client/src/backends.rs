@@ -51,7 +51,7 @@ fn simple(config: &Config, merges: MergeRegistry) -> Result<Arc<dyn StorageManag
                     },
                     s.ssd.clone(),
                 )?;
-                Ok(Arc::new(unit) as Arc<dyn tq_unit::StorageUnit>)
+                Ok(tq_unit::MeteredUnit::wrap(Arc::new(unit)))
             })
             .collect::<Result<Vec<_>>>()?;
         return Ok(Arc::new(tq_backend_simple::SimpleStorage::new(units)?));

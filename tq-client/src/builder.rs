@@ -32,6 +32,8 @@ pub struct ClientBuilder {
     samplers: Vec<(String, Arc<dyn Sampler>)>,
     backends: BackendRegistry,
     key_cache_entries: Option<usize>,
+    /// Install this process's Prometheus exporter before building (feature `metrics`).
+    install_metrics: bool,
 }
 
 impl std::fmt::Debug for ClientBuilder {
@@ -108,6 +110,25 @@ impl ClientBuilder {
         self
     }
 
+    /// Installs this process's Prometheus exporter ([`crate::MetricsExporter`]) before the
+    /// client is built, so that its controller (embedded) and storage record into it; read it
+    /// with [`Client::metrics`] or [`crate::MetricsExporter::render`]. Installing twice is
+    /// fine (the first exporter is kept); another recorder installed by the application is an
+    /// error at build.
+    #[cfg(feature = "metrics")]
+    pub fn metrics(mut self, install: bool) -> Self {
+        self.install_metrics = install;
+        self
+    }
+
+    fn install_metrics(&self) -> Result<()> {
+        #[cfg(feature = "metrics")]
+        if self.install_metrics {
+            crate::MetricsExporter::install()?;
+        }
+        Ok(())
+    }
+
     fn take_config(&mut self) -> Result<Config> {
         let config = match self.config.take() {
             Some(c) => c,
@@ -119,6 +140,7 @@ impl ClientBuilder {
 
     /// An embedded client: the controller and the storage run in this process.
     pub fn build(mut self) -> Result<Client> {
+        self.install_metrics()?;
         let config = self.take_config()?;
         // The epoch is chosen before the storage is built: KV keys carry it.
         let epoch = tq_core::new_epoch();
@@ -148,7 +170,10 @@ impl ClientBuilder {
         for (name, sampler) in self.samplers {
             controller.register_sampler(name, sampler);
         }
-        let client = Client::from_parts(Arc::new(controller), storage, config);
+        // The controller records the controller role's request metrics (a no-op until an
+        // exporter is installed).
+        let control = Arc::new(tq_controller::MeteredPlane::new(Arc::new(controller)));
+        let client = Client::from_parts(control, storage, config);
         Ok(match self.key_cache_entries {
             Some(n) => client.with_key_cache(n),
             None => client,
@@ -158,6 +183,7 @@ impl ClientBuilder {
     /// A client of the controller at `url` (`tcp://host:port` or `unix:///path`).
     #[cfg(feature = "remote")]
     pub async fn connect(mut self, url: &str) -> Result<Client> {
+        self.install_metrics()?;
         let config = self.take_config()?;
         let embedded_only = [
             (

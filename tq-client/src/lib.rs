@@ -45,6 +45,7 @@ mod partition;
 mod remote;
 mod shared;
 mod stream;
+pub mod telemetry;
 
 pub use backends::BackendFactory;
 pub use blocking::{BlockingBatchStream, BlockingClient, BlockingPartition};
@@ -60,6 +61,9 @@ pub use partition::Partition;
 pub use remote::pool_config;
 pub use shared::LinkOptions;
 pub use stream::{BatchStream, Delivery, StreamConfig, StreamItem, StreamProgress};
+#[cfg(feature = "metrics")]
+pub use telemetry::MetricsExporter;
+pub use telemetry::{DeploymentStatus, MetricsSnapshot};
 pub use tq_controller::{
     ConsumptionStatus, GetMetaMode, GetMetaRequest, KeyListing, ProductionStatus, SnapshotCounts,
     Wait,

@@ -99,6 +99,11 @@ impl IndexAllocator {
         self.free[u].push_back(id.index);
     }
 
+    /// Released indexes waiting to be handed out again.
+    pub fn reusable(&self) -> usize {
+        self.free.iter().map(VecDeque::len).sum()
+    }
+
     /// Indexes handed out and not released.
     pub fn in_use(&self) -> usize {
         self.next as usize - self.free.iter().map(VecDeque::len).sum::<usize>()

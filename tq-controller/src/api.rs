@@ -324,6 +324,10 @@ pub trait ControlPlane: Send + Sync + 'static {
     /// Replaces the state with a snapshot's (see `Controller::restore`).
     async fn restore(&self, snapshot: Vec<u8>) -> Result<crate::SnapshotCounts>;
 
+    /// What the controller holds (partitions, progress, leases, index allocation), for
+    /// `tq stats` and the state gauges. Not metered; cheap (counts, no per-sample lists).
+    async fn status(&self) -> Result<ControllerStatus>;
+
     /// Per sample: still owned by `partition` at that generation, not being cleared, and
     /// holding every one of `fields`. Tells a read that found cells missing whether the data
     /// was lost (`true`) or cleared meanwhile (`false`), and a refused write which of its
@@ -345,4 +349,81 @@ pub struct LinkRequest {
     pub public_partition: String,
     pub public_keys: Vec<String>,
     pub fields: Vec<FieldName>,
+}
+
+/// A snapshot of the controller's state, for `tq stats` and the `tq_partition_*`,
+/// `tq_global_index_*` and `tq_controller_*` gauges.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ControllerStatus {
+    /// The epoch of the controller's state.
+    pub epoch: u64,
+    /// Seconds since this controller started.
+    pub uptime_seconds: f64,
+    /// Partitions in creation order.
+    pub partitions: Vec<PartitionStatus>,
+    /// Sample indexes handed out and not released.
+    pub index_allocated: u64,
+    /// Released indexes waiting to be reused.
+    pub index_reusable: u64,
+    /// Leased samples whose lease expired before they were acknowledged (they are delivered
+    /// again), since start. Expiry is noticed by the next fetch of the partition.
+    pub leases_expired_total: u64,
+    /// Fetches waiting for samples right now.
+    pub waiting_fetches: u64,
+    /// Open connections to the controller's server (0 embedded).
+    pub connections: u64,
+    /// The controller process's resident memory, where known.
+    pub memory_rss_bytes: Option<u64>,
+}
+
+/// One partition in a [`ControllerStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PartitionStatus {
+    pub name: String,
+    /// Visible samples (allocated, not being cleared).
+    pub samples: u64,
+    /// Samples that hold every field of the partition.
+    pub produced: u64,
+    /// Fields with at least one member.
+    pub fields: u64,
+    /// KV keys.
+    pub keys: u64,
+    /// Marked complete (no more samples will be added).
+    pub complete: bool,
+    /// Tasks that fetched from the partition, by name.
+    pub tasks: Vec<TaskStatus>,
+}
+
+impl PartitionStatus {
+    /// Produced samples over visible samples (0 for an empty partition).
+    pub fn production_progress(&self) -> f64 {
+        ratio(self.produced, self.samples)
+    }
+}
+
+/// One task of a [`PartitionStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskStatus {
+    pub name: String,
+    /// Visible samples the task consumed for good.
+    pub consumed: u64,
+    /// Visible samples the task holds under a lease not yet acknowledged.
+    pub leased: u64,
+    /// Outstanding leased samples, including ones whose expiry has not been noticed yet.
+    pub leases: u64,
+}
+
+impl TaskStatus {
+    /// Consumed samples over the partition's visible samples.
+    pub fn consumption_progress(&self, partition: &PartitionStatus) -> f64 {
+        ratio(self.consumed, partition.samples)
+    }
+}
+
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
 }

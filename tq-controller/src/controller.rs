@@ -204,6 +204,32 @@ pub struct Controller {
     links_supported: bool,
     /// Which life of this controller's state its metadata belongs to (see `tq_core::new_epoch`).
     epoch: std::sync::atomic::AtomicU64,
+    telemetry: Telemetry,
+}
+
+/// Counters for [`Controller::status`] that the state does not hold.
+struct Telemetry {
+    started: Instant,
+    /// Fetches parked waiting for samples.
+    waiting_fetches: std::sync::atomic::AtomicU64,
+    leases_expired: std::sync::atomic::AtomicU64,
+}
+
+/// Counts a parked fetch for as long as it waits, however its future ends (answered, timed
+/// out, or dropped by a caller that gave up).
+struct Waiting<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn new(counter: &'a std::sync::atomic::AtomicU64) -> Self {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Waiting(counter)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Controller {
@@ -225,6 +251,11 @@ impl Controller {
             storage_backend: config.storage_backend,
             links_supported: config.links_supported,
             epoch: std::sync::atomic::AtomicU64::new(tq_core::new_epoch()),
+            telemetry: Telemetry {
+                started: Instant::now(),
+                waiting_fetches: Default::default(),
+                leases_expired: Default::default(),
+            },
         })
     }
 
@@ -299,6 +330,37 @@ impl Controller {
         }
     }
 
+    /// What the controller holds, for `tq stats` and the state gauges (see
+    /// [`ControllerStatus`]). Takes the state lock once; costs a bitmap scan per partition.
+    pub fn status(&self) -> ControllerStatus {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (partitions, index_allocated, index_reusable) = {
+            let st = self.lock();
+            let partitions = st
+                .order
+                .iter()
+                .filter_map(|name| st.partitions.get(name))
+                .map(Partition::status)
+                .collect();
+            (
+                partitions,
+                st.alloc.in_use() as u64,
+                st.alloc.reusable() as u64,
+            )
+        };
+        ControllerStatus {
+            epoch: self.epoch(),
+            uptime_seconds: self.telemetry.started.elapsed().as_secs_f64(),
+            partitions,
+            index_allocated,
+            index_reusable,
+            leases_expired_total: self.telemetry.leases_expired.load(Relaxed),
+            waiting_fetches: self.telemetry.waiting_fetches.load(Relaxed),
+            connections: 0,
+            memory_rss_bytes: tq_core::telemetry::process_rss_bytes(),
+        }
+    }
+
     /// Indexes handed out and not yet released, over all partitions.
     pub fn samples_in_use(&self) -> usize {
         self.lock().alloc.in_use()
@@ -321,7 +383,12 @@ impl Controller {
         // Leases run on tokio's clock: the runtime's time, which tests pause and advance (the
         // same clock as the waits), and the system's otherwise.
         let now = tokio::time::Instant::now().into_std();
-        let next_expiry = p.expire_leases(now);
+        let (next_expiry, expired) = p.expire_leases(now);
+        if expired > 0 {
+            self.telemetry
+                .leases_expired
+                .fetch_add(expired, std::sync::atomic::Ordering::Relaxed);
+        }
         let Some(fids) = p.known_fields(&req.fields) else {
             return Ok(Attempt::not_ready(p, task, next_expiry));
         };
@@ -439,6 +506,7 @@ impl Controller {
             let Some(deadline) = deadline else {
                 return Ok(BatchMeta::empty(req.partition.clone()));
             };
+            let _waiting = Waiting::new(&self.telemetry.waiting_fetches);
             // Wake at the deadline, or earlier when a lease expires and samples return.
             let wake = next_expiry
                 .map(|e| tokio::time::Instant::from_std(e).min(deadline))

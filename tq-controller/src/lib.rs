@@ -14,6 +14,7 @@ mod api;
 mod bitmap;
 mod checkpoint;
 mod controller;
+mod metrics;
 #[cfg(feature = "net")]
 mod net;
 mod partition;
@@ -21,11 +22,12 @@ mod sampler;
 mod state_dir;
 
 pub use api::{
-    ConsumptionStatus, ControlPlane, GetMetaMode, GetMetaRequest, KeyListing, KvMeta, LinkRequest,
-    ProductionNotice, ProductionStatus, Wait,
+    ConsumptionStatus, ControlPlane, ControllerStatus, GetMetaMode, GetMetaRequest, KeyListing,
+    KvMeta, LinkRequest, PartitionStatus, ProductionNotice, ProductionStatus, TaskStatus, Wait,
 };
 pub use checkpoint::{SnapshotCounts, SNAPSHOT_FORMAT};
 pub use controller::{sampler_from_name, Controller, ControllerConfig, MAX_INSERT_COUNT};
+pub use metrics::{ControllerOp, MeteredPlane};
 #[cfg(feature = "net")]
 pub use net::{ControllerServer, RemoteControlPlane, Topology, UnitInfo};
 pub use partition::{is_public, PUBLIC_PARTITION};

@@ -4,7 +4,7 @@
 
 use crate::api::*;
 use crate::checkpoint::SnapshotCounts;
-use crate::Controller;
+use crate::{Controller, ControllerOp, MeteredPlane};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -165,6 +165,8 @@ enum ControlRequest {
     },
     RegisterUnit(UnitInfo),
     Topology,
+    /// What the controller holds, for `tq stats` (protocol 5).
+    Status,
     /// The whole state; answered with the snapshot as the body frame.
     Snapshot,
     /// Replace the state with the snapshot in the body frame.
@@ -191,6 +193,7 @@ enum ControlResponse {
     },
     /// A snapshot (its bytes are the body frame) or a restore: what it holds.
     Snapshot(SnapshotCounts),
+    Status(ControllerStatus),
 }
 
 impl ControlRequest {
@@ -208,6 +211,7 @@ impl ControlRequest {
             | ControlRequest::StillHold { .. }
             | ControlRequest::RegisterUnit(_)
             | ControlRequest::Topology
+            | ControlRequest::Status
             | ControlRequest::Snapshot => false,
             ControlRequest::Notify(_)
             | ControlRequest::SetTags { .. }
@@ -232,6 +236,10 @@ impl ControlRequest {
 /// Serves a controller and the unit registry.
 pub struct ControllerServer {
     controller: Arc<Controller>,
+    /// The controller behind its request metrics: every request is dispatched through it.
+    plane: MeteredPlane<Controller>,
+    /// The serving socket's open connections, reported by status requests.
+    connections: std::sync::OnceLock<tq_net::ConnectionCount>,
     topology: Mutex<Topology>,
     /// With `--state-dir`: changes are durable before they are answered.
     state_dir: Option<Arc<crate::StateDir>>,
@@ -242,7 +250,9 @@ impl ControllerServer {
     pub fn new(controller: Arc<Controller>, expected_units: u32) -> Self {
         let epoch = controller.epoch();
         ControllerServer {
+            plane: MeteredPlane::new(controller.clone()),
             controller,
+            connections: Default::default(),
             topology: Mutex::new(Topology {
                 expected_units,
                 units: Vec::new(),
@@ -272,7 +282,9 @@ impl ControllerServer {
     pub fn with_shared_storage(controller: Arc<Controller>, storage: String) -> Self {
         let epoch = controller.epoch();
         ControllerServer {
+            plane: MeteredPlane::new(controller.clone()),
             controller,
+            connections: Default::default(),
             topology: Mutex::new(Topology {
                 expected_units: 0,
                 units: Vec::new(),
@@ -281,6 +293,19 @@ impl ControllerServer {
             }),
             state_dir: None,
         }
+    }
+
+    /// Reports `count` (the serving socket's, see `tq_net::Server::connection_count`) as the
+    /// controller's connections in status answers. Set once; later calls are ignored.
+    pub fn count_connections(&self, count: tq_net::ConnectionCount) {
+        let _ = self.connections.set(count);
+    }
+
+    /// What the controller holds, with this server's open connections.
+    pub fn status(&self) -> ControllerStatus {
+        let mut status = self.controller.status();
+        status.connections = self.connections.get().map_or(0, |c| c.open() as u64);
+        status
     }
 
     /// Adds a unit, or updates the endpoint of a unit that registered before (a restart).
@@ -326,7 +351,7 @@ impl ControllerServer {
     }
 
     async fn dispatch(&self, req: ControlRequest, body: Option<Bytes>) -> Result<ControlResponse> {
-        let c = &self.controller;
+        let c = &self.plane;
         Ok(match req {
             ControlRequest::GetMeta(r) => ControlResponse::Meta(c.get_meta(r).await?),
             ControlRequest::Notify(n) => ControlResponse::Replaced(c.notify_production(n).await?),
@@ -427,13 +452,14 @@ impl ControllerServer {
                 }
             }
             ControlRequest::Topology => ControlResponse::Topology(self.topology()),
+            ControlRequest::Status => ControlResponse::Status(self.status()),
             // Answered in `handle` (the snapshot travels as a body frame).
             ControlRequest::Snapshot => return Err(Error::internal("snapshot reached dispatch")),
             ControlRequest::Restore => {
                 let body = body.ok_or_else(|| {
                     Error::invalid("a restore request carries the snapshot as one body frame")
                 })?;
-                ControlResponse::Snapshot(c.restore(&body)?)
+                ControlResponse::Snapshot(self.controller.restore(&body)?)
             }
         })
     }
@@ -442,17 +468,29 @@ impl ControllerServer {
 #[async_trait]
 impl Handler for ControllerServer {
     async fn handle(&self, request: Message) -> Result<Message> {
-        let envelope: ControlEnvelope = request.decode()?;
+        let envelope: ControlEnvelope = match request.decode() {
+            Ok(envelope) => envelope,
+            Err(e) => {
+                self.plane
+                    .meter()
+                    .rejected(ControllerOp::Undecodable.index());
+                return Err(e);
+            }
+        };
+        let op = envelope.request.op();
+        tracing::debug!(op = op.name(), "controller request");
         let body = match (&envelope.request, request.frames.as_slice()) {
             (ControlRequest::Restore, [one]) => Some(one.clone()),
             (_, []) => None,
             _ => {
+                self.plane.meter().rejected(op.index());
                 return Err(Error::invalid(
                     "controller requests carry no body frames (a restore carries one)",
-                ))
+                ));
             }
         };
         if envelope.epoch != 0 && envelope.epoch != self.epoch() {
+            self.plane.meter().rejected(op.index());
             return Err(tq_core::epoch_mismatch(
                 "the controller",
                 envelope.epoch,
@@ -472,5 +510,6 @@ impl Handler for ControllerServer {
     }
 }
 
+mod ops;
 mod remote;
 pub use remote::RemoteControlPlane;

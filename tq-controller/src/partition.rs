@@ -15,6 +15,7 @@ mod clear;
 mod consumption;
 mod keys;
 mod links;
+mod status;
 mod writes;
 
 use tq_core::{

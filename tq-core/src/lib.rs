@@ -18,6 +18,7 @@ mod merge;
 mod meta;
 mod schema;
 mod storage;
+pub mod telemetry;
 mod tensor;
 
 #[cfg(feature = "testkit")]

@@ -119,6 +119,11 @@ pub trait StorageManager: Send + Sync + 'static {
     /// answered it replaced, and after a write the controller certainly refused, with the
     /// cells the write put beside the old ones. Failures are logged, not returned to the
     /// writer. Backends that write in place have nothing to do: the default.
+    async fn retire_replaced(&self, replaced: &BatchMeta) -> Result<()> {
+        let _ = replaced;
+        Ok(())
+    }
+
     /// The controller's epoch changed to `epoch` (a checkpoint was loaded into it): storage
     /// that keys its data by epoch (the KV adapter) follows, so it finds the checkpoint's data.
     /// Others have nothing to do: the default.
@@ -126,8 +131,10 @@ pub trait StorageManager: Send + Sync + 'static {
         let _ = epoch;
     }
 
-    async fn retire_replaced(&self, replaced: &BatchMeta) -> Result<()> {
-        let _ = replaced;
-        Ok(())
+    /// What each storage unit holds, for `tq stats` and the `tq_storage_*` gauges. Backends
+    /// without units of their own (a KV store, which has its own monitoring) report none: the
+    /// default.
+    async fn status(&self) -> Result<Vec<crate::telemetry::UnitStatus>> {
+        Ok(Vec::new())
     }
 }

@@ -228,6 +228,18 @@ impl Drop for PendingGuard {
     }
 }
 
+/// Counts a failed attempt in the per-peer transport metrics (`tq_net_timeouts_total` for a
+/// connect or answer deadline, `tq_net_connection_failures_total` for a lost or refused
+/// connection). Rare events, so the handle is looked up by name each time.
+fn note_failure(peer: &Endpoint, failure: &Failure) {
+    let name = match failure {
+        Failure::ConnectTimeout | Failure::NoAnswer => "tq_net_timeouts_total",
+        Failure::Final(_) | Failure::Remote(_) => return,
+        _ => "tq_net_connection_failures_total",
+    };
+    metrics::counter!(name, "peer" => peer.to_string()).increment(1);
+}
+
 /// Why one attempt failed; decides between retrying and reporting.
 enum Failure {
     /// Not a transport problem (an invalid request, a refused handshake): reported as is.
@@ -259,7 +271,8 @@ impl Connection {
     ) -> std::result::Result<(PendingGuard, oneshot::Receiver<Reply>), SendError> {
         let id = self.next_request.fetch_add(1, Ordering::Relaxed);
         let encoded = Encoded::new(id, MessageKind::Request, request, Some(limits))
-            .map_err(|e| SendError::Invalid(e.context(format!("request to {}", self.peer))))?;
+            .map_err(|e| SendError::Invalid(e.context(format!("request to {}", self.peer))))?
+            .with_trace(tq_core::telemetry::current_or_new_trace_id());
         let (tx, rx) = oneshot::channel();
         {
             let mut pending = self.state.lock();
@@ -542,6 +555,7 @@ impl Pool {
             Err(Failure::Final(e) | Failure::Remote(e)) => return Err(e),
             Err(f) => f,
         };
+        note_failure(peer, &first);
         if !options.idempotent {
             let (kind, text, sent) = summary(peer, &first, timeout);
             let (note, retry) = if sent {
@@ -556,10 +570,12 @@ impl Pool {
         }
         let (_, first_text, _) = summary(peer, &first, timeout);
         debug!(%peer, "retrying an idempotent request on a fresh connection after: {first_text}");
+        metrics::counter!("tq_net_retries_total", "peer" => peer.to_string()).increment(1);
         match self.attempt(peer, &request, timeout, true, sinks).await {
             Ok(answer) => Ok(answer),
             Err(Failure::Final(e) | Failure::Remote(e)) => Err(e),
             Err(second) => {
+                note_failure(peer, &second);
                 let (kind, text, _) = summary(peer, &second, timeout);
                 // Idempotent: repeating it later is safe whatever happened.
                 Err(Error::new(

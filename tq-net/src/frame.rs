@@ -9,7 +9,7 @@
 //! 9       3     zero
 //! 12      4     header length (u32)
 //! 16      4     frame count (u32)
-//! 20      4     reserved, zero (u32)
+//! 20      4     trace id (u32): the request id of the operation, for logs; 0 if none
 //! 24      8*n   frame lengths (u64 each, n = frame count)
 //! ...           header bytes
 //! ...           frames, back to back
@@ -208,6 +208,10 @@ pub struct Prefix {
     pub header_len: u32,
     /// Number of frames (entries in the length table).
     pub frame_count: u32,
+    /// The request id of the operation this message belongs to (see
+    /// `tq_core::telemetry::with_trace_id`), so its log lines correlate across processes; 0 when
+    /// the sender has none. Answers carry 0: the caller knows its own id.
+    pub trace_id: u32,
 }
 
 impl Prefix {
@@ -218,19 +222,20 @@ impl Prefix {
         b[8] = self.kind;
         b[12..16].copy_from_slice(&self.header_len.to_le_bytes());
         b[16..20].copy_from_slice(&self.frame_count.to_le_bytes());
+        b[20..24].copy_from_slice(&self.trace_id.to_le_bytes());
         b
     }
 
-    /// Parses and checks the padding and reserved fields (must be zero: a non-zero value means
-    /// garbage or a protocol extension this build does not know, and either way reading on would
-    /// misinterpret the stream).
+    /// Parses and checks the padding (must be zero: a non-zero value means garbage or a protocol
+    /// extension this build does not know, and either way reading on would misinterpret the
+    /// stream).
     pub fn parse(b: &[u8; PREFIX_LEN]) -> std::result::Result<Prefix, FrameError> {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let mut id = [0u8; 8];
         id.copy_from_slice(&b[0..8]);
-        if b[9..12] != [0, 0, 0] || u32_at(20) != 0 {
+        if b[9..12] != [0, 0, 0] {
             return Err(FrameError::Malformed(format!(
-                "non-zero padding or reserved bytes in the message prefix {b:02x?}"
+                "non-zero padding bytes in the message prefix {b:02x?}"
             )));
         }
         Ok(Prefix {
@@ -238,6 +243,7 @@ impl Prefix {
             kind: b[8],
             header_len: u32_at(12),
             frame_count: u32_at(16),
+            trace_id: u32_at(20),
         })
     }
 }
@@ -282,12 +288,25 @@ pub async fn read_message<R: AsyncRead + Unpin + ?Sized>(
     Ok(Some((head.request_id, head.kind, message)))
 }
 
+/// [`read_message`], also returning the prefix's trace id (servers log a request under it).
+pub(crate) async fn read_traced<R: AsyncRead + Unpin + ?Sized>(
+    reader: &mut R,
+    limits: &Limits,
+) -> std::result::Result<Option<(u64, MessageKind, u32, Message)>, FrameError> {
+    let Some(head) = read_head(reader, limits).await? else {
+        return Ok(None);
+    };
+    let message = read_body(reader, &head, &mut []).await?;
+    Ok(Some((head.request_id, head.kind, head.trace_id, message)))
+}
+
 /// The part of a message before its header: who it answers, what it is and how long its parts
 /// are, all checked against the [`Limits`].
 #[derive(Debug, Clone)]
 pub(crate) struct Head {
     pub(crate) request_id: u64,
     pub(crate) kind: MessageKind,
+    pub(crate) trace_id: u32,
     header_len: usize,
     pub(crate) frame_lens: Vec<u64>,
 }
@@ -356,6 +375,7 @@ pub(crate) async fn read_head<R: AsyncRead + Unpin + ?Sized>(
     Ok(Some(Head {
         request_id: prefix.request_id,
         kind,
+        trace_id: prefix.trace_id,
         header_len,
         frame_lens,
     }))
@@ -553,6 +573,7 @@ impl Encoded {
             kind: kind as u8,
             header_len,
             frame_count,
+            trace_id: 0,
         };
         let mut meta = Vec::with_capacity(PREFIX_LEN + 8 * message.frames.len());
         meta.extend_from_slice(&prefix.to_bytes());
@@ -573,12 +594,19 @@ impl Encoded {
             kind: kind as u8,
             header_len: u32::try_from(header.len()).unwrap_or(u32::MAX),
             frame_count: 0,
+            trace_id: 0,
         };
         Encoded {
             meta: prefix.to_bytes().to_vec(),
             header,
             frames: Vec::new(),
         }
+    }
+
+    /// The same message carrying request id `trace_id` in its prefix.
+    pub(crate) fn with_trace(mut self, trace_id: u32) -> Encoded {
+        self.meta[20..24].copy_from_slice(&trace_id.to_le_bytes());
+        self
     }
 
     /// This message's non-empty pieces, in wire order.
@@ -776,6 +804,7 @@ mod tests {
             kind: 2,
             header_len: 0x11223344,
             frame_count: 5,
+            trace_id: 0xa1b2c3d4,
         };
         let b = p.to_bytes();
         assert_eq!(&b[0..8], &[8, 7, 6, 5, 4, 3, 2, 1]);
@@ -783,7 +812,7 @@ mod tests {
         assert_eq!(&b[9..12], &[0, 0, 0]);
         assert_eq!(&b[12..16], &[0x44, 0x33, 0x22, 0x11]);
         assert_eq!(&b[16..20], &[5, 0, 0, 0]);
-        assert_eq!(&b[20..24], &[0, 0, 0, 0]);
+        assert_eq!(&b[20..24], &[0xd4, 0xc3, 0xb2, 0xa1]);
         assert_eq!(Prefix::parse(&b).expect("parse"), p);
         let mut bad = b;
         bad[10] = 1;

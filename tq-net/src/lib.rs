@@ -34,7 +34,7 @@ pub use endpoint::Endpoint;
 pub use error::WireError;
 pub use frame::{Limits, Message, MessageKind};
 pub use handshake::PROTOCOL_VERSION;
-pub use server::{Handler, Server, ServerConfig};
+pub use server::{ConnectionCount, Handler, Server, ServerConfig};
 
 /// Re-exported so handler implementations use the same macro version as the trait.
 pub use async_trait::async_trait;

@@ -15,7 +15,7 @@
 //! wait, or a large one, gets its own task.
 
 use crate::error::WireError;
-use crate::frame::{read_message, Encoded, FrameError, Limits, Message, MessageKind};
+use crate::frame::{read_traced, Encoded, FrameError, Limits, Message, MessageKind};
 use crate::handshake::{self, Refusal};
 use crate::stream::{Outgoing, Stream, Writer};
 use crate::Endpoint;
@@ -33,7 +33,7 @@ use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tq_core::{Error, Result};
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 /// Answers requests. Implemented by the controller and storage-unit servers.
 #[async_trait]
@@ -87,12 +87,23 @@ struct Stats {
     open: AtomicUsize,
 }
 
+/// The open connections of a [`Server`], readable after the server is gone (then 0).
+#[derive(Debug, Clone)]
+pub struct ConnectionCount(Arc<Stats>);
+
+impl ConnectionCount {
+    /// Connections currently open.
+    pub fn open(&self) -> usize {
+        self.0.open.load(Ordering::Relaxed)
+    }
+}
+
 /// Everything a connection task needs.
 struct Shared {
     config: ServerConfig,
     handler: Arc<dyn Handler>,
     endpoint: Endpoint,
-    stats: Stats,
+    stats: Arc<Stats>,
 }
 
 /// A running server. Dropping it stops accepting and closes connections without waiting;
@@ -169,7 +180,7 @@ impl Server {
             config,
             handler,
             endpoint: local.clone(),
-            stats: Stats::default(),
+            stats: Arc::default(),
         });
         info!(server = %shared.config.name, endpoint = %local, "listening");
         let accept_task = tokio::spawn(accept_loop(listener, shared.clone(), stop_rx));
@@ -195,6 +206,12 @@ impl Server {
     /// Connections currently open (handshaking or serving).
     pub fn open_connections(&self) -> usize {
         self.shared.stats.open.load(Ordering::Relaxed)
+    }
+
+    /// A handle on the open-connection count that a handler may keep (a status request
+    /// reports it) without holding the server.
+    pub fn connection_count(&self) -> ConnectionCount {
+        ConnectionCount(self.shared.stats.clone())
     }
 
     /// Stops accepting, closes connections, waits for in-flight handlers (bounded by
@@ -378,9 +395,9 @@ async fn serve_connection(
                 }
                 break;
             }
-            read = read_message(&mut reader, &config.limits) => read,
+            read = read_traced(&mut reader, &config.limits) => read,
         };
-        let (id, kind, request) = match read {
+        let (id, kind, trace, request) = match read {
             Ok(Some(m)) => m,
             Ok(None) => {
                 debug!(server = %name, %peer, "connection closed by peer");
@@ -414,8 +431,20 @@ async fn serve_connection(
         };
         let small = request.header.len() as u64 + request.body_len() <= INLINE_REQUEST_BYTES;
         let handler = shared.handler.clone();
-        let mut work: Pin<Box<dyn Future<Output = Result<Message>> + Send>> =
-            Box::pin(async move { handler.handle(request).await });
+        // The handler runs under the request's trace id (its own outgoing requests carry it
+        // on) and inside a span naming it, so every log line it writes can be correlated with
+        // the client operation that caused it.
+        let trace = if trace == 0 {
+            tq_core::telemetry::new_trace_id()
+        } else {
+            trace
+        };
+        let span =
+            tracing::info_span!("request", server = %name, trace = %format_args!("{trace:08x}"));
+        let mut work: Pin<Box<dyn Future<Output = Result<Message>> + Send>> = Box::pin(
+            tq_core::telemetry::with_trace_id(trace, async move { handler.handle(request).await })
+                .instrument(span),
+        );
         if small {
             match poll_once(work.as_mut()).await {
                 Ok(Poll::Ready(result)) => {

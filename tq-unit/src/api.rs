@@ -122,6 +122,10 @@ pub struct UnitStats {
     /// unit; these let a unit report more without this type knowing about it.
     #[serde(default)]
     pub counters: BTreeMap<String, u64>,
+    /// Resident memory of the process the unit runs in, where known (filled in by the
+    /// process that hosts the unit, see `MeteredUnit`).
+    #[serde(default)]
+    pub memory_rss_bytes: Option<u64>,
 }
 
 impl UnitStats {

@@ -59,6 +59,7 @@ mod api;
 mod block;
 mod index;
 mod memory;
+mod metered;
 
 pub use api::{
     check_threshold, CellShape, Fetched, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats,
@@ -66,3 +67,4 @@ pub use api::{
 };
 pub use index::{IndexHasher, IndexMap, IndexSet};
 pub use memory::MemoryUnit;
+pub use metered::MeteredUnit;

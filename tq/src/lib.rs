@@ -14,6 +14,7 @@
 //! | `object-store` | ... on object_store (local files, in-memory) | no |
 //! | `s3` | ... on S3-compatible object storage | no |
 //! | `testkit` | [`testkit`]: the conformance kits for backend authors | no |
+//! | `metrics` | a Prometheus exporter in this process ([`ClientBuilder::metrics`]) | no |
 //!
 //! A configuration that names a backend whose feature is off is refused with an error that
 //! names the feature. A custom backend is plugged in with [`ClientBuilder::storage`] or, by
@@ -48,6 +49,20 @@ pub use tq_core::{
     FieldName, MergeFn, MergeOp, MergeRegistry, Result, Retry, SampleId, TagValue, Tags, Tensor,
     Value,
 };
+
+/// Seeing inside a deployment: [`Client::status`] and [`Client::metrics`] (what `tq stats` and
+/// a scrape of `tq serve --metrics-listen` show), request ids that correlate one operation's
+/// log lines across processes, and (feature `metrics`) the Prometheus exporter.
+/// `docs/operations.md` lists every metric.
+pub mod telemetry {
+    #[cfg(feature = "metrics")]
+    pub use tq_client::MetricsExporter;
+    pub use tq_client::{DeploymentStatus, MetricsSnapshot};
+    pub use tq_controller::{ControllerStatus, PartitionStatus, TaskStatus};
+    pub use tq_core::telemetry::{
+        current_trace_id, format_trace_id, new_trace_id, with_trace_id, UnitStatus,
+    };
+}
 
 /// Samplers: how a fetch picks ready samples. Built-in ones by [`sampler::SamplerSpec`] (the strings
 /// configuration uses); custom ones implement [`sampler::Sampler`] and are registered with

@@ -5,11 +5,13 @@
 //! do not know about units, fields or generations, and they never delete files (the unit does).
 
 mod buf;
+mod metered;
 mod psync;
 #[cfg(target_os = "linux")]
 mod uring;
 
 pub use buf::ReadBuf;
+pub use metered::MeteredEngine;
 pub use psync::PsyncEngine;
 #[cfg(target_os = "linux")]
 pub use uring::UringEngine;
@@ -63,9 +65,13 @@ pub fn uring_available() -> bool {
     }
 }
 
-/// Builds the engine `kind` asks for. `Auto` falls back to psync (logged) when io_uring is not
-/// available; `Uring` is an error then.
+/// Builds the engine `kind` asks for, recording its metrics ([`MeteredEngine`]). `Auto` falls
+/// back to psync (logged) when io_uring is not available; `Uring` is an error then.
 pub fn build_engine(kind: EngineKind) -> io::Result<Arc<dyn IoEngine>> {
+    build_bare_engine(kind).map(MeteredEngine::wrap)
+}
+
+fn build_bare_engine(kind: EngineKind) -> io::Result<Arc<dyn IoEngine>> {
     match kind {
         EngineKind::Psync => Ok(Arc::new(PsyncEngine::new())),
         EngineKind::Uring => build_uring(),

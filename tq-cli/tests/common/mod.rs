@@ -27,11 +27,22 @@ impl Tq {
     }
 
     pub fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Tq {
+        Tq::start(args, env, Stdio::piped())
+    }
+
+    /// [`Tq::spawn_env`] with stderr (the logs) going to the file `log` instead of a pipe, so
+    /// a chatty log level cannot fill a pipe nobody reads and stall the process.
+    pub fn spawn_logged(args: &[&str], env: &[(&str, &str)], log: &std::path::Path) -> Tq {
+        let file = std::fs::File::create(log).expect("create the log file");
+        Tq::start(args, env, Stdio::from(file))
+    }
+
+    fn start(args: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Tq {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tq"));
         cmd.args(args)
             .env_remove("TQ_NET_TOKEN")
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(stderr);
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -503,6 +503,10 @@ impl ControlPlane for Controller {
         Controller::restore(self, &snapshot)
     }
 
+    async fn status(&self) -> Result<ControllerStatus> {
+        Ok(Controller::status(self))
+    }
+
     async fn still_hold(
         &self,
         partition: &str,

@@ -456,6 +456,17 @@ impl ControlPlane for RemoteControlPlane {
         }
     }
 
+    /// Sent without an epoch: a status is useful whatever state the controller is in.
+    async fn status(&self) -> Result<ControllerStatus> {
+        let reply = self
+            .send(0, ControlRequest::Status, Vec::new(), true, Duration::ZERO)
+            .await?;
+        match reply.decode()? {
+            ControlResponse::Status(status) => Ok(status),
+            other => Err(self.unexpected("status", other)),
+        }
+    }
+
     /// Not retried: a lost answer leaves it unknown whether the state was replaced (a second
     /// attempt would then be refused as a non-empty controller).
     async fn restore(&self, snapshot: Vec<u8>) -> Result<crate::SnapshotCounts> {

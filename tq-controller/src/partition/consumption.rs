@@ -78,9 +78,11 @@ impl Partition {
         acked
     }
 
-    /// Returns expired leases to the ready set; gives the earliest expiry still pending.
-    pub fn expire_leases(&mut self, now: Instant) -> Option<Instant> {
+    /// Returns expired leases to the ready set; gives the earliest expiry still pending and
+    /// how many samples' leases expired.
+    pub fn expire_leases(&mut self, now: Instant) -> (Option<Instant>, u64) {
         let mut next: Option<Instant> = None;
+        let mut expired = 0;
         for t in self.tasks.values_mut() {
             if t.leases.is_empty() {
                 continue;
@@ -89,6 +91,7 @@ impl Partition {
             t.leases.retain(|&s, &mut (_, expiry)| {
                 if expiry <= now {
                     leased.set(slot_u(s), false);
+                    expired += 1;
                     false
                 } else {
                     next = Some(next.map_or(expiry, |n| n.min(expiry)));
@@ -96,7 +99,7 @@ impl Partition {
                 }
             });
         }
-        next
+        (next, expired)
     }
 
     /// Live samples `task` has not consumed (leased ones included).

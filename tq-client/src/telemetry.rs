@@ -1,0 +1,559 @@
+//! Seeing inside a deployment from a client: [`DeploymentStatus`] (what `tq stats` shows), the
+//! state gauges rendered from it in the Prometheus text format, a parsed [`MetricsSnapshot`],
+//! and (feature `metrics`) the Prometheus exporter an application or `tq serve` installs.
+//!
+//! Request counters and histograms are recorded by the libraries through the `metrics` facade
+//! and rendered by the exporter. State gauges (partitions, progress, units) are *not* kept in
+//! the recorder: they are computed from a status snapshot at the moment of each scrape, so the
+//! label sets of a dropped partition or task disappear with it (the exporter has no way to
+//! forget a label set once recorded) and a scrape never shows state older than itself.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use tq_controller::ControllerStatus;
+use tq_core::telemetry::UnitStatus;
+use tq_core::{Error, Result};
+
+/// The controller's status and every storage unit's, for `tq stats` and the state gauges.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeploymentStatus {
+    /// The storage backend's name (`simple`, `redis`, ...).
+    pub storage_backend: String,
+    pub controller: ControllerStatus,
+    /// Storage units in routing order (none for a KV backend: its store has its own
+    /// monitoring).
+    pub units: Vec<UnitStatus>,
+}
+
+impl crate::Client {
+    /// What the deployment holds: the controller's partitions, progress, leases and index
+    /// allocation, and every storage unit's cells and bytes (what `tq stats` shows). Units
+    /// that cannot be reached make this an error naming them.
+    pub async fn status(&self) -> Result<DeploymentStatus> {
+        let controller = self.control().status().await?;
+        let units = self.storage().status().await?;
+        Ok(DeploymentStatus {
+            storage_backend: self.storage().name().to_string(),
+            controller,
+            units,
+        })
+    }
+
+    /// This process's metrics in the Prometheus text format: what the exporter recorded (with
+    /// feature `metrics`, once installed: see [`crate::ClientBuilder::metrics`]) followed by
+    /// the state gauges of [`crate::Client::status`], as a scrape of `tq serve` shows them.
+    pub async fn metrics_text(&self) -> Result<String> {
+        let mut text = String::new();
+        #[cfg(feature = "metrics")]
+        if let Some(exporter) = MetricsExporter::installed() {
+            text.push_str(&exporter.render());
+        }
+        text.push_str(&render_status(&self.status().await?));
+        Ok(text)
+    }
+
+    /// [`crate::Client::metrics_text`], parsed.
+    pub async fn metrics(&self) -> Result<MetricsSnapshot> {
+        MetricsSnapshot::parse(&self.metrics_text().await?)
+    }
+}
+
+/// Escapes a label value for the text format (backslash, double quote, newline).
+fn escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Writes one metric family: `# HELP`, `# TYPE` and its samples. Families without samples are
+/// left out entirely (so a metric whose label sets all vanished is gone from the scrape).
+fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(String, f64)]) {
+    if samples.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, value) in samples {
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {value}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
+    }
+}
+
+fn labels(pairs: &[(&str, &str)]) -> String {
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The state gauges of `status` in the Prometheus text format: the original system's names
+/// (`tq_partitions_total`, `tq_partition_samples_total`, ..., `tq_storage_*`) plus tq's
+/// (`tq_partition_leases_outstanding`, `tq_controller_waiting_fetches`, ...). See
+/// `docs/operations.md` for each.
+pub fn render_status(status: &DeploymentStatus) -> String {
+    let c = &status.controller;
+    let mut out = String::new();
+    let one = |v: f64| vec![(String::new(), v)];
+    family(
+        &mut out,
+        "tq_controller_uptime_seconds",
+        "gauge",
+        "Seconds since the controller started.",
+        &one(c.uptime_seconds),
+    );
+    if let Some(rss) = c.memory_rss_bytes {
+        family(
+            &mut out,
+            "tq_controller_memory_rss_bytes",
+            "gauge",
+            "Resident memory of the controller process.",
+            &one(rss as f64),
+        );
+    }
+    family(
+        &mut out,
+        "tq_controller_connections",
+        "gauge",
+        "Open connections to the controller (0 embedded).",
+        &one(c.connections as f64),
+    );
+    family(
+        &mut out,
+        "tq_controller_waiting_fetches",
+        "gauge",
+        "Fetches waiting for samples.",
+        &one(c.waiting_fetches as f64),
+    );
+    family(
+        &mut out,
+        "tq_controller_leases_expired_total",
+        "counter",
+        "Leased samples whose lease expired unacknowledged (delivered again).",
+        &one(c.leases_expired_total as f64),
+    );
+    family(
+        &mut out,
+        "tq_partitions_total",
+        "gauge",
+        "Partitions.",
+        &one(c.partitions.len() as f64),
+    );
+    let mut samples = Vec::new();
+    let mut production = Vec::new();
+    let mut consumption = Vec::new();
+    let mut leases = Vec::new();
+    for p in &c.partitions {
+        let id = p.name.as_str();
+        samples.push((labels(&[("partition_id", id)]), p.samples as f64));
+        // The original emits the overall production progress under "all" and every task.
+        let progress = p.production_progress();
+        production.push((
+            labels(&[("partition_id", id), ("task_name", "all")]),
+            progress,
+        ));
+        for t in &p.tasks {
+            let task = t.name.as_str();
+            let l = labels(&[("partition_id", id), ("task_name", task)]);
+            production.push((l.clone(), progress));
+            consumption.push((l.clone(), t.consumption_progress(p)));
+            leases.push((l, t.leases as f64));
+        }
+    }
+    family(
+        &mut out,
+        "tq_partition_samples_total",
+        "gauge",
+        "Visible samples of a partition (allocated and not being cleared).",
+        &samples,
+    );
+    family(
+        &mut out,
+        "tq_partition_production_progress",
+        "gauge",
+        "Fraction of a partition's samples holding every field.",
+        &production,
+    );
+    family(
+        &mut out,
+        "tq_partition_consumption_progress",
+        "gauge",
+        "Fraction of a partition's samples a task has consumed.",
+        &consumption,
+    );
+    family(
+        &mut out,
+        "tq_partition_leases_outstanding",
+        "gauge",
+        "Samples a task holds under leases not yet acknowledged.",
+        &leases,
+    );
+    family(
+        &mut out,
+        "tq_global_index_allocated_total",
+        "gauge",
+        "Sample indexes handed out and not released.",
+        &one(c.index_allocated as f64),
+    );
+    family(
+        &mut out,
+        "tq_global_index_reusable_total",
+        "gauge",
+        "Released sample indexes waiting to be reused.",
+        &one(c.index_reusable as f64),
+    );
+    render_units(&mut out, &status.units);
+    out
+}
+
+/// The `tq_storage_*` gauges of `units` (label `storage_unit_id`).
+pub fn render_units(out: &mut String, units: &[UnitStatus]) {
+    let per_unit = |value: &dyn Fn(&UnitStatus) -> Option<f64>| -> Vec<(String, f64)> {
+        units
+            .iter()
+            .filter_map(|u| value(u).map(|v| (labels(&[("storage_unit_id", &u.id)]), v)))
+            .collect()
+    };
+    family(
+        out,
+        "tq_storage_capacity_total",
+        "gauge",
+        "Capacity of a storage unit in samples (absent when unlimited).",
+        &per_unit(&|u| u.capacity.map(|c| c as f64)),
+    );
+    family(
+        out,
+        "tq_storage_utilization_ratio",
+        "gauge",
+        "Samples held over capacity (absent when unlimited).",
+        &per_unit(&|u| {
+            u.capacity
+                .filter(|&c| c > 0)
+                .map(|c| u.rows as f64 / c as f64)
+        }),
+    );
+    family(
+        out,
+        "tq_storage_active_keys_total",
+        "gauge",
+        "Samples with at least one cell in a storage unit.",
+        &per_unit(&|u| Some(u.rows as f64)),
+    );
+    family(
+        out,
+        "tq_storage_cells_total",
+        "gauge",
+        "Cells (sample, field) held by a storage unit.",
+        &per_unit(&|u| Some(u.cells as f64)),
+    );
+    family(
+        out,
+        "tq_storage_bytes",
+        "gauge",
+        "Payload bytes held by a storage unit, in memory or on disk.",
+        &per_unit(&|u| Some(u.bytes as f64)),
+    );
+    family(
+        out,
+        "tq_storage_offloaded_bytes",
+        "gauge",
+        "Payload bytes a storage unit keeps on disk (SSD units).",
+        &per_unit(&|u| Some(u.offloaded_bytes as f64)),
+    );
+    family(
+        out,
+        "tq_storage_memory_rss_bytes",
+        "gauge",
+        "Resident memory of the process hosting a storage unit.",
+        &per_unit(&|u| u.memory_rss_bytes.map(|b| b as f64)),
+    );
+    let names: std::collections::BTreeSet<&String> =
+        units.iter().flat_map(|u| u.counters.keys()).collect();
+    for name in names {
+        if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        family(
+            out,
+            &format!("tq_storage_{name}"),
+            "counter",
+            "A counter particular to one kind of storage unit.",
+            &per_unit(&|u| u.counters.get(name).map(|&v| v as f64)),
+        );
+    }
+}
+
+/// Metrics in the Prometheus text format, parsed: what a scrape returned, for tests, scripts
+/// and programs that read their own metrics.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsSnapshot {
+    /// Series name → (sorted labels → value).
+    series: BTreeMap<String, Vec<(BTreeMap<String, String>, f64)>>,
+}
+
+impl MetricsSnapshot {
+    /// Parses the text format (comments skipped). A line that is not a sample is an error
+    /// naming it.
+    pub fn parse(text: &str) -> Result<MetricsSnapshot> {
+        let mut series: BTreeMap<String, Vec<_>> = BTreeMap::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let bad = || Error::invalid(format!("not a Prometheus sample line: `{line}`"));
+            let (name, labels, rest) = match line.find('{') {
+                Some(open) => {
+                    let close = line.rfind('}').ok_or_else(bad)?;
+                    (
+                        &line[..open],
+                        parse_labels(&line[open + 1..close]).ok_or_else(bad)?,
+                        &line[close + 1..],
+                    )
+                }
+                None => {
+                    let (name, rest) = line.split_once(' ').ok_or_else(bad)?;
+                    (name, BTreeMap::new(), rest)
+                }
+            };
+            let value_text = rest.split_whitespace().next().ok_or_else(bad)?;
+            let value = match value_text {
+                "+Inf" => f64::INFINITY,
+                "-Inf" => f64::NEG_INFINITY,
+                v => v.parse().map_err(|_| bad())?,
+            };
+            series
+                .entry(name.to_string())
+                .or_default()
+                .push((labels, value));
+        }
+        Ok(MetricsSnapshot { series })
+    }
+
+    /// The value of the series `name` whose labels include every pair of `labels` (the first
+    /// such series), or `None`.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.series.get(name)?.iter().find_map(|(have, v)| {
+            labels
+                .iter()
+                .all(|(k, want)| have.get(*k).is_some_and(|h| h == want))
+                .then_some(*v)
+        })
+    }
+
+    /// The sum over every series `name` whose labels include `labels`.
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.series.get(name).map_or(0.0, |all| {
+            all.iter()
+                .filter(|(have, _)| {
+                    labels
+                        .iter()
+                        .all(|(k, want)| have.get(*k).is_some_and(|h| h == want))
+                })
+                .map(|(_, v)| v)
+                .sum()
+        })
+    }
+
+    /// Every label set of series `name`.
+    pub fn label_sets(&self, name: &str) -> Vec<BTreeMap<String, String>> {
+        self.series
+            .get(name)
+            .map(|all| all.iter().map(|(l, _)| l.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether any series is called `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.series.contains_key(name)
+    }
+}
+
+/// `k="v",k2="v2"` → map, undoing the text format's escapes; `None` if malformed.
+fn parse_labels(text: &str) -> Option<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let mut chars = text.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            return Some(out);
+        }
+        let mut key = String::new();
+        for c in chars.by_ref() {
+            if c == '=' {
+                break;
+            }
+            key.push(c);
+        }
+        if chars.next() != Some('"') {
+            return None;
+        }
+        let mut value = String::new();
+        loop {
+            match chars.next()? {
+                '\\' => match chars.next()? {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        out.insert(key.trim().to_string(), value);
+    }
+}
+
+/// The Prometheus exporter of this process (feature `metrics`): a recorder installed as the
+/// `metrics` facade's global recorder, with the original system's histogram buckets. Install it
+/// before building clients or servers: components take their metric handles when they are
+/// built, and handles taken earlier record nowhere.
+#[cfg(feature = "metrics")]
+#[derive(Clone)]
+pub struct MetricsExporter {
+    handle: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+/// The exporter this process installed (at most one: the facade has one global recorder).
+#[cfg(feature = "metrics")]
+static INSTALLED: std::sync::OnceLock<MetricsExporter> = std::sync::OnceLock::new();
+
+#[cfg(feature = "metrics")]
+impl MetricsExporter {
+    /// Installs the exporter, or returns the one this process installed before. Fails if
+    /// another recorder was installed by someone else.
+    pub fn install() -> Result<MetricsExporter> {
+        use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+        static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one_at_a_time = INSTALLING.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(done) = INSTALLED.get() {
+            return Ok(done.clone());
+        }
+        let cannot = |e: &dyn std::fmt::Display| {
+            Error::invalid(format!("cannot install the Prometheus exporter: {e}"))
+        };
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Suffix("duration_seconds".into()),
+                &tq_core::telemetry::DURATION_BUCKETS,
+            )
+            .map_err(|e| cannot(&e))?
+            .build_recorder();
+        let handle = recorder.handle();
+        metrics::set_global_recorder(recorder).map_err(|e| cannot(&e))?;
+        let exporter = MetricsExporter { handle };
+        let _ = INSTALLED.set(exporter.clone());
+        Ok(exporter)
+    }
+
+    /// Everything recorded so far (request counters, histograms, ...), in the text format.
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+
+    /// The exporter this process installed, if any.
+    pub fn installed() -> Option<MetricsExporter> {
+        INSTALLED.get().cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use tq_controller::{PartitionStatus, TaskStatus};
+
+    fn status() -> DeploymentStatus {
+        DeploymentStatus {
+            storage_backend: "simple".into(),
+            controller: ControllerStatus {
+                epoch: 7,
+                uptime_seconds: 1.5,
+                partitions: vec![PartitionStatus {
+                    name: "train \"a\"".into(),
+                    samples: 4,
+                    produced: 3,
+                    fields: 2,
+                    keys: 0,
+                    complete: false,
+                    tasks: vec![TaskStatus {
+                        name: "actor".into(),
+                        consumed: 1,
+                        leased: 1,
+                        leases: 1,
+                    }],
+                }],
+                index_allocated: 4,
+                index_reusable: 2,
+                ..Default::default()
+            },
+            units: vec![UnitStatus {
+                id: "unit-0".into(),
+                rows: 2,
+                cells: 4,
+                bytes: 100,
+                capacity: Some(8),
+                counters: [("ssd_fallback_values_total".to_string(), 3)].into(),
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn state_gauges_round_trip_through_the_text_format() {
+        let text = render_status(&status());
+        let m = MetricsSnapshot::parse(&text).unwrap();
+        let p = ("partition_id", "train \"a\"");
+        assert_eq!(m.value("tq_partitions_total", &[]), Some(1.0));
+        assert_eq!(m.value("tq_partition_samples_total", &[p]), Some(4.0));
+        for task in ["all", "actor"] {
+            let got = m.value(
+                "tq_partition_production_progress",
+                &[p, ("task_name", task)],
+            );
+            assert_eq!(got, Some(0.75), "{task}");
+        }
+        let consumed = m.value(
+            "tq_partition_consumption_progress",
+            &[p, ("task_name", "actor")],
+        );
+        assert_eq!(consumed, Some(0.25));
+        let unit = [("storage_unit_id", "unit-0")];
+        assert_eq!(m.value("tq_storage_utilization_ratio", &unit), Some(0.25));
+        assert_eq!(m.value("tq_storage_bytes", &unit), Some(100.0));
+        let fallback = m.value("tq_storage_ssd_fallback_values_total", &unit);
+        assert_eq!(fallback, Some(3.0));
+        assert_eq!(m.value("tq_global_index_reusable_total", &[]), Some(2.0));
+    }
+
+    #[test]
+    fn unlimited_units_have_no_capacity_series_and_no_partitions_no_partition_series() {
+        let mut s = status();
+        s.units[0].capacity = None;
+        s.controller.partitions.clear();
+        let m = MetricsSnapshot::parse(&render_status(&s)).unwrap();
+        assert!(!m.has("tq_storage_capacity_total"));
+        assert!(!m.has("tq_storage_utilization_ratio"));
+        assert!(!m.has("tq_partition_samples_total"));
+        assert_eq!(m.value("tq_partitions_total", &[]), Some(0.0));
+    }
+
+    #[test]
+    fn malformed_lines_are_refused_by_name() {
+        let e = MetricsSnapshot::parse("tq_x{a=\"1\" 3").unwrap_err();
+        assert!(e.to_string().contains("tq_x"), "{e}");
+        assert!(MetricsSnapshot::parse("just_a_name").is_err());
+    }
+}
