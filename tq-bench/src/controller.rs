@@ -40,6 +40,17 @@ pub fn allocate_notify_fetch(
     Ok(Stats::from_samples(times))
 }
 
+/// One timed allocate → notify → fetch of `samples` samples with `fields` fields on `plane`,
+/// followed by an untimed clear.
+pub fn round(
+    runtime: &tokio::runtime::Runtime,
+    plane: &dyn ControlPlane,
+    samples: usize,
+    fields: usize,
+) -> Result<Duration> {
+    runtime.block_on(one_round(plane, samples, &f32_fields(fields)))
+}
+
 /// One timed allocate → notify → fetch, followed by an untimed clear.
 async fn one_round(
     c: &dyn ControlPlane,

@@ -33,6 +33,7 @@ pub struct ClientBuilder {
     backends: BackendRegistry,
     key_cache_entries: Option<usize>,
     /// Install this process's Prometheus exporter before building (feature `metrics`).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     install_metrics: bool,
 }
 

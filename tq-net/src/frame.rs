@@ -833,6 +833,7 @@ mod tests {
                 kind: 0,
                 header_len,
                 frame_count,
+                trace_id: 9,
             }
             .to_bytes()
             .to_vec();
