@@ -252,6 +252,8 @@ async fn one_operations_request_id_is_in_the_controller_and_unit_logs() {
         .await
         .unwrap();
     p.kv_batch_get(&keys("k", 3), None).await.unwrap();
+    // Without an id of the caller's, one operation still sends all its requests under one.
+    p.kv_batch_put(&keys("m", 2), &rows(2), None).await.unwrap();
     drop(client);
     assert!(controller.terminate(Duration::from_secs(30)).is_some());
     assert!(unit.terminate(Duration::from_secs(30)).is_some());
@@ -270,11 +272,24 @@ async fn one_operations_request_id_is_in_the_controller_and_unit_logs() {
     }
     // The read afterwards ran under other ids.
     assert!(!traced.iter().any(|l| l.contains("KV_RETRIEVE_META")));
+    let last_trace = |op: &str| -> String {
+        let line = controller_text
+            .lines()
+            .rev()
+            .find(|l| l.contains(op))
+            .unwrap_or_else(|| panic!("no {op} line:\n{controller_text}"));
+        let at = line.find("trace=").expect("a request span") + "trace=".len();
+        line[at..at + 8].to_string()
+    };
+    let second = last_trace("KV_PREPARE_PUT");
+    assert_ne!(second, "5eed1234");
+    assert_eq!(last_trace("NOTIFY_DATA_UPDATE"), second);
 
     // The unit logs JSON: every log line is an object (the plain `shutting down` notice is not
     // a log line), and the put's line carries the id in its request span.
     let unit_text = text(&unit_log);
     let mut found = false;
+    let mut last_put = None;
     for line in unit_text.lines().filter(|l| *l != "shutting down") {
         let v: serde_json::Value = serde_json::from_str(line)
             .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
@@ -283,9 +298,58 @@ async fn one_operations_request_id_is_in_the_controller_and_unit_logs() {
         if op == Some("PUT_DATA") && trace == Some("5eed1234") {
             found = true;
         }
+        if op == Some("PUT_DATA") {
+            last_put = trace.map(str::to_string);
+        }
     }
+    assert_eq!(
+        last_put,
+        Some(second),
+        "the second put's unit request has its id"
+    );
     assert!(
         found,
         "unit log has no PUT_DATA line under the id:\n{unit_text}"
     );
+}
+
+/// Every metric the Grafana dashboard queries is one docs/operations.md documents: the
+/// dashboard and the docs cannot drift apart silently.
+#[test]
+fn the_dashboard_queries_only_documented_metrics() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dashboard = std::fs::read_to_string(root.join("docs/grafana-dashboard.json")).unwrap();
+    let docs = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
+    let names = |text: &str| -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        let bytes = text.as_bytes();
+        let mut i = 0;
+        while let Some(at) = text[i..].find("tq_") {
+            let start = i + at;
+            let mut end = start;
+            while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
+                end += 1;
+            }
+            let name = &text[start..end];
+            let name = name.strip_suffix("_bucket").unwrap_or(name);
+            if start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_')
+            {
+                out.insert(name.to_string());
+            }
+            i = end;
+        }
+        out
+    };
+    let documented = names(&docs);
+    let queried = names(&dashboard);
+    assert!(queried.len() > 15, "{queried:?}");
+    for name in &queried {
+        let role_form = name
+            .replace("tq_controller_request", "tq_<role>_request")
+            .replace("tq_storage_request", "tq_<role>_request");
+        assert!(
+            documented.contains(name) || docs.contains(&role_form),
+            "the dashboard queries {name}, which docs/operations.md does not document"
+        );
+    }
 }

@@ -6,6 +6,7 @@
 //! differs between calls.
 
 use crate::{Client, KvBatchMeta, LinkOptions};
+use std::future::Future;
 use tq_controller::{ConsumptionStatus, KeyListing, ProductionStatus};
 use tq_core::{Batch, BatchMeta, MergeOp, Result, Tags};
 
@@ -43,21 +44,41 @@ impl Partition {
         &self.client
     }
 
+    /// Runs one operation under one request id (the caller's, from
+    /// `tq_core::telemetry::with_trace_id`, or a fresh one) and a `debug` span naming it, so
+    /// every request it sends, and the servers' log lines for them, carry the same id.
+    async fn traced<T>(&self, op: &'static str, work: impl Future<Output = T>) -> T {
+        use tracing::Instrument;
+        let id = tq_core::telemetry::current_or_new_trace_id();
+        let span = tracing::debug_span!(
+            "tq",
+            op,
+            partition = %self.name,
+            trace = %format_args!("{id:08x}")
+        );
+        tq_core::telemetry::with_trace_id(id, work)
+            .instrument(span)
+            .await
+    }
+
     // ----------------------------------------------------------------------------------------
     // Metadata API
 
     /// Fetches up to `batch_size` samples produced for `fields` and not yet consumed by `task`,
     /// waiting up to the configured fetch timeout. The samples are consumed by `task`.
     pub async fn fetch(&self, fields: &[&str], task: &str, batch_size: usize) -> Result<BatchMeta> {
-        self.client
-            .fetch(&self.name, fields, task, batch_size)
-            .await
+        self.traced(
+            "fetch",
+            self.client.fetch(&self.name, fields, task, batch_size),
+        )
+        .await
     }
 
     /// Writes `batch` into new samples and returns their metadata. If the write fails, the new
     /// samples are removed again.
     pub async fn put_new(&self, batch: &Batch) -> Result<BatchMeta> {
-        self.client.put_new(&self.name, batch).await
+        self.traced("put_new", self.client.put_new(&self.name, batch))
+            .await
     }
 
     pub async fn production_status(&self, fields: &[&str]) -> Result<ProductionStatus> {
@@ -93,7 +114,8 @@ impl Partition {
 
     /// Clears every sample and drops the partition.
     pub async fn clear(&self) -> Result<()> {
-        self.client.clear_partition(&self.name).await
+        self.traced("clear", self.client.clear_partition(&self.name))
+            .await
     }
 
     // ----------------------------------------------------------------------------------------
@@ -106,9 +128,11 @@ impl Partition {
         fields: &Batch,
         tags: Option<Tags>,
     ) -> Result<KvBatchMeta> {
-        self.client
-            .kv_put(&self.name, key, Some(fields), tags)
-            .await
+        self.traced(
+            "kv_put",
+            self.client.kv_put(&self.name, key, Some(fields), tags),
+        )
+        .await
     }
 
     /// Writes several keys at once (created on first use). Row `i` of `fields` and `tags[i]`
@@ -120,9 +144,12 @@ impl Partition {
         fields: &Batch,
         tags: Option<Vec<Tags>>,
     ) -> Result<KvBatchMeta> {
-        self.client
-            .kv_batch_put(&self.name, keys, Some(fields), tags)
-            .await
+        self.traced(
+            "kv_batch_put",
+            self.client
+                .kv_batch_put(&self.name, keys, Some(fields), tags),
+        )
+        .await
     }
 
     /// Merges `tags[i]` into the tags of `keys[i]` (creating keys that do not exist), writing
@@ -132,9 +159,11 @@ impl Partition {
         keys: &[K],
         tags: Vec<Tags>,
     ) -> Result<KvBatchMeta> {
-        self.client
-            .kv_batch_put(&self.name, keys, None, Some(tags))
-            .await
+        self.traced(
+            "kv_set_tags",
+            self.client.kv_batch_put(&self.name, keys, None, Some(tags)),
+        )
+        .await
     }
 
     /// Reads keys. Every key must exist and every requested field be produced for every key;
@@ -145,14 +174,19 @@ impl Partition {
         keys: &[K],
         fields: Option<&[&str]>,
     ) -> Result<Batch> {
-        self.client.kv_batch_get(&self.name, keys, fields).await
+        self.traced(
+            "kv_batch_get",
+            self.client.kv_batch_get(&self.name, keys, fields),
+        )
+        .await
     }
 
     /// The metadata of `keys` (their samples, produced fields and tags), rows in `keys`' order,
     /// for the metadata API (`get_data`, `put`, `clear_samples`). `NotFound` names the keys
     /// that do not exist.
     pub async fn kv_meta<K: AsRef<str>>(&self, keys: &[K]) -> Result<BatchMeta> {
-        self.client.kv_meta(&self.name, keys).await
+        self.traced("kv_meta", self.client.kv_meta(&self.name, keys))
+            .await
     }
 
     /// The keys and tags of this partition (none when it does not exist).
@@ -173,13 +207,18 @@ impl Partition {
     /// so clearing twice is harmless; a key whose earlier clear failed half-way is cleared for
     /// good.
     pub async fn kv_clear<K: AsRef<str>>(&self, keys: &[K]) -> Result<()> {
-        self.client.kv_clear(&self.name, keys, None).await
+        self.traced("kv_clear", self.client.kv_clear(&self.name, keys, None))
+            .await
     }
 
     /// Removes the cells of `fields` of `keys`; keys, other fields, tags and consumption stay.
     /// An empty field list is `Invalid`.
     pub async fn kv_clear_fields<K: AsRef<str>>(&self, keys: &[K], fields: &[&str]) -> Result<()> {
-        self.client.kv_clear(&self.name, keys, Some(fields)).await
+        self.traced(
+            "kv_clear_fields",
+            self.client.kv_clear(&self.name, keys, Some(fields)),
+        )
+        .await
     }
 
     /// Merges a one-row batch into the stored fields of `key` (`merge(stored, incoming)`).
@@ -189,7 +228,11 @@ impl Partition {
         fields: &Batch,
         merge: &MergeOp,
     ) -> Result<KvBatchMeta> {
-        self.client.kv_update(&self.name, key, fields, merge).await
+        self.traced(
+            "kv_update",
+            self.client.kv_update(&self.name, key, fields, merge),
+        )
+        .await
     }
 
     /// [`Partition::kv_update`] of several keys; row `i` belongs to `keys[i]`.
@@ -199,9 +242,11 @@ impl Partition {
         fields: &Batch,
         merge: &MergeOp,
     ) -> Result<KvBatchMeta> {
-        self.client
-            .kv_batch_update(&self.name, keys, fields, merge)
-            .await
+        self.traced(
+            "kv_batch_update",
+            self.client.kv_batch_update(&self.name, keys, fields, merge),
+        )
+        .await
     }
 
     /// Makes `fields` of `keys[i]` read the cells of `public_keys[i]` in the public partition
@@ -213,21 +258,27 @@ impl Partition {
         fields: &[&str],
         options: &LinkOptions,
     ) -> Result<KvBatchMeta> {
-        self.client
-            .kv_link(&self.name, keys, public_keys, fields, options)
-            .await
+        self.traced(
+            "kv_link",
+            self.client
+                .kv_link(&self.name, keys, public_keys, fields, options),
+        )
+        .await
     }
 
     /// Removes the links of `fields` of `keys`; returns how many links went away.
     pub async fn kv_unlink<K: AsRef<str>>(&self, keys: &[K], fields: &[&str]) -> Result<usize> {
-        self.client.kv_unlink(&self.name, keys, fields).await
+        self.traced("kv_unlink", self.client.kv_unlink(&self.name, keys, fields))
+            .await
     }
 
     /// On a public partition: clears the keys starting with `prefix` that no private key links
     /// to any more, and returns them.
     pub async fn kv_clear_unlinked_public(&self, prefix: &str) -> Result<Vec<String>> {
-        self.client
-            .kv_clear_unlinked_public(&self.name, prefix)
-            .await
+        self.traced(
+            "kv_clear_unlinked_public",
+            self.client.kv_clear_unlinked_public(&self.name, prefix),
+        )
+        .await
     }
 }
