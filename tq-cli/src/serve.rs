@@ -310,18 +310,7 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
         units.push(server);
         unit_handlers.push(handler);
     }
-    let server = Server::bind(
-        &listen,
-        args.security.server_config("controller"),
-        service.clone(),
-    )
-    .await?;
-    service.count_connections(server.connection_count());
-    println!("listening controller {}", server.local_endpoint());
-    let probe = Arc::new(ServerProbe {
-        controller: Some(service),
-        units: unit_handlers,
-    });
+    let (server, probe) = start_controller(&listen, &args.security, service, unit_handlers).await?;
     let _metrics = args.metrics.serve(exporter, probe).await?;
     shutdown.await;
     eprintln!("shutting down");
@@ -330,6 +319,29 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
         u.shutdown().await;
     }
     Ok(())
+}
+
+/// Serves `service` on `listen`, announces it, and returns the server with the probe of its
+/// metrics endpoint (the controller and the units this process hosts).
+async fn start_controller(
+    listen: &Endpoint,
+    security: &Security,
+    service: Arc<ControllerServer>,
+    units: Vec<Arc<UnitServer>>,
+) -> Result<(Server, Arc<dyn Probe>)> {
+    let server = Server::bind(
+        listen,
+        security.server_config("controller"),
+        service.clone(),
+    )
+    .await?;
+    service.count_connections(server.connection_count());
+    println!("listening controller {}", server.local_endpoint());
+    let probe = Arc::new(ServerProbe {
+        controller: Some(service),
+        units,
+    });
+    Ok((server, probe))
 }
 
 /// `tq controller`: the controller alone; storage units register with it.
@@ -343,19 +355,8 @@ pub async fn controller_server(mut args: ControllerArgs) -> Result<()> {
     if let Some(dir) = &args.state_dir {
         service = service.with_state_dir(dir)?;
     }
-    let service = Arc::new(service);
-    let server = Server::bind(
-        &listen,
-        args.security.server_config("controller"),
-        service.clone(),
-    )
-    .await?;
-    service.count_connections(server.connection_count());
-    println!("listening controller {}", server.local_endpoint());
-    let probe = Arc::new(ServerProbe {
-        controller: Some(service),
-        units: Vec::new(),
-    });
+    let (server, probe) =
+        start_controller(&listen, &args.security, Arc::new(service), Vec::new()).await?;
     let _metrics = args.metrics.serve(exporter, probe).await?;
     shutdown.await;
     eprintln!("shutting down");
