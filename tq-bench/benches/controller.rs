@@ -1,27 +1,48 @@
-//! Criterion: controller metadata cost for one batch (no payload).
+//! Criterion: the controller's metadata cost for one batch (no payload), in process and over
+//! loopback, next to the bookkeeping floor of the same batch (one hash-map insert per cell).
 //! Run: `cargo bench -p tq-bench --bench controller`
 
-use criterion::{criterion_group, criterion_main, Criterion};
+mod common;
+
+use common::criterion;
+use criterion::Throughput;
+use std::collections::HashMap;
 use std::time::Duration;
 use tq_bench::controller;
 
-fn bench(c: &mut Criterion) {
+const SAMPLES: usize = 1024;
+const FIELDS: usize = 28;
+
+fn main() {
+    let mut c = criterion(3);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
+        .expect("runtime");
     let mut g = c.benchmark_group("controller");
-    g.measurement_time(Duration::from_secs(3));
+    g.throughput(Throughput::Elements((SAMPLES * FIELDS) as u64));
+    g.bench_function("hashmap-insert 1024x28", |b| {
+        b.iter(|| {
+            let mut m = HashMap::with_capacity(SAMPLES * FIELDS);
+            for s in 0..SAMPLES as u32 {
+                for f in 0..FIELDS as u32 {
+                    m.insert((s, f), true);
+                }
+            }
+            m
+        })
+    });
     g.bench_function("allocate+notify+fetch 1024x28", |b| {
         b.iter_custom(|iters| {
-            let s = controller::allocate_notify_fetch(&rt, 1024, 28, iters as usize).unwrap();
-            // iter_custom wants the total; the harness measured each round individually.
+            let s = controller::allocate_notify_fetch(&rt, SAMPLES, FIELDS, iters as usize)
+                .expect("rounds");
+            // The harness timed each round alone (the untimed clear between them excluded).
             s.median * iters as u32
         })
     });
     g.bench_function("kv_retrieve_meta 1024 keys", |b| {
         b.iter_custom(|iters| {
-            let s = controller::kv_retrieve_meta(&rt, 1024, 4, iters as usize).unwrap();
+            let s = controller::kv_retrieve_meta(&rt, SAMPLES, 4, iters as usize).expect("rounds");
             s.median * iters as u32
         })
     });
@@ -29,29 +50,38 @@ fn bench(c: &mut Criterion) {
 
     // The same round through a controller server on loopback, state in memory vs on disk
     // (`--state-dir`: every change durable before it is answered).
-    let dir = std::env::temp_dir().join(format!("tq-bench-state-{}", std::process::id()));
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let state = dir.path().join("state");
     let mut g = c.benchmark_group("controller over loopback");
+    g.throughput(Throughput::Elements((SAMPLES * FIELDS) as u64));
     g.measurement_time(Duration::from_secs(5));
-    g.sample_size(20);
     g.bench_function("allocate+notify+fetch 1024x28, in memory", |b| {
         b.iter_custom(|iters| {
-            let s = controller::remote_allocate_notify_fetch(&rt, 1024, 28, iters as usize, None)
-                .unwrap();
+            let s = controller::remote_allocate_notify_fetch(
+                &rt,
+                SAMPLES,
+                FIELDS,
+                iters as usize,
+                None,
+            )
+            .expect("rounds");
             s.median * iters as u32
         })
     });
     g.bench_function("allocate+notify+fetch 1024x28, state dir", |b| {
         b.iter_custom(|iters| {
-            let _ = std::fs::remove_dir_all(&dir);
-            let s =
-                controller::remote_allocate_notify_fetch(&rt, 1024, 28, iters as usize, Some(&dir))
-                    .unwrap();
+            let _ = std::fs::remove_dir_all(&state);
+            let s = controller::remote_allocate_notify_fetch(
+                &rt,
+                SAMPLES,
+                FIELDS,
+                iters as usize,
+                Some(&state),
+            )
+            .expect("rounds");
             s.median * iters as u32
         })
     });
     g.finish();
-    let _ = std::fs::remove_dir_all(&dir);
+    c.final_summary();
 }
-
-criterion_group!(benches, bench);
-criterion_main!(benches);

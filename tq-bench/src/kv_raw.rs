@@ -49,8 +49,43 @@ impl RawKv {
     }
 }
 
-/// Put, get and delete of `batch`'s cells as raw keys, `reps` times after one verified round.
-pub async fn raw_kv(store: &Arc<dyn KvStore>, batch: &Batch, reps: usize) -> Result<[Stats; 3]> {
+/// The cells of a batch as raw KV items, keyed as the adapter keys them.
+pub struct RawCells {
+    items: Vec<(String, KvValue)>,
+    keys: Vec<String>,
+}
+
+impl RawKv {
+    /// `batch`'s cells, ready for [`RawKv::put`], [`RawKv::get`] and [`RawKv::delete`].
+    pub fn cells(&self, batch: &Batch) -> RawCells {
+        let items = raw_items(batch);
+        let keys = items.iter().map(|(k, _)| k.clone()).collect();
+        RawCells { items, keys }
+    }
+
+    /// Writes every cell with pipelined `mset`s.
+    pub async fn put(&self, cells: &RawCells) -> Result<()> {
+        self.store.mset_all(cells.items.clone(), None).await
+    }
+
+    /// Reads every cell with pipelined `mget`s; a missing cell is an error.
+    pub async fn get(&self, cells: &RawCells) -> Result<usize> {
+        let values = self.store.mget_all(&cells.keys).await?;
+        if !values.iter().all(Option::is_some) {
+            return Err(Error::internal(
+                "raw baseline: a written key was not read back",
+            ));
+        }
+        Ok(values.len())
+    }
+
+    /// Removes every cell.
+    pub async fn delete(&self, cells: &RawCells) -> Result<()> {
+        self.store.delete_all(&cells.keys).await
+    }
+}
+
+fn raw_items(batch: &Batch) -> Vec<(String, KvValue)> {
     let ks = KeyScheme::new("tq-bench-raw", "bench");
     let mut items = Vec::with_capacity(batch.len() * batch.columns().len());
     for r in 0..batch.len() {
@@ -67,6 +102,12 @@ pub async fn raw_kv(store: &Arc<dyn KvStore>, batch: &Batch, reps: usize) -> Res
             ));
         }
     }
+    items
+}
+
+/// Put, get and delete of `batch`'s cells as raw keys, `reps` times after one verified round.
+pub async fn raw_kv(store: &Arc<dyn KvStore>, batch: &Batch, reps: usize) -> Result<[Stats; 3]> {
+    let items = raw_items(batch);
     let keys: Vec<String> = items.iter().map(|(k, _)| k.clone()).collect();
     let (mut put, mut get, mut delete) = (Vec::new(), Vec::new(), Vec::new());
     for rep in 0..=reps.max(1) {

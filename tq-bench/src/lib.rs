@@ -1,4 +1,4 @@
-//! tq-bench: the standard workloads of `BENCHMARKS.md`, a small measurement harness (median,
+//! tq-bench: the standard workloads of `docs/benchmarks.md`, a small measurement harness (median,
 //! min, max over repetitions after a warm-up) and the runs `tq bench` reports.
 //!
 //! Criterion benches under `benches/` use the same workloads for regression tracking.
@@ -10,6 +10,7 @@ pub mod kv_raw;
 pub mod latency;
 pub mod links;
 pub mod measure;
+pub mod servers;
 pub mod ssd;
 pub mod workloads;
 
