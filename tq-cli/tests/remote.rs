@@ -910,3 +910,31 @@ async fn a_controller_with_a_state_dir_survives_kill_9() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `return_fetched` over the network: samples a fetch took and gave back are fetched again,
+/// and giving back what is no longer taken changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samples_given_back_over_the_network_are_fetched_again() {
+    use tq_controller::ControlPlane;
+    let (_tq, url) = serve(2, &[]);
+    let tq = Client::connect_with(&url, config(10_000)).await.unwrap();
+    let p = tq.partition("p");
+    p.put_new(&rows(4, 0)).await.unwrap();
+    let taken = p.fetch(&["x"], "t", 4).await.unwrap();
+    assert_eq!(taken.len(), 4);
+    let control = tq_controller::RemoteControlPlane::new(
+        tq_net::Pool::new(tq_net::ClientConfig::default()),
+        url.parse().unwrap(),
+        Duration::from_secs(10),
+    );
+    let back = control.return_fetched("p", "t", None, taken.samples());
+    assert_eq!(back.await.unwrap(), 4);
+    let again = p.fetch(&["x"], "t", 4).await.unwrap();
+    assert_eq!(again.samples(), taken.samples());
+    let leased = control.return_fetched("p", "t", Some(12345), taken.samples());
+    assert_eq!(
+        leased.await.unwrap(),
+        0,
+        "no sample is held under that lease"
+    );
+}

@@ -173,7 +173,63 @@ impl Stream for BatchStream {
     }
 }
 
-/// Fetches batches into `tx` until the stream ends or the receiver goes away.
+/// Samples a fetch took for a stream that have not reached its consumer yet. Dropped without
+/// [`Undelivered::delivered`] — the stream was dropped (its fetcher cancelled mid-read or
+/// its channel closed) or the data could not be read — it gives them back to the controller
+/// (`ControlPlane::return_fetched`), so that an at-most-once consumption is not lost and an
+/// acknowledged lease is not held until it expires. The give-back runs as a task of its own,
+/// since a drop cannot wait.
+struct Undelivered {
+    client: Client,
+    partition: String,
+    task: String,
+    meta: Option<BatchMeta>,
+}
+
+impl Undelivered {
+    fn new(client: &Client, partition: &str, task: &str, meta: BatchMeta) -> Self {
+        Undelivered {
+            client: client.clone(),
+            partition: partition.to_string(),
+            task: task.to_string(),
+            meta: Some(meta),
+        }
+    }
+
+    /// The consumer has the batch: nothing to give back.
+    fn delivered(mut self) {
+        self.meta = None;
+    }
+}
+
+impl Drop for Undelivered {
+    fn drop(&mut self) {
+        let Some(meta) = self.meta.take().filter(|m| !m.is_empty()) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(partition = %self.partition, task = %self.task, samples = meta.len(), "a dropped stream's samples cannot be given back outside a runtime");
+            return;
+        };
+        let (client, partition, task) = (
+            self.client.clone(),
+            std::mem::take(&mut self.partition),
+            std::mem::take(&mut self.task),
+        );
+        runtime.spawn(async move {
+            let given = client
+                .control()
+                .return_fetched(&partition, &task, meta.lease(), meta.samples())
+                .await;
+            match given {
+                Ok(n) => tracing::debug!(%partition, %task, returned = n, "gave back samples a stream did not deliver"),
+                Err(e) => tracing::warn!(%partition, %task, samples = meta.len(), error = %e, "cannot give back samples a stream did not deliver; they stay consumed (at-most-once) or leased until the lease expires"),
+            }
+        });
+    }
+}
+
+/// Fetches batches into `tx` until the stream ends or the receiver goes away./// Fetches batches into `tx` until the stream ends or the receiver goes away.
 async fn fetch_loop(
     client: Client,
     partition: String,
@@ -198,11 +254,27 @@ async fn fetch_loop(
             req = req.with_lease(lease);
         }
         let result = match client.get_meta(req).await {
-            Ok(meta) => client.get_data(&meta).await.map(|batch| StreamItem {
-                meta,
-                batch,
-                batch_index,
-            }),
+            Ok(meta) => {
+                // Taken for this stream: from here until the consumer has the batch, the
+                // samples go back if anything stops them (see `Undelivered`).
+                let taken = Undelivered::new(&client, &partition, &cfg.task, meta.clone());
+                match client.get_data(&meta).await {
+                    Ok(batch) => {
+                        let item = StreamItem {
+                            meta,
+                            batch,
+                            batch_index,
+                        };
+                        if tx.send(Ok(item)).await.is_err() {
+                            return;
+                        }
+                        taken.delivered();
+                        batch_index += 1;
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) if e.kind() == &ErrorKind::Closed => {
                 tracing::debug!(partition = %partition, task = %cfg.task, "stream finished: partition complete");
                 return;

@@ -262,6 +262,19 @@ pub trait ControlPlane: Send + Sync + 'static {
         samples: &[SampleId],
     ) -> Result<usize>;
 
+    /// Gives back samples a fetch of `task` handed out but its caller never received (a
+    /// stream dropped while its fetch was completing): with `lease` (acknowledged mode) the
+    /// samples still held under that lease are released at once instead of at its expiry;
+    /// without (at-most-once) their consumption is undone, so they are not lost. Returns how
+    /// many came back; samples no longer held that way are left alone.
+    async fn return_fetched(
+        &self,
+        partition: &str,
+        task: &str,
+        lease: Option<LeaseId>,
+        samples: &[SampleId],
+    ) -> Result<usize>;
+
     /// Declares that no more samples will be added to `partition` (created if missing): a
     /// fetch of a task that consumed every sample then ends with `Closed` instead of waiting.
     async fn mark_complete(&self, partition: &str) -> Result<()>;

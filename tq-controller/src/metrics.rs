@@ -32,6 +32,8 @@ pub enum ControllerOp {
     ResetConsumption,
     GetListPartitions,
     Ack,
+    /// Samples a fetch handed out and its caller never received, given back.
+    ReturnFetched,
     MarkComplete,
     ClearPartition,
     KvLink,
@@ -53,7 +55,7 @@ pub enum ControllerOp {
 
 impl ControllerOp {
     /// Every operation type, in the order [`ControllerOp::index`] numbers them.
-    pub const ALL: [ControllerOp; 29] = [
+    pub const ALL: [ControllerOp; 30] = [
         ControllerOp::GetMeta,
         ControllerOp::GetPartitionMeta,
         ControllerOp::NotifyDataUpdate,
@@ -69,6 +71,7 @@ impl ControllerOp {
         ControllerOp::ResetConsumption,
         ControllerOp::GetListPartitions,
         ControllerOp::Ack,
+        ControllerOp::ReturnFetched,
         ControllerOp::MarkComplete,
         ControllerOp::ClearPartition,
         ControllerOp::KvLink,
@@ -103,6 +106,7 @@ impl ControllerOp {
             ControllerOp::ResetConsumption => "RESET_CONSUMPTION",
             ControllerOp::GetListPartitions => "GET_LIST_PARTITIONS",
             ControllerOp::Ack => "ACK",
+            ControllerOp::ReturnFetched => "RETURN_FETCHED",
             ControllerOp::MarkComplete => "MARK_COMPLETE",
             ControllerOp::ClearPartition => "CLEAR_PARTITION",
             ControllerOp::KvLink => "KV_LINK",
@@ -292,6 +296,18 @@ impl<P: ControlPlane + ?Sized> ControlPlane for MeteredPlane<P> {
         self.meter
             .measure(ControllerOp::Ack.index(), acked, work)
             .await
+    }
+
+    async fn return_fetched(
+        &self,
+        partition: &str,
+        task: &str,
+        lease: Option<LeaseId>,
+        samples: &[SampleId],
+    ) -> Result<usize> {
+        let work = self.inner.return_fetched(partition, task, lease, samples);
+        let op = ControllerOp::ReturnFetched.index();
+        self.meter.measure(op, |n| *n as u64, work).await
     }
 
     async fn mark_complete(&self, partition: &str) -> Result<()> {

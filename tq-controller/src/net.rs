@@ -131,6 +131,13 @@ enum ControlRequest {
     MarkComplete {
         partition: String,
     },
+    /// Protocol 5.
+    ReturnFetched {
+        partition: String,
+        task: String,
+        lease: Option<LeaseId>,
+        samples: Vec<SampleId>,
+    },
     DropPartition {
         partition: String,
     },
@@ -221,6 +228,7 @@ impl ControlRequest {
             | ControlRequest::FinishClearFields { .. }
             | ControlRequest::ResetConsumption { .. }
             | ControlRequest::Ack { .. }
+            | ControlRequest::ReturnFetched { .. }
             | ControlRequest::MarkComplete { .. }
             | ControlRequest::DropPartition { .. }
             | ControlRequest::KvLink(_)
@@ -410,6 +418,14 @@ impl ControllerServer {
                 lease,
                 samples,
             } => ControlResponse::Acked(c.ack(&partition, &task, lease, &samples).await?),
+            ControlRequest::ReturnFetched {
+                partition,
+                task,
+                lease,
+                samples,
+            } => {
+                ControlResponse::Acked(c.return_fetched(&partition, &task, lease, &samples).await?)
+            }
             ControlRequest::MarkComplete { partition } => {
                 c.mark_complete(&partition).await?;
                 ControlResponse::Done

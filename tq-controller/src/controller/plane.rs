@@ -252,6 +252,26 @@ impl ControlPlane for Controller {
         Ok(acked)
     }
 
+    async fn return_fetched(
+        &self,
+        partition: &str,
+        task: &str,
+        lease: Option<LeaseId>,
+        samples: &[SampleId],
+    ) -> Result<usize> {
+        let returned = {
+            let mut st = self.lock();
+            match st.partitions.get_mut(partition) {
+                Some(p) => p.return_fetched(task, lease, samples),
+                None => 0,
+            }
+        };
+        if returned > 0 {
+            self.wake(partition);
+        }
+        Ok(returned)
+    }
+
     async fn mark_complete(&self, partition: &str) -> Result<()> {
         {
             let mut st = self.lock();

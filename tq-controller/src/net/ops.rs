@@ -23,6 +23,7 @@ impl ControlRequest {
             ControlRequest::ResetConsumption { .. } => ControllerOp::ResetConsumption,
             ControlRequest::ListPartitions => ControllerOp::GetListPartitions,
             ControlRequest::Ack { .. } => ControllerOp::Ack,
+            ControlRequest::ReturnFetched { .. } => ControllerOp::ReturnFetched,
             ControlRequest::MarkComplete { .. } => ControllerOp::MarkComplete,
             ControlRequest::DropPartition { .. } => ControllerOp::ClearPartition,
             ControlRequest::KvLink(_) => ControllerOp::KvLink,

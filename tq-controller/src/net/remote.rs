@@ -351,6 +351,27 @@ impl ControlPlane for RemoteControlPlane {
         }
     }
 
+    /// Not retried: undoing an at-most-once consumption twice could hand samples out again
+    /// that another consumer took in between.
+    async fn return_fetched(
+        &self,
+        partition: &str,
+        task: &str,
+        lease: Option<LeaseId>,
+        samples: &[SampleId],
+    ) -> Result<usize> {
+        let req = ControlRequest::ReturnFetched {
+            partition: partition.into(),
+            task: task.into(),
+            lease,
+            samples: samples.to_vec(),
+        };
+        match self.call(req, false, Duration::ZERO).await? {
+            ControlResponse::Acked(n) => Ok(n),
+            other => Err(self.unexpected("return_fetched", other)),
+        }
+    }
+
     async fn mark_complete(&self, partition: &str) -> Result<()> {
         let req = ControlRequest::MarkComplete {
             partition: partition.into(),

@@ -59,6 +59,41 @@ impl Partition {
         self.tasks.get(task)?.leases.get(&s).map(|(l, _)| *l)
     }
 
+    /// Gives back samples a fetch handed to `task` whose caller never received them: with
+    /// `lease`, the samples still held under exactly that lease are released; without, the
+    /// at-most-once consumption is undone. Returns how many came back.
+    pub fn return_fetched(
+        &mut self,
+        task: &str,
+        lease: Option<LeaseId>,
+        ids: &[SampleId],
+    ) -> usize {
+        let slots: Vec<u32> = ids.iter().filter_map(|&id| self.slot_for(id)).collect();
+        let Some(t) = self.tasks.get_mut(task) else {
+            return 0;
+        };
+        let mut returned = 0;
+        for s in slots {
+            let back = match lease {
+                Some(lease) => {
+                    let held = t.leases.get(&s).is_some_and(|(l, _)| *l == lease);
+                    if held {
+                        t.leases.remove(&s);
+                        t.leased.set(slot_u(s), false);
+                    }
+                    held
+                }
+                None => {
+                    let consumed = t.consumed.get(slot_u(s));
+                    t.consumed.set(slot_u(s), false);
+                    consumed
+                }
+            };
+            returned += usize::from(back);
+        }
+        returned
+    }
+
     /// Consumes the samples `task` holds under `lease`; returns how many. Samples whose lease
     /// expired (and may have been handed to someone else) are left alone.
     pub fn ack(&mut self, task: &str, lease: LeaseId, ids: &[SampleId]) -> usize {
