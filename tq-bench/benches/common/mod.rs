@@ -3,9 +3,9 @@
 //! remote targets (this very bench binary, started again with `TQ_BENCH_SERVER` set).
 //!
 //! Methodology, the same for every target: each timed iteration does exactly the operation it
-//! names. A put writes keys that do not exist (the previous iteration's keys are cleared outside
-//! the timed part), a clear removes keys written outside the timed part, a get reads keys
-//! written once before. Criterion warms each function up before measuring; sample counts and
+//! names, within the standard put → get → clear cycle of `tq bench` (see [`put_get_clear`]):
+//! a put writes keys that do not exist, a get reads data just written, a clear removes it; the
+//! other two steps of the cycle run outside the timed part. Criterion warms each function up before measuring; sample counts and
 //! times are small enough for a 2-core machine; servers are stopped when their target's groups
 //! end (dropped), so nothing runs on between benchmarks.
 
@@ -79,6 +79,11 @@ impl Workload {
 }
 
 /// `put`, `get` and `clear` of `w` through `client`, in partition `bench`.
+///
+/// Every iteration of each of the three runs the standard cycle of `tq bench` — put the batch
+/// under keys that do not exist, get it back, clear it — and times only the step it names. So a
+/// put writes new keys, a get reads data just written (as a trainer does), a clear removes it,
+/// and each starts from the state the same step of `tq bench` starts from.
 pub fn put_get_clear(
     g: &mut BenchmarkGroup<'_, WallTime>,
     rt: &tokio::runtime::Runtime,
@@ -86,44 +91,32 @@ pub fn put_get_clear(
     w: &Workload,
 ) {
     let p = client.partition("bench");
-    let put = || {
-        rt.block_on(p.kv_batch_put(&w.keys, &w.batch, None))
-            .expect("put")
+    let cycle = |iters: u64, step: usize| -> Duration {
+        let mut timed = Duration::ZERO;
+        for _ in 0..iters {
+            timed += rt.block_on(async {
+                let t0 = Instant::now();
+                p.kv_batch_put(&w.keys, &w.batch, None).await.expect("put");
+                let t1 = Instant::now();
+                let got = p.kv_batch_get(&w.keys, None).await.expect("get");
+                let t2 = Instant::now();
+                assert_eq!(got.len(), w.keys.len());
+                drop(got);
+                let t3 = Instant::now();
+                p.kv_clear(&w.keys).await.expect("clear");
+                let t4 = Instant::now();
+                match step {
+                    0 => t1 - t0,
+                    1 => t2 - t1,
+                    _ => t4 - t3,
+                }
+            });
+        }
+        timed
     };
-    let clear = || rt.block_on(p.kv_clear(&w.keys)).expect("clear");
-    g.bench_function("put", |b| {
-        b.iter_custom(|iters| {
-            let mut timed = Duration::ZERO;
-            for _ in 0..iters {
-                let t = Instant::now();
-                put();
-                timed += t.elapsed();
-                clear();
-            }
-            timed
-        })
-    });
-    put();
-    g.bench_function("get", |b| {
-        b.iter(|| {
-            let got = rt.block_on(p.kv_batch_get(&w.keys, None)).expect("get");
-            assert_eq!(got.len(), w.keys.len());
-            got
-        })
-    });
-    g.bench_function("clear", |b| {
-        b.iter_custom(|iters| {
-            let mut timed = Duration::ZERO;
-            for _ in 0..iters {
-                put();
-                let t = Instant::now();
-                clear();
-                timed += t.elapsed();
-            }
-            timed
-        })
-    });
-    clear();
+    for (step, name) in ["put", "get", "clear"].into_iter().enumerate() {
+        g.bench_function(name, |b| b.iter_custom(|iters| cycle(iters, step)));
+    }
 }
 
 /// The baseline of moving the bytes in memory: one copy of every payload into fresh buffers.
