@@ -5,8 +5,9 @@
 //! samples) and the controller benchmark (allocate → notify → fetch of 1024 samples × 28
 //! fields) with metrics recorded into a Prometheus recorder ("on") and with no recorder
 //! installed ("off": what a user who installs no exporter gets), in alternating blocks of the
-//! same run, and prints the median of each and the on/off ratio. The controller is also run
-//! bare (no metering wrapper at all) as the baseline of "off".
+//! same run (which variant goes first alternates too), and prints the median of each and the
+//! on/off ratio. The controller is also run bare (no metering wrapper at all) as the baseline
+//! of "off".
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,7 +67,10 @@ fn main() {
     let mut clear = [Vec::new(), Vec::new()];
     let mut control = [Vec::new(), Vec::new(), Vec::new()];
     for round in 0..=rounds {
-        for (i, client) in [&off, &on].into_iter().enumerate() {
+        // Which variant goes first alternates, so neither always runs on the other's warm-up.
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let client = [&off, &on][i];
             let p = client.partition("bench");
             for _ in 0..block {
                 let t = Instant::now();
@@ -85,7 +89,9 @@ fn main() {
             }
         }
         let planes: [&dyn tq_controller::ControlPlane; 3] = [&plane_off, &plane_on, &bare];
-        for (i, plane) in planes.into_iter().enumerate() {
+        let order = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+        for i in order {
+            let plane = planes[i];
             for _ in 0..block {
                 let t = tq_bench::controller::round(&rt, plane, 1024, 28).expect("controller");
                 if round > 0 {
