@@ -183,7 +183,9 @@ struct Undelivered {
     client: Client,
     partition: String,
     task: String,
-    meta: Option<BatchMeta>,
+    meta: BatchMeta,
+    /// False once the batch is handed over.
+    armed: bool,
 }
 
 impl Undelivered {
@@ -192,21 +194,29 @@ impl Undelivered {
             client: client.clone(),
             partition: partition.to_string(),
             task: task.to_string(),
-            meta: Some(meta),
+            meta,
+            armed: true,
         }
     }
 
-    /// The consumer has the batch: nothing to give back.
-    fn delivered(mut self) {
-        self.meta = None;
+    /// The samples taken.
+    fn meta(&self) -> &BatchMeta {
+        &self.meta
+    }
+
+    /// The batch is being handed to the consumer: nothing to give back. Returns the metadata.
+    fn delivered(mut self) -> BatchMeta {
+        self.armed = false;
+        std::mem::take(&mut self.meta)
     }
 }
 
 impl Drop for Undelivered {
     fn drop(&mut self) {
-        let Some(meta) = self.meta.take().filter(|m| !m.is_empty()) else {
+        if !self.armed || self.meta.is_empty() {
             return;
-        };
+        }
+        let meta = std::mem::take(&mut self.meta);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(partition = %self.partition, task = %self.task, samples = meta.len(), "a dropped stream's samples cannot be given back outside a runtime");
             return;
@@ -255,20 +265,21 @@ async fn fetch_loop(
         }
         let result = match client.get_meta(req).await {
             Ok(meta) => {
-                // Taken for this stream: from here until the consumer has the batch, the
-                // samples go back if anything stops them (see `Undelivered`).
-                let taken = Undelivered::new(&client, &partition, &cfg.task, meta.clone());
-                match client.get_data(&meta).await {
+                // Taken for this stream: from here until the consumer's channel has the batch,
+                // the samples go back if anything stops them (see `Undelivered`).
+                let taken = Undelivered::new(&client, &partition, &cfg.task, meta);
+                match client.get_data(taken.meta()).await {
                     Ok(batch) => {
-                        let item = StreamItem {
-                            meta,
+                        // A slot first, then the hand-over without another await: no point at
+                        // which the batch is neither guarded nor in the channel.
+                        let Ok(slot) = tx.reserve().await else {
+                            return;
+                        };
+                        slot.send(Ok(StreamItem {
+                            meta: taken.delivered(),
                             batch,
                             batch_index,
-                        };
-                        if tx.send(Ok(item)).await.is_err() {
-                            return;
-                        }
-                        taken.delivered();
+                        }));
                         batch_index += 1;
                         continue;
                     }
