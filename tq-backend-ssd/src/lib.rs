@@ -52,10 +52,6 @@ pub use engine::{build_engine, uring_available, IoEngine, PsyncEngine, ReadOp, W
 pub use run::ROOT_DIR;
 pub use unit::{trim_heap, SsdUnit, FALLBACK_VALUES_TOTAL};
 
-/// The process's resident set size in bytes (`VmRSS` of `/proc/self/status`), where available.
-pub fn process_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
+/// The process's resident set size in bytes (kept here for callers of this crate; the one
+/// implementation is `tq_core::telemetry::process_rss_bytes`).
+pub use tq_core::telemetry::process_rss_bytes;

@@ -113,14 +113,6 @@ impl RequestMeter {
             h.errors.increment(1);
         }
     }
-
-    /// Adds `n` to the samples counter of `op` (for operations whose sample count is known only
-    /// from the request, such as a clear).
-    pub fn add_samples(&self, op: usize, n: u64) {
-        if let Some(h) = self.ops.get(op) {
-            h.samples.increment(n);
-        }
-    }
 }
 
 /// What a storage unit reports about itself for `tq stats` and the `tq_storage_*` gauges: the
@@ -152,13 +144,7 @@ pub struct UnitStatus {
 pub fn process_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line
-        .trim_start_matches("VmRSS:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
 
