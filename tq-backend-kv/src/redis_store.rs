@@ -12,7 +12,9 @@
 //!   and redirected by the cluster connection. A command that fails inside a node pipeline
 //!   (e.g. a write refused at `maxmemory`) fails the call, as on a single node.
 //! - Every call has a deadline ([`RedisOptions::op_timeout`]); a server that cannot be reached
-//!   or does not answer is [`tq_core::ErrorKind::Unavailable`]. Calls are idempotent and are
+//!   or does not answer is [`tq_core::ErrorKind::Unavailable`], and so is a server that says
+//!   "later" (`LOADING` while a restarted server reads its file, `TRYAGAIN`, `MASTERDOWN`,
+//!   `CLUSTERDOWN`). Calls are idempotent and are
 //!   retried once after a dropped connection, so the first call after a restart succeeds.
 
 use crate::store::{KvCapabilities, KvStore, KvValue};
@@ -244,12 +246,20 @@ impl ToRedisArgs for ValueArg<'_> {
 
 fn map_err(what: &str, e: redis::RedisError) -> Error {
     let msg = format!("{what}: {e}");
+    // A server that answers "not now" (LOADING after a restart, TRYAGAIN, MASTERDOWN,
+    // CLUSTERDOWN) did nothing and will serve the request later: unavailable, as a refused
+    // connection is, never an internal error a caller would give up on.
+    let server_says_later = matches!(
+        e.retry_method(),
+        redis::RetryMethod::WaitAndRetry | redis::RetryMethod::RetryImmediately
+    );
     if e.is_io_error()
         || e.is_connection_refusal()
         || e.is_connection_dropped()
         || e.is_timeout()
         || e.is_cluster_error()
         || e.is_unrecoverable_error()
+        || server_says_later
     {
         Error::unavailable(msg).with_source(e)
     } else if msg.contains("OOM") {
@@ -690,5 +700,32 @@ mod tests {
         assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
         assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
         assert_eq!(key_slot(b"tq/{p/1}/0/a"), key_slot(b"tq/{p/1}/gen"));
+    }
+
+    /// The error a server answers with, as the client library parses it off the wire.
+    fn server_error(wire: &[u8]) -> redis::RedisError {
+        match redis::parse_redis_value(wire).map(redis::Value::extract_error) {
+            Ok(Err(e)) => e,
+            other => panic!("{:?} did not parse as a server error: {other:?}", wire),
+        }
+    }
+
+    #[test]
+    fn a_server_that_says_later_is_unavailable_and_safe_to_retry() {
+        // `tq soak` found a restarted Redis (loading its append-only file) read as an internal
+        // error, on which every caller gave up.
+        for wire in [
+            &b"-LOADING Redis is loading the dataset in memory\r\n"[..],
+            b"-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+            b"-MASTERDOWN Link with MASTER is down\r\n",
+            b"-CLUSTERDOWN The cluster is down\r\n",
+        ] {
+            let e = map_err("get", server_error(wire));
+            assert_eq!(e.kind(), &tq_core::ErrorKind::Unavailable, "{e}");
+            assert_eq!(e.retry(), tq_core::Retry::Safe, "{e}");
+        }
+        // A command the server refuses for good stays an internal error.
+        let e = map_err("get", server_error(b"-ERR unknown command 'FOO'\r\n"));
+        assert_eq!(e.kind(), &tq_core::ErrorKind::Internal, "{e}");
     }
 }

@@ -58,20 +58,7 @@ pub struct BenchArgs {
 }
 
 fn start_remote(units: u32) -> Result<Servers> {
-    let n = units.to_string();
-    let (c, controller) =
-        spawn_server(&["controller", "--listen", "tcp://127.0.0.1:0", "--units", &n])?;
-    let mut servers = Servers {
-        children: vec![c],
-        controller,
-    };
-    for i in 0..units {
-        let id = format!("unit-{i}");
-        let ctl = servers.controller.clone();
-        let (u, _) = spawn_server(&["storage-unit", "--controller", &ctl, "--id", &id])?;
-        servers.children.push(u);
-    }
-    Ok(servers)
+    crate::procs::start_controller_and_units(units).map(|(servers, _)| servers)
 }
 
 /// A controller process whose configuration puts the payloads in the KV store at `url`.

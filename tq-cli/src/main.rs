@@ -53,9 +53,13 @@ enum Command {
     /// Consume samples from a running deployment with acknowledged delivery, printing
     /// `acked <id>` per sample.
     Consume(work::ConsumeArgs),
-    /// Run producers and consumers for a long time against a deployment of its own, killing and
-    /// restarting storage units, and check that nothing is lost silently or handed out twice.
+    /// Run a mixed workload from many client processes for a long time against a deployment of
+    /// its own, with faults (killed and paused storage, killed clients), and check that nothing
+    /// is lost silently, handed out twice, read wrong or left behind.
     Soak(soak::SoakArgs),
+    /// One client process of `tq soak` (started by it).
+    #[command(hide = true)]
+    SoakWorker(soak::worker::WorkerArgs),
     /// Save or load a checkpoint of a running deployment's controller state (payloads stay in
     /// the shared store: KV on Redis or object storage).
     Checkpoint(checkpoint::CheckpointArgs),
@@ -100,6 +104,7 @@ fn main() -> ExitCode {
         Command::Produce(args) => runtime.block_on(work::produce(args)),
         Command::Consume(args) => runtime.block_on(work::consume(args)),
         Command::Soak(args) => soak::run(args),
+        Command::SoakWorker(args) => runtime.block_on(soak::worker::run(args)),
         Command::Checkpoint(args) => runtime.block_on(checkpoint::run(args)),
         Command::Stats(args) => runtime.block_on(observe::stats(args)),
         Command::Health(args) => runtime.block_on(observe::health(args)),

@@ -20,6 +20,31 @@ impl Drop for Servers {
     }
 }
 
+/// A controller and `units` storage-unit processes (`unit-0`, ...) on loopback; returns them
+/// with the units' endpoints (where a unit restarted in place must listen again).
+pub fn start_controller_and_units(units: u32) -> Result<(Servers, Vec<String>)> {
+    let n = units.to_string();
+    let (c, controller) =
+        spawn_server(&["controller", "--listen", "tcp://127.0.0.1:0", "--units", &n])?;
+    let mut servers = Servers {
+        children: vec![c],
+        controller,
+    };
+    let mut endpoints = Vec::new();
+    for i in 0..units {
+        let (u, endpoint) = spawn_server(&[
+            "storage-unit",
+            "--controller",
+            &servers.controller.clone(),
+            "--id",
+            &format!("unit-{i}"),
+        ])?;
+        servers.children.push(u);
+        endpoints.push(endpoint);
+    }
+    Ok((servers, endpoints))
+}
+
 /// Starts `tq <args>` (this binary) and returns it with the endpoint it reports.
 pub fn spawn_server(args: &[&str]) -> Result<(Child, String)> {
     let exe = std::env::current_exe()
@@ -67,6 +92,14 @@ pub fn peak_rss_bytes(pid: Option<u32>) -> Option<u64> {
     };
     let status = std::fs::read_to_string(path).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Resident set of process `pid` now, from `VmRSS` in /proc, where the OS reports it.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }

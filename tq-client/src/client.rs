@@ -201,7 +201,9 @@ impl Client {
         let meta = self
             .get_meta(GetMetaRequest {
                 partition: partition.to_string(),
-                fields: Vec::new(),
+                // Named so that a clear finds the cells even if this writer dies before it
+                // publishes them.
+                fields: batch.field_names().map(FieldName::from).collect(),
                 mode: GetMetaMode::Insert { count: batch.len() },
                 sampler: None,
                 dp_rank: None,

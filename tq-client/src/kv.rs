@@ -215,9 +215,11 @@ impl Client {
                     .iter()
                     .find(|f| !kv.meta.fields().contains_key(f.as_str()))
                 {
-                    return Err(Error::invalid(format!(
+                    // Not ready (it may be produced later), like a read without a field
+                    // list whose keys hold nothing yet: `NotFound`, not a caller's mistake.
+                    return Err(Error::not_found(format!(
                         "partition `{partition}`: field `{bad}` is not produced for every requested key \
-                         (fields all keys hold: {:?})",
+                         (not produced yet, or cleared; fields all keys hold: {:?})",
                         kv.meta.field_names().collect::<Vec<_>>()
                     )));
                 }

@@ -239,7 +239,7 @@ impl Drop for Undelivered {
     }
 }
 
-/// Fetches batches into `tx` until the stream ends or the receiver goes away./// Fetches batches into `tx` until the stream ends or the receiver goes away.
+/// Fetches batches into `tx` until the stream ends or the receiver goes away.
 async fn fetch_loop(
     client: Client,
     partition: String,

@@ -42,6 +42,13 @@ impl crate::Client {
         })
     }
 
+    /// The controller's part of [`crate::Client::status`] alone: partitions, progress, leases,
+    /// index allocation. It asks no storage unit, so it answers while a unit is down (for
+    /// backpressure and health loops that must not wait on storage).
+    pub async fn controller_status(&self) -> Result<ControllerStatus> {
+        self.control().status().await
+    }
+
     /// This process's metrics in the Prometheus text format: what the exporter recorded (with
     /// feature `metrics`, once installed: see [`crate::ClientBuilder::metrics`]) followed by
     /// the state gauges of [`crate::Client::status`], as a scrape of `tq serve` shows them.

@@ -287,3 +287,72 @@ async fn defect_8_an_embedded_polling_loop_lets_the_producer_run() {
     }
     producer.await.unwrap();
 }
+
+/// Storage whose puts reach the store and then never return: the writer "dies" after its
+/// storage write and before its production notice (a process killed at that instruction).
+struct DiesAfterWrite {
+    inner: Arc<dyn StorageManager>,
+    written: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait]
+impl StorageManager for DiesAfterWrite {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<PutReceipt> {
+        self.inner.put(meta, batch).await?;
+        self.written.notify_one();
+        std::future::pending().await
+    }
+    async fn get(&self, meta: &BatchMeta) -> Result<Batch> {
+        self.inner.get(meta).await
+    }
+    async fn update(&self, meta: &BatchMeta, batch: &Batch, merge: &MergeOp) -> Result<PutReceipt> {
+        self.inner.update(meta, batch, merge).await
+    }
+    async fn clear(&self, meta: &BatchMeta, fields: &FieldFilter) -> Result<()> {
+        self.inner.clear(meta, fields).await
+    }
+}
+
+/// Found by `tq soak` (Redis, a producer killed with SIGKILL): the cells of a writer that died
+/// between its storage write and its production notice stayed in the store after the
+/// partition was cleared, because the clear named only fields produced for those samples.
+#[tokio::test]
+async fn a_writer_killed_between_write_and_notice_leaves_nothing_after_a_clear() {
+    let written = Arc::new(tokio::sync::Notify::new());
+    let signal = written.clone();
+    let (tq, controller, store) = kv_client_with(move |inner, _| {
+        Arc::new(DiesAfterWrite {
+            inner,
+            written: signal,
+        })
+    });
+    for put_new in [false, true] {
+        let writer = {
+            let tq = tq.clone();
+            tokio::spawn(async move {
+                let p = tq.partition("p");
+                if put_new {
+                    let _ = p.put_new(&ints(3, 0)).await;
+                } else {
+                    let _ = p.kv_batch_put(&["a", "b", "c"], &ints(3, 0), None).await;
+                }
+            })
+        };
+        written.notified().await;
+        assert!(store.resident_keys() > 0, "the write reached the store");
+        writer.abort();
+        tq.partition("p").clear().await.unwrap();
+        assert_eq!(
+            store.resident_keys(),
+            0,
+            "a dead writer's cells stayed after the clear (put_new: {put_new})"
+        );
+        assert_eq!(controller.samples_in_use(), 0);
+    }
+}

@@ -138,7 +138,8 @@ async fn heterogeneous_keys_return_common_fields() {
         .kv_batch_get(&["a", "b"], Some(&["f_b"]))
         .await
         .unwrap_err();
-    assert_eq!(e.kind(), &ErrorKind::Invalid);
+    // Not produced for every key (yet): not ready, not a caller's mistake.
+    assert_eq!(e.kind(), &ErrorKind::NotFound);
     assert!(e.message().contains("f_b"), "{e}");
 }
 
@@ -199,13 +200,15 @@ async fn invalid_kv_input_changes_nothing() {
         .unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::NotFound);
     assert!(e.message().contains("zz"), "{e}");
-    // Bad field selection is Invalid.
+    // A field no key holds is not ready either (a reader may ask before any writer wrote
+    // it); the error names it.
     let e = tq
         .partition("p")
         .kv_batch_get(&["a"], Some(&["nope"]))
         .await
         .unwrap_err();
-    assert_eq!(e.kind(), &ErrorKind::Invalid);
+    assert_eq!(e.kind(), &ErrorKind::NotFound);
+    assert!(e.message().contains("`nope`"), "{e}");
 }
 
 #[tokio::test]
@@ -266,7 +269,7 @@ async fn field_level_clear_keeps_keys_tags_and_consumption() {
         .kv_batch_get(&["a"], Some(&["text"]))
         .await
         .unwrap_err();
-    assert_eq!(e.kind(), &ErrorKind::Invalid);
+    assert_eq!(e.kind(), &ErrorKind::NotFound);
     let got = tq
         .partition("p")
         .kv_batch_get(&["a", "b"], None)

@@ -86,8 +86,10 @@ async fn read_marked(
             format!("{what} {key} v{}", v[3])
         }
         Err(e) => {
-            assert!(
-                matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Invalid),
+            // Not there, or not produced (yet): never a caller's mistake.
+            assert_eq!(
+                e.kind(),
+                &ErrorKind::NotFound,
                 "seed {seed}: {what} {key}: {e}"
             );
             format!("{what} {key} {:?}", e.kind())

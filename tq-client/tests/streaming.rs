@@ -159,7 +159,8 @@ async fn a_stream_ends_after_its_idle_timeout() {
         .is_err());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Paused time: the sleep below ends only once the prefetcher has filled its queue and waits.
+#[tokio::test(start_paused = true)]
 async fn prefetch_fetches_ahead_but_boundedly() {
     let tq = client_with(&[]);
     let (b, _) = ids(0, 40);

@@ -30,7 +30,9 @@ pub enum GetMetaMode {
         /// an unacknowledged lease expires and the samples become ready again.
         lease: Option<Duration>,
     },
-    /// Allocates `count` new samples in the partition (created on first use).
+    /// Allocates `count` new samples in the partition (created on first use). The request's
+    /// `fields` name what the inserter will write, so that a clear of the new samples finds
+    /// those cells even if the writer dies before publishing them.
     Insert { count: usize },
     /// Every live sample of the partition, with per-sample production for the requested fields.
     /// Consumption is not touched.

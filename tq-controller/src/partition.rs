@@ -367,6 +367,15 @@ impl Partition {
         out
     }
 
+    /// Registers the fields a write is about to store (without schema or members), so that a
+    /// clear of the written samples names their cells even if the writer never gets to its
+    /// production notice (see [`Partition::mark_clearing`]).
+    pub fn note_fields_written<'a>(&mut self, names: impl IntoIterator<Item = &'a FieldName>) {
+        for name in names {
+            self.field_id(name);
+        }
+    }
+
     fn field_id(&mut self, name: &str) -> usize {
         if let Some(&f) = self.field_ids.get(name) {
             return f;

@@ -420,7 +420,9 @@ async fn heterogeneous_keys_expose_only_common_fields() {
     assert_eq!(m.meta.field_names().collect::<Vec<_>>(), vec!["f_a"]);
 }
 
-#[tokio::test]
+// Paused time: the clock moves only when every task waits, so each sleep below lets the
+// other tasks reach their waits and each lease expires exactly when due.
+#[tokio::test(start_paused = true)]
 async fn blocking_fetch_waits_without_blocking_others() {
     let c = Arc::new(controller(1));
     let ids = insert(&c, "p", 4).await;
@@ -439,7 +441,7 @@ async fn blocking_fetch_waits_without_blocking_others() {
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     // Other requests are served while the fetch waits.
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     assert_eq!(c.list_partitions().await.unwrap(), vec!["p"]);
     produce(&c, "p", &ids[..2], &["a"]).await;
     assert!(started.elapsed() < Duration::from_secs(1));
@@ -686,7 +688,9 @@ fn leased(p: &str, fields: &[&str], task: &str, n: usize, lease_ms: u64) -> GetM
         .with_lease(Duration::from_millis(lease_ms))
 }
 
-#[tokio::test]
+// Paused time: the clock moves only when every task waits, so each sleep below lets the
+// other tasks reach their waits and each lease expires exactly when due.
+#[tokio::test(start_paused = true)]
 async fn leases_expire_back_to_ready_and_acks_consume() {
     let c = controller(1);
     let ids = insert(&c, "p", 4).await;
@@ -727,7 +731,7 @@ async fn leases_expire_back_to_ready_and_acks_consume() {
     let c = Arc::new(c);
     let short = c.get_meta(leased("p", &["a"], "u", 4, 100)).await.unwrap();
     assert_eq!(short.len(), 4);
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let m = c
         .get_meta(
             GetMetaRequest::fetch("p", &["a"], "u", 4, Wait::For(Duration::from_secs(5)))
@@ -749,7 +753,9 @@ async fn leases_expire_back_to_ready_and_acks_consume() {
     );
 }
 
-#[tokio::test]
+// Paused time: the clock moves only when every task waits, so each sleep below lets the
+// other tasks reach their waits and each lease expires exactly when due.
+#[tokio::test(start_paused = true)]
 async fn a_complete_partition_ends_fetches_of_tasks_that_consumed_it() {
     let c = Arc::new(controller(1));
     let ids = insert(&c, "p", 2).await;
@@ -759,7 +765,7 @@ async fn a_complete_partition_ends_fetches_of_tasks_that_consumed_it() {
     let wait = |task: &str| {
         GetMetaRequest::fetch("p", &["a"], task, 1, Wait::For(Duration::from_secs(10)))
     };
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let e = c.get_meta(wait("t")).await.unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Closed, "{e}");
     assert!(started.elapsed() < Duration::from_secs(1));

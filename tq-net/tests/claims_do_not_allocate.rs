@@ -23,6 +23,26 @@ fn status_kib(field: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
 }
 
+/// Bytes waiting unread in the receive queues of the server's accepted IPv4 loopback sockets
+/// on `port` (from /proc/net/tcp, where the kernel lists each socket's `rx_queue`).
+fn unread_bytes_on_server_port(port: u16) -> u64 {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let local_port = cols.get(1)?.rsplit(':').next()?;
+            let state = cols.get(3)?;
+            let rx_queue = cols.get(4)?.split(':').nth(1)?;
+            // 01: ESTABLISHED (the listening socket's queue counts connections, not bytes).
+            (u16::from_str_radix(local_port, 16).ok()? == port && *state == "01")
+                .then(|| u64::from_str_radix(rx_queue, 16).ok())
+                .flatten()
+        })
+        .sum()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claimed_sizes_within_limits_are_not_allocated_up_front() {
     // Default limits: 16 GiB body, 2^20 frames, 64 MiB header.
@@ -59,8 +79,21 @@ async fn claimed_sizes_within_limits_are_not_allocated_up_front() {
         s.write_all(&b).await.expect("write");
         stalled.push(s);
     }
-    // The server has read what was sent and is waiting for the rest; meanwhile it serves others.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Once the server has read everything that was sent (nothing left in its sockets' receive
+    // queues) it waits for the rest; meanwhile it serves others.
+    let port: u16 = peer
+        .to_string()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a TCP endpoint with a port");
+    assert!(
+        common::eventually(Duration::from_secs(10), || unread_bytes_on_server_port(
+            port
+        ) == 0)
+        .await,
+        "the server did not read what the stalled peers sent"
+    );
     for _ in 0..5 {
         assert_serving(&pool, &peer).await;
     }

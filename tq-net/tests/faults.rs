@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -312,15 +312,18 @@ async fn a_dying_connection_fails_all_its_pending_requests_at_once() {
 
 #[tokio::test]
 async fn server_shutdown_waits_for_in_flight_requests() {
-    struct Slow;
+    /// Takes 300 ms per request; says when one reached it.
+    struct Slow(Arc<AtomicBool>);
     #[async_trait]
     impl Handler for Slow {
         async fn handle(&self, request: Message) -> Result<Message> {
+            self.0.store(true, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(300)).await;
             Ok(request)
         }
     }
-    let server = common::serve(Slow, ServerConfig::default()).await;
+    let handling = Arc::new(AtomicBool::new(false));
+    let server = common::serve(Slow(handling.clone()), ServerConfig::default()).await;
     let peer = server.local_endpoint().clone();
     let pool = common::pool();
     let call = {
@@ -330,8 +333,8 @@ async fn server_shutdown_waits_for_in_flight_requests() {
                 .await
         })
     };
-    assert!(common::eventually(Duration::from_secs(5), || server.open_connections() == 1).await);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Shut down while the request is being handled.
+    assert!(common::eventually(Duration::from_secs(5), || handling.load(Ordering::SeqCst)).await);
     server.shutdown().await;
     call.await
         .expect("task")

@@ -17,16 +17,20 @@ struct Numbered {
     sleep_ms: u64,
 }
 
-/// Sleeps as long as the request says, then answers with its number; records completion order.
+/// Sleeps as long as the request says, then answers with its number; records completion order
+/// and counts requests that reached it (so tests wait for that instead of sleeping).
 #[derive(Default, Clone)]
 struct Sleeper {
     completed: Arc<Mutex<Vec<u64>>>,
+    started: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[async_trait]
 impl Handler for Sleeper {
     async fn handle(&self, request: Message) -> Result<Message> {
         let req: Numbered = request.decode()?;
+        self.started
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(req.sleep_ms)).await;
         self.completed.lock().expect("lock").push(req.n);
         // The frame carries the number too, so a mismatched answer would show in both.
@@ -114,13 +118,14 @@ async fn a_slow_request_does_not_block_a_later_one_on_the_same_connection() {
             pool.call(&peer, request, CallOptions::default()).await
         })
     };
-    // Let the slow request get onto the connection first.
+    // The slow request is on the connection and being handled first.
+    let started = sleeper.started.clone();
     assert!(
-        common::eventually(Duration::from_secs(5), || server.connections_accepted()
+        common::eventually(Duration::from_secs(5), || started
+            .load(std::sync::atomic::Ordering::SeqCst)
             == 1)
         .await
     );
-    tokio::time::sleep(Duration::from_millis(50)).await;
     let started = Instant::now();
     let fast = Message::encode(&Numbered { n: 2, sleep_ms: 0 }, vec![]).expect("encode");
     let answer = pool

@@ -45,6 +45,8 @@ impl ControlPlane for Controller {
                 }
                 let (p, alloc) = st.partition_or_create(&req.partition)?;
                 let slots = p.allocate(alloc, *count);
+                // The fields the inserter is about to write (see `note_fields_written`).
+                p.note_fields_written(&req.fields);
                 Ok(p.build_meta(&slots, &[], Production::NoneReady))
             }
             GetMetaMode::Force => {
@@ -461,12 +463,13 @@ impl ControlPlane for Controller {
         fields: &BTreeMap<FieldName, FieldMeta>,
     ) -> Result<BatchMeta> {
         tokio::task::consume_budget().await;
-        let st = self.lock();
+        let mut st = self.lock();
         st.refuse_linked(partition, samples, "write")?;
-        let Some(p) = st.partitions.get(partition) else {
+        let Some(p) = st.partitions.get_mut(partition) else {
             return Err(gone_partition(partition));
         };
         let slots = p.check_write(samples, fields)?;
+        p.note_fields_written(fields.keys());
         Ok(p.write_meta(&slots))
     }
 
@@ -501,6 +504,7 @@ impl ControlPlane for Controller {
         }
         let (p, alloc) = st.partition_or_create(partition)?;
         let (slots, created) = p.resolve_or_create(alloc, keys)?;
+        p.note_fields_written(fields.keys());
         Ok(KvMeta {
             meta: p.write_meta(&slots),
             keys: keys.to_vec(),

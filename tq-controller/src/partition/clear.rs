@@ -6,13 +6,12 @@ impl Partition {
     /// Hides the samples in `slots` (from [`Partition::select`]) and returns their metadata
     /// with every field any of them holds.
     pub fn mark_clearing(&mut self, slots: &[u32]) -> BatchMeta {
-        let fids: Vec<usize> = (0..self.fields.len())
-            .filter(|&f| {
-                slots
-                    .iter()
-                    .any(|&s| self.fields[f].produced.get(slot_u(s)))
-            })
-            .collect();
+        // Every field the partition knows, not only those produced for `slots`: a writer that
+        // died between its storage write and its production notice left cells of fields that
+        // were never produced for these samples, and a KV backend finds cells by field name.
+        // Deleting a cell that does not exist costs a key in the store's delete call; leaving
+        // one leaks it for good (`tq soak` found 32 such keys in Redis after a writer kill).
+        let fids: Vec<usize> = (0..self.fields.len()).collect();
         let meta = self.build_meta(slots, &fids, Production::Computed);
         for &s in slots {
             self.clearing.set(slot_u(s), true);
