@@ -295,7 +295,10 @@ fn soak(args: &SoakArgs, runtime: &tokio::runtime::Runtime, dir: &std::path::Pat
     deployment.resume_paused(true);
     workers.finish(&mut ledger);
     ledger.ingest();
-    ledger.check_streams();
+    let unaccounted = ledger.check_streams();
+    if !unaccounted.is_empty() {
+        runtime.block_on(describe_samples(deployment.url(), &unaccounted));
+    }
     watch_memory(&deployment, false);
 
     // The final clear, then what is left: nothing may be.
@@ -408,6 +411,34 @@ fn fault_name(fault: Fault) -> &'static str {
         Fault::KillRedis => "redis-server killed (SIGKILL) and restarted",
         Fault::PauseRedis => "redis-server paused (SIGSTOP)",
         Fault::KillWorker => "worker killed (SIGKILL) and replaced",
+    }
+}
+
+/// Prints what the controller knows of stream samples the ledger cannot account for (the
+/// first few): whether their key exists, which fields are produced, consumed or leased.
+async fn describe_samples(url: &str, ids: &[i64]) {
+    let tq = match Client::connect_with(url, Config::default()).await {
+        Ok(tq) => tq,
+        Err(e) => return println!("  cannot look at unaccounted samples: {e}"),
+    };
+    let partition = tq.partition(worker::STREAM_PARTITION);
+    let consumption = partition.consumption_status("train").await.ok();
+    for id in ids.iter().take(4) {
+        let key = format!("s{id}");
+        match partition.kv_meta(&[&key]).await {
+            Ok(meta) => {
+                let sample = meta.samples()[0];
+                let produced: Vec<&str> = meta.field_names().collect();
+                let state = consumption.as_ref().and_then(|c| {
+                    let at = c.samples.iter().position(|s| *s == sample)?;
+                    Some((c.consumed[at], c.leased[at]))
+                });
+                println!(
+                    "  unaccounted sample {id}: key {key} is sample {sample}, fields {produced:?},                      (consumed, leased) by `train`: {state:?}"
+                );
+            }
+            Err(e) => println!("  unaccounted sample {id}: key {key}: {e}"),
+        }
     }
 }
 
