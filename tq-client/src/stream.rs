@@ -137,7 +137,9 @@ impl BatchStream {
     }
 
     /// Acknowledges an item of an acknowledged-mode stream: its samples are consumed. Returns
-    /// how many were (fewer when the lease expired meanwhile).
+    /// how many were (fewer when the lease expired meanwhile: those samples went back to the
+    /// ready set and may be another consumer's now, so do not clear them; clear the item's
+    /// samples only when every one was acknowledged).
     pub async fn ack(&self, item: &StreamItem) -> Result<usize> {
         self.client.ack(&self.task, &item.meta).await
     }
@@ -344,6 +346,8 @@ impl Client {
     }
 
     /// Consumes the samples of `meta`, which an acknowledged-mode fetch handed to `task`.
+    /// Returns how many were; fewer means the lease expired meanwhile and the rest may be
+    /// another consumer's now (see [`BatchStream::ack`]: clear only a fully acknowledged batch).
     pub async fn ack(&self, task: &str, meta: &BatchMeta) -> Result<usize> {
         let lease = meta.lease().ok_or_else(|| {
             Error::invalid(format!(
