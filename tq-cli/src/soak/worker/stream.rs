@@ -80,7 +80,11 @@ pub(super) async fn consume(ctx: &Ctx) {
     let lease = Duration::from_millis(ctx.args.lease_ms);
     let mut idle_since: Option<Instant> = None;
     loop {
-        let config = StreamConfig::new(TASK, &FIELDS, ctx.args.batch)
+        // A fetch of an incomplete partition waits for a whole batch, so the tail (fewer
+        // samples than a batch) is drained one sample at a time once production stopped.
+        let draining = ctx.stopped() && ctx.produced_all.load(Ordering::Relaxed);
+        let batch = if draining { 1 } else { ctx.args.batch };
+        let config = StreamConfig::new(TASK, &FIELDS, batch)
             .acknowledged(lease)
             .idle_timeout(Duration::from_secs(1))
             .prefetch(1);
