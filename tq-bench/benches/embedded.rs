@@ -1,10 +1,20 @@
 //! Criterion: the embedded deployment (controller and in-memory storage units in this
-//! process): put, get and clear of the simple workloads next to a memcpy of the same bytes.
+//! process): put, get and clear of the simple workloads next to a memcpy of the same bytes,
+//! and the read-buffer pool that packed columns come from, on and off.
 //! Run: `cargo bench -p tq-bench --bench embedded [-- simple-small]`
 
 mod common;
 
 use common::{criterion, memcpy, put_get_clear, runtime, Workload};
+use criterion::{BenchmarkGroup, Throughput};
+use std::hint::black_box;
+use tq_core::buffer::BufferPool;
+
+/// Rows of one packed column in the read-buffer group: 1024 rows of 1 KiB, as simple-small.
+const ROWS: usize = 1024;
+const ROW_BYTES: usize = 1024;
+/// Columns packed per iteration (simple-small reads four 1 MiB columns).
+const COLUMNS: usize = 4;
 
 fn main() {
     let mut c = criterion(3);
@@ -17,5 +27,40 @@ fn main() {
         put_get_clear(&mut g, &rt, &tq, &w);
         g.finish();
     }
+    let mut g = c.benchmark_group("read-buffers");
+    g.throughput(Throughput::Bytes((COLUMNS * ROWS * ROW_BYTES) as u64));
+    read_buffers(&mut g);
+    g.finish();
     c.final_summary();
+}
+
+/// Packs four columns of 1024 separate 1 KiB rows (what a get of simple-small does with its
+/// payload) into buffers from a pool that keeps freed buffers, and from one that keeps none
+/// (plain malloc, whose cost depends on the process's history); the baseline copies the same
+/// bytes from one contiguous buffer into one reused buffer.
+fn read_buffers(g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    let rows: Vec<Vec<u8>> = (0..ROWS).map(|i| vec![i as u8; ROW_BYTES]).collect();
+    let source: Vec<u8> = rows.concat();
+    let mut target = vec![0u8; source.len()];
+    g.bench_function("memcpy into a reused buffer", |b| {
+        b.iter(|| {
+            for _ in 0..COLUMNS {
+                target.copy_from_slice(black_box(&source));
+            }
+            black_box(&target);
+        })
+    });
+    for (name, pool) in [
+        ("pack rows, pooled buffers", BufferPool::new(256 << 20)),
+        ("pack rows, malloc (pool off)", BufferPool::new(0)),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let columns: Vec<tq_core::Bytes> = (0..COLUMNS)
+                    .map(|_| pool.concatenated(rows.iter().map(Vec::as_slice)))
+                    .collect();
+                black_box(columns)
+            })
+        });
+    }
 }

@@ -8,6 +8,10 @@ use tq_controller::{
 };
 use tq_core::{DType, FieldMeta, Result};
 
+/// Untimed rounds before the timed ones: a fresh controller's first rounds grow its tables and
+/// are several times slower than the steady state every later round sees.
+pub const WARMUP_ROUNDS: usize = 10;
+
 /// `fields` dense f32 fields of 128 elements, `field_0`, `field_1`, ...
 fn f32_fields(fields: usize) -> BTreeMap<String, FieldMeta> {
     (0..fields)
@@ -31,9 +35,9 @@ pub fn allocate_notify_fetch(
     let c = Controller::new(ControllerConfig::default())?;
     let schemas = f32_fields(fields);
     let mut times = Vec::new();
-    for i in 0..=reps {
+    for i in 0..WARMUP_ROUNDS + reps {
         let elapsed = runtime.block_on(one_round(&c, samples, &schemas))?;
-        if i > 0 {
+        if i >= WARMUP_ROUNDS {
             times.push(elapsed);
         }
     }
@@ -121,7 +125,7 @@ pub fn kv_retrieve_meta(
         .await
     })?;
     let mut err = None;
-    let stats = measure(1, reps, || {
+    let stats = measure(WARMUP_ROUNDS, reps, || {
         match runtime.block_on(c.kv_retrieve_meta("bench", &names, false)) {
             Ok(kv) => assert_eq!(kv.meta.len(), keys),
             Err(e) => err = Some(e),
@@ -212,9 +216,9 @@ pub fn remote_allocate_notify_fetch(
         );
         remote.topology().await?;
         let mut times = Vec::new();
-        for i in 0..=reps {
+        for i in 0..WARMUP_ROUNDS + reps {
             let elapsed = one_round(&remote, samples, &schemas).await?;
-            if i > 0 {
+            if i >= WARMUP_ROUNDS {
                 times.push(elapsed);
             }
         }

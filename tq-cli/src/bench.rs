@@ -97,6 +97,9 @@ fn us(d: Duration) -> String {
     format!("{:.0}", d.as_secs_f64() * 1e6)
 }
 
+/// The fewest timed rounds of each controller figure.
+const CONTROLLER_MIN_REPS: usize = 300;
+
 pub fn run(args: BenchArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -116,13 +119,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
             )));
         }
     }
+    // A controller round takes about a millisecond: take enough of them for a stable median
+    // (criterion's controller target takes thousands), whatever `--reps` asks of the payload
+    // figures.
+    let controller_reps = args.reps.max(CONTROLLER_MIN_REPS);
     println!(
-        "## Controller (no payload), {} repetitions",
-        args.reps.max(5)
+        "## Controller (no payload), {controller_reps} repetitions after {} warm-up rounds",
+        controller::WARMUP_ROUNDS
     );
     println!();
     println!("| operation | ms median (min–max) |\n|---|---|");
-    let s = controller::allocate_notify_fetch(&runtime, args.samples, 28, args.reps.max(5))?;
+    let s = controller::allocate_notify_fetch(&runtime, args.samples, 28, controller_reps)?;
     println!(
         "| allocate + notify + fetch, {} samples × 28 fields | {} ({}–{}) |",
         args.samples,
@@ -130,7 +137,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         ms(s.min),
         ms(s.max)
     );
-    let s = controller::kv_retrieve_meta(&runtime, args.samples, 4, args.reps.max(5))?;
+    let s = controller::kv_retrieve_meta(&runtime, args.samples, 4, controller_reps)?;
     println!(
         "| kv_retrieve_meta, {} keys | {} ({}–{}) |",
         args.samples,

@@ -45,12 +45,33 @@ struct Row {
 struct State {
     /// field → sample index → cell.
     fields: HashMap<FieldName, IndexMap<Cell>>,
+    /// Emptied field maps kept for the next new field (see [`SPARE_FIELD_MAPS`]).
+    spare_maps: Vec<IndexMap<Cell>>,
     /// sample index → generation and number of cells. An index is present iff it has cells.
     rows: IndexMap<Row>,
     blocks: BlockTable,
     cells: usize,
     live_bytes: u64,
     next_stamp: u64,
+}
+
+/// How many emptied field maps a unit keeps for reuse. A batch's field map is large (a
+/// thousand cells make a table of 100+ KiB); dropping it on every clear and allocating it again
+/// on the next put makes each put fault fresh pages in whenever malloc serves tables of that size
+/// with mmap (its default below an adaptive threshold), so the cost of a put would depend on
+/// the process's allocation history. Keeping a few emptied maps makes it independent of that.
+const SPARE_FIELD_MAPS: usize = 32;
+
+/// Emptied maps with room for more cells than this are freed, not kept: a one-off huge batch
+/// should not pin its tables.
+const SPARE_MAP_MAX_CELLS: usize = 16 << 10;
+
+/// Keeps an emptied field map for reuse, unless enough are kept already or it is too large.
+fn keep_spare(spare_maps: &mut Vec<IndexMap<Cell>>, map: IndexMap<Cell>) {
+    debug_assert!(map.is_empty());
+    if spare_maps.len() < SPARE_FIELD_MAPS && map.capacity() <= SPARE_MAP_MAX_CELLS {
+        spare_maps.push(map);
+    }
 }
 
 /// Undoes the accounting of a cell that left the unit (or was replaced).
@@ -77,6 +98,7 @@ impl State {
     ) {
         let State {
             fields,
+            spare_maps,
             rows,
             blocks,
             cells,
@@ -86,7 +108,11 @@ impl State {
         let map = match fields.get_mut(field) {
             Some(m) => m,
             None => fields.entry(field.to_string()).or_insert_with(|| {
-                IndexMap::with_capacity_and_hasher(new_cells.len(), Default::default())
+                let wanted = new_cells.len();
+                match spare_maps.iter().position(|m| m.capacity() >= wanted) {
+                    Some(i) => spare_maps.swap_remove(i),
+                    None => IndexMap::with_capacity_and_hasher(wanted, Default::default()),
+                }
             }),
         };
         for (sample, cell) in new_cells {
@@ -110,6 +136,7 @@ impl State {
     fn remove(&mut self, field: &str, index: u32) {
         let State {
             fields,
+            spare_maps,
             rows,
             blocks,
             cells,
@@ -123,7 +150,9 @@ impl State {
             return;
         };
         if map.is_empty() {
-            fields.remove(field);
+            if let Some(emptied) = fields.remove(field) {
+                keep_spare(spare_maps, emptied);
+            }
         }
         forget(blocks, live_bytes, &cell);
         *cells -= 1;
@@ -139,19 +168,29 @@ impl State {
     fn purge(&mut self, index: u32) {
         let State {
             fields,
+            spare_maps,
             rows,
             blocks,
             cells,
             live_bytes,
             ..
         } = self;
-        fields.retain(|_, map| {
+        for map in fields.values_mut() {
             if let Some(cell) = map.remove(&index) {
                 forget(blocks, live_bytes, &cell);
                 *cells -= 1;
             }
-            !map.is_empty()
-        });
+        }
+        let emptied: Vec<FieldName> = fields
+            .iter()
+            .filter(|(_, map)| map.is_empty())
+            .map(|(field, _)| field.clone())
+            .collect();
+        for field in emptied {
+            if let Some(map) = fields.remove(&field) {
+                keep_spare(spare_maps, map);
+            }
+        }
         rows.remove(&index);
     }
 }
@@ -217,6 +256,7 @@ impl MemoryUnit {
             registry: config.merge_registry,
             state: Mutex::new(State {
                 fields: HashMap::new(),
+                spare_maps: Vec::new(),
                 rows: IndexMap::default(),
                 blocks: BlockTable::new(config.compaction_threshold),
                 cells: 0,
@@ -563,3 +603,71 @@ fn unit_name(id: &str) -> String {
 }
 
 mod unit_impl;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> State {
+        State {
+            fields: HashMap::new(),
+            spare_maps: Vec::new(),
+            rows: IndexMap::default(),
+            blocks: BlockTable::new(0.5),
+            cells: 0,
+            live_bytes: 0,
+            next_stamp: 0,
+        }
+    }
+
+    fn cells(n: u32) -> impl ExactSizeIterator<Item = (SampleId, Cell)> {
+        (0..n).map(|index| {
+            let sample = SampleId {
+                index,
+                generation: 0,
+            };
+            let value = Value::Object(bytes::Bytes::from(vec![index as u8; 8]));
+            let cell = Cell {
+                generation: 0,
+                value,
+                block: None,
+                stamp: 0,
+            };
+            (sample, cell)
+        })
+    }
+
+    #[test]
+    fn an_emptied_field_map_is_kept_and_reused_by_the_next_new_field() {
+        let mut st = state();
+        st.insert_field("a", cells(1000));
+        let capacity = st.fields["a"].capacity();
+        for index in 0..1000 {
+            st.remove("a", index);
+        }
+        assert!(st.fields.is_empty() && st.cells == 0 && st.live_bytes == 0);
+        assert_eq!(st.spare_maps.len(), 1);
+        st.insert_field("b", cells(1000));
+        assert!(st.spare_maps.is_empty(), "the kept map was taken");
+        assert_eq!(st.fields["b"].capacity(), capacity);
+        assert_eq!(st.cells, 1000);
+        // Purging every index empties the field map the same way.
+        for index in 0..1000 {
+            st.purge(index);
+        }
+        assert!(st.fields.is_empty() && st.rows.is_empty());
+        assert_eq!(st.spare_maps.len(), 1);
+    }
+
+    #[test]
+    fn kept_maps_are_bounded_in_number_and_size() {
+        let mut st = state();
+        let huge = IndexMap::with_capacity_and_hasher(SPARE_MAP_MAX_CELLS * 2, Default::default());
+        keep_spare(&mut st.spare_maps, huge);
+        assert!(st.spare_maps.is_empty(), "a huge map is freed");
+        for _ in 0..SPARE_FIELD_MAPS + 5 {
+            keep_spare(&mut st.spare_maps, IndexMap::default());
+        }
+        assert_eq!(st.spare_maps.len(), SPARE_FIELD_MAPS);
+    }
+}

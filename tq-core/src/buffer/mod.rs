@@ -7,6 +7,9 @@
 //! buffers ask for transparent huge pages (`madvise(MADV_HUGEPAGE)`; honoured when THP is in
 //! `always` or `madvise` mode, harmless otherwise) before anything is written to them.
 
+mod pool;
+pub use pool::{BufferPool, DEFAULT_POOL_MIB, POOL_MIN_BYTES};
+
 /// Buffers at least this large ask for huge pages; below, the saving is small and the buffer
 /// may share pages with other allocations.
 pub const HUGE_PAGE_MIN_BYTES: usize = 4 << 20;
@@ -27,22 +30,17 @@ pub fn zeroed_mut(len: usize) -> bytes::BytesMut {
     bytes::BytesMut::from(bytes::Bytes::from(zeroed(len)))
 }
 
-/// `parts` copied one after another into one new buffer of their total length.
+/// `parts` copied one after another into one new buffer of their total length. Buffers of
+/// [`POOL_MIN_BYTES`] or more come from the process-wide [`BufferPool`].
 pub fn concatenated<'a>(parts: impl Iterator<Item = &'a [u8]> + Clone) -> bytes::Bytes {
     let total: usize = parts.clone().map(<[u8]>::len).sum();
-    if total < HUGE_PAGE_MIN_BYTES {
+    if total < POOL_MIN_BYTES {
         // Small: a plain append, without zeroing first.
         let mut buf = Vec::with_capacity(total);
         parts.for_each(|p| buf.extend_from_slice(p));
         return buf.into();
     }
-    let mut buf = zeroed(total);
-    let mut at = 0;
-    for p in parts {
-        buf[at..at + p.len()].copy_from_slice(p);
-        at += p.len();
-    }
-    buf.into()
+    BufferPool::global().concatenated(parts)
 }
 
 #[cfg(target_os = "linux")]

@@ -1,0 +1,305 @@
+//! A pool of read buffers, so that reading a batch costs the same in every process.
+//!
+//! Packing a column of 64 KiB – 4 MiB asks malloc for a buffer of that size. Whether that
+//! buffer is warm memory or fresh pages depends on glibc's adaptive thresholds, that is on the
+//! process's history: the same get of 1024 × 1 KiB rows took 0.7 ms in one benchmark process
+//! and 3–4 ms in another, where every freed column went back to the kernel and the next get
+//! faulted its pages in again. A pool keeps freed buffers (up to a byte limit) and hands them
+//! out again, so a reader that drops one batch and reads the next reuses warm memory whatever
+//! malloc would have done.
+//!
+//! Buffers are grouped in size classes of a quarter of a power of two (at most 25 % slack); a
+//! buffer goes back to the pool when the last [`Bytes`] referring to it is dropped
+//! ([`Bytes::from_owner`]). When the pool is full, the buffer just returned stays and older
+//! buffers of other classes are freed, so the pool follows the current workload.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use bytes::Bytes;
+
+/// Buffers smaller than this are not pooled: malloc serves them from its bins, warm.
+pub const POOL_MIN_BYTES: usize = 64 << 10;
+
+/// The default limit of the process-wide pool, in MiB: the memory it may keep while no batch
+/// uses it. `TQ_BUFFER_POOL_MIB` overrides it (0 turns pooling off).
+pub const DEFAULT_POOL_MIB: usize = 256;
+
+/// A pool of byte buffers for payloads read into fresh memory. Cloning shares the pool.
+#[derive(Clone)]
+pub struct BufferPool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Most bytes of free buffers kept.
+    limit: usize,
+    /// Bytes of free buffers kept now.
+    held: usize,
+    /// Free buffers by size class; each `Vec` has exactly its class's length.
+    free: HashMap<usize, Vec<Vec<u8>>>,
+}
+
+impl std::fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.shared.lock();
+        f.debug_struct("BufferPool")
+            .field("limit", &state.limit)
+            .field("held", &state.held)
+            .finish()
+    }
+}
+
+impl BufferPool {
+    /// A pool that keeps at most `limit` bytes of free buffers (0: no pooling).
+    pub fn new(limit: usize) -> Self {
+        BufferPool {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    limit,
+                    ..State::default()
+                }),
+            }),
+        }
+    }
+
+    /// The process-wide pool that tq's read paths use ([`DEFAULT_POOL_MIB`], or
+    /// `TQ_BUFFER_POOL_MIB` when set to a number).
+    pub fn global() -> &'static BufferPool {
+        static GLOBAL: OnceLock<BufferPool> = OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            let mib = std::env::var("TQ_BUFFER_POOL_MIB")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(DEFAULT_POOL_MIB);
+            BufferPool::new(mib.saturating_mul(1 << 20))
+        })
+    }
+
+    /// Changes the limit; lowering it frees kept buffers beyond the new limit at once.
+    pub fn set_limit(&self, limit: usize) {
+        let evicted = {
+            let mut state = self.shared.lock();
+            state.limit = limit;
+            state.evict_until_fits(0, None)
+        };
+        drop(evicted);
+    }
+
+    /// Bytes of free buffers the pool keeps now.
+    pub fn held_bytes(&self) -> usize {
+        self.shared.lock().held
+    }
+
+    /// A buffer of `len` bytes filled by `fill`, which must write every byte of the slice it is
+    /// given (a recycled buffer holds an earlier batch's bytes until then). Pooled when `len`
+    /// is at least [`POOL_MIN_BYTES`] and its class fits the limit; otherwise a fresh buffer
+    /// as [`super::zeroed`] makes it.
+    pub fn filled(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> Bytes {
+        let Some(class) = self.class_for(len) else {
+            let mut buf = super::zeroed(len);
+            fill(&mut buf);
+            return buf.into();
+        };
+        let recycled = {
+            let mut state = self.shared.lock();
+            let buf = state.free.get_mut(&class).and_then(Vec::pop);
+            if buf.is_some() {
+                state.held -= class;
+            }
+            buf
+        };
+        let mut buf = recycled.unwrap_or_else(|| super::zeroed(class));
+        fill(&mut buf[..len]);
+        Bytes::from_owner(Pooled {
+            buf,
+            len,
+            pool: Arc::clone(&self.shared),
+        })
+    }
+
+    /// `parts` copied one after another into one buffer of their total length.
+    pub fn concatenated<'a>(&self, parts: impl Iterator<Item = &'a [u8]> + Clone) -> Bytes {
+        let total: usize = parts.clone().map(<[u8]>::len).sum();
+        self.filled(total, |buf| {
+            let mut at = 0;
+            for p in parts {
+                buf[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+        })
+    }
+
+    /// The size class of a `len`-byte buffer, or `None` when it is not pooled.
+    fn class_for(&self, len: usize) -> Option<usize> {
+        if len < POOL_MIN_BYTES {
+            return None;
+        }
+        let class = size_class(len);
+        (class <= self.shared.lock().limit).then_some(class)
+    }
+}
+
+/// `len` rounded up to a multiple of a quarter of its highest power of two.
+fn size_class(len: usize) -> usize {
+    let top = 1usize << (usize::BITS - 1 - len.leading_zeros());
+    let step = (top / 4).max(1);
+    len.div_ceil(step) * step
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent at every point a panic could leave it (plain field
+        // updates), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl State {
+    /// Frees buffers (returned, to drop outside the lock) until `incoming` more bytes fit the
+    /// limit, never from `keep`'s class. Empty when nothing needs to go.
+    fn evict_until_fits(&mut self, incoming: usize, keep: Option<usize>) -> Vec<Vec<u8>> {
+        let mut evicted = Vec::new();
+        while self.held + incoming > self.limit {
+            let Some(class) = self
+                .free
+                .iter()
+                .find(|(c, bufs)| Some(**c) != keep && !bufs.is_empty())
+                .map(|(c, _)| *c)
+            else {
+                break;
+            };
+            if let Some(buf) = self.free.get_mut(&class).and_then(Vec::pop) {
+                self.held -= class;
+                evicted.push(buf);
+            }
+            self.free.retain(|_, bufs| !bufs.is_empty());
+        }
+        evicted
+    }
+}
+
+/// The owner behind a pooled [`Bytes`]: gives its buffer back when dropped.
+struct Pooled {
+    buf: Vec<u8>,
+    len: usize,
+    pool: Arc<Shared>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        let class = buf.len();
+        let mut state = self.pool.lock();
+        let evicted = state.evict_until_fits(class, Some(class));
+        let freed = if state.held + class <= state.limit {
+            state.held += class;
+            state.free.entry(class).or_default().push(buf);
+            None
+        } else {
+            Some(buf)
+        };
+        drop(state);
+        // Freeing large buffers (munmap) happens outside the lock.
+        drop(evicted);
+        drop(freed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_round_up_by_at_most_a_quarter() {
+        for len in [
+            POOL_MIN_BYTES,
+            POOL_MIN_BYTES + 1,
+            1 << 20,
+            (1 << 20) + 7,
+            3 << 20,
+            1000003,
+        ] {
+            let class = size_class(len);
+            assert!(class >= len, "{len} -> {class}");
+            assert!(class - len <= len / 4, "{len} -> {class}");
+        }
+        assert_eq!(size_class(1 << 20), 1 << 20);
+        assert_eq!(size_class((1 << 20) + 1), (1 << 20) + (1 << 18));
+    }
+
+    #[test]
+    fn a_dropped_buffer_is_reused_with_new_contents() {
+        let pool = BufferPool::new(16 << 20);
+        let a = pool.concatenated([&[1u8; 100_000][..], &[2u8; 50_000][..]].into_iter());
+        assert_eq!(a.len(), 150_000);
+        assert!(a[..100_000].iter().all(|&b| b == 1) && a[100_000..].iter().all(|&b| b == 2));
+        let first = a.as_ptr();
+        // A slice keeps the buffer in use.
+        let tail = a.slice(100_000..);
+        drop(a);
+        assert_eq!(pool.held_bytes(), 0);
+        drop(tail);
+        assert_eq!(pool.held_bytes(), size_class(150_000));
+        let b = pool.filled(140_000, |buf| buf.fill(7));
+        assert_eq!(
+            b.as_ptr(),
+            first,
+            "the same class reuses the returned buffer"
+        );
+        assert_eq!(b.len(), 140_000);
+        assert!(b.iter().all(|&x| x == 7));
+        assert_eq!(pool.held_bytes(), 0);
+    }
+
+    #[test]
+    fn small_or_oversized_buffers_and_a_zero_limit_bypass_the_pool() {
+        let pool = BufferPool::new(1 << 20);
+        drop(pool.filled(1000, |b| b.fill(1)));
+        drop(pool.filled(2 << 20, |b| b.fill(1)));
+        assert_eq!(pool.held_bytes(), 0);
+        let off = BufferPool::new(0);
+        let b = off.filled(1 << 20, |b| b.fill(3));
+        assert!(b.iter().all(|&x| x == 3));
+        drop(b);
+        assert_eq!(off.held_bytes(), 0);
+    }
+
+    #[test]
+    fn the_pool_never_keeps_more_than_its_limit_and_keeps_the_latest() {
+        let pool = BufferPool::new(1 << 20);
+        let olds: Vec<Bytes> = (0..4)
+            .map(|_| pool.filled(256 << 10, |b| b.fill(0)))
+            .collect();
+        drop(olds);
+        assert_eq!(pool.held_bytes(), 1 << 20);
+        // A buffer of another class returned to a full pool evicts older ones.
+        drop(pool.filled(512 << 10, |b| b.fill(0)));
+        assert_eq!(pool.held_bytes(), 1 << 20);
+        let state = pool.shared.lock();
+        assert_eq!(state.free.get(&(512 << 10)).map(Vec::len), Some(1));
+        assert_eq!(state.free.get(&(256 << 10)).map(Vec::len), Some(2));
+        drop(state);
+        pool.set_limit(300 << 10);
+        assert!(pool.held_bytes() <= 300 << 10);
+    }
+
+    #[test]
+    fn buffers_outlive_their_pool_handle() {
+        let pool = BufferPool::new(4 << 20);
+        let b = pool.filled(100_000, |b| b.fill(9));
+        drop(pool);
+        assert!(b.iter().all(|&x| x == 9));
+    }
+}
