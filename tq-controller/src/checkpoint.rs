@@ -42,6 +42,18 @@ pub(crate) fn frame(body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The length of the frame at the start of `bytes` (header and body) as its header gives it,
+/// or `None` when `bytes` does not start with a whole frame header. Nothing is checked beyond
+/// the magic: [`unframe`] checks the rest.
+pub(crate) fn frame_len(bytes: &[u8]) -> Option<u64> {
+    if bytes.len() < HEADER || &bytes[..4] != MAGIC {
+        return None;
+    }
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&bytes[8..16]);
+    u64::from_le_bytes(len).checked_add(HEADER as u64)
+}
+
 /// The body of a snapshot, checked: magic, format, length and checksum.
 pub(crate) fn unframe(bytes: &[u8]) -> Result<&[u8]> {
     let bad = |why: String| Error::corrupted(format!("controller snapshot: {why}"));

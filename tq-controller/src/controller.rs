@@ -13,8 +13,11 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
+mod changes;
+mod partitions;
 mod plane;
 mod snapshot;
+use partitions::Partitions;
 use tq_core::{BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
 
 /// The largest `Insert` one request may ask for: bigger requests are refused before anything is
@@ -56,7 +59,7 @@ pub fn sampler_from_name(name: &str) -> Result<Arc<dyn Sampler>> {
 /// A partition the caller checked exists under the same lock; `Internal` if it does not (a
 /// bug, reported instead of a panic).
 fn present<'a>(
-    partitions: &'a mut HashMap<String, Partition>,
+    partitions: &'a mut Partitions,
     name: &str,
 ) -> Result<&'a mut Partition> {
     partitions
@@ -66,7 +69,7 @@ fn present<'a>(
 
 #[derive(Serialize, Deserialize)]
 struct State {
-    partitions: HashMap<String, Partition>,
+    partitions: Partitions,
     /// Partition names in creation order.
     order: Vec<String>,
     alloc: IndexAllocator,
@@ -239,7 +242,7 @@ impl Controller {
         }
         Ok(Controller {
             state: Mutex::new(State {
-                partitions: HashMap::new(),
+                partitions: Partitions::default(),
                 order: Vec::new(),
                 alloc: IndexAllocator::new(config.storage_units),
                 next_lease: 0,

@@ -35,4 +35,4 @@ pub use sampler::{
     Candidate, GrpoGroupNSampler, RankAwareSampler, Sampled, Sampler, SamplerContext, SamplerSpec,
     SeqlenBalancedSampler, SequentialSampler,
 };
-pub use state_dir::StateDir;
+pub use state_dir::{StateDir, StateDirOptions, COMPACT_MIN_BYTES};

@@ -1,17 +1,35 @@
 //! `--state-dir`: the controller's state on disk, so a controller killed and started again on
 //! the same directory carries on where it stopped.
 //!
-//! Every change is durable before it is acknowledged, with group commit: a request that changed
-//! the state bumps a version and waits until a snapshot taken after its change is on disk; one
-//! committer thread writes the whole state (the checkpoint snapshot: CRC-32, format version)
-//! to `controller.state` through a synced temporary file and a rename, and each write covers
-//! every request that finished before it began. On start, the snapshot found there is
-//! restored — epoch included, so storage units and clients of that life carry on.
+//! Two files:
+//! - `controller.state`, a whole snapshot (the checkpoint snapshot format: CRC-32, format
+//!   version), written through a synced temporary file and a rename;
+//! - `controller.log`, change records appended since that snapshot: each holds the partitions
+//!   changed since the previous record and the controller-wide state (framed and checksummed
+//!   like a snapshot; see `controller/changes.rs`).
 //!
-//! The cost is one full snapshot per commit, so it grows with the state (see
-//! docs/checkpoints.md): a log of changes would make a commit cost its changes only.
+//! Every change is durable before it is acknowledged, with group commit: a request that changed
+//! the state bumps a version and waits until a record taken after its change is synced
+//! (`fdatasync`); one committer thread appends the records, and each covers every request that
+//! finished before it was taken. So a commit costs the partitions it changed and one sync, not
+//! the whole state. When the log outgrows [`COMPACT_MIN_BYTES`] and four times the snapshot,
+//! the committer writes a new snapshot and empties the log.
+//!
+//! On start, the snapshot is restored (epoch included, so storage units and clients of that
+//! life carry on) and the log replayed on it. A record cut short at the end of the log (a crash
+//! during its write: it was never acknowledged) is dropped; a damaged record with more after it
+//! is refused, naming the file and offset. Then the recovered state is written as the new
+//! snapshot and the log emptied.
+//!
+//! Crash safety of compaction: the record that ends the old log and the new snapshot are taken
+//! under one lock, so they hold the same state. A crash after the new snapshot is in place but
+//! before the log is emptied leaves that snapshot with the old log, and replaying the old log
+//! on it gives the same state again (records set what they carry).
 
+use crate::checkpoint::{frame_len, unframe};
 use crate::Controller;
+use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -19,6 +37,27 @@ use tokio::sync::watch;
 use tq_core::{Error, Result};
 
 const STATE_FILE: &str = "controller.state";
+const LOG_FILE: &str = "controller.log";
+
+/// The log is compacted into a new snapshot once it is larger than this and than four times
+/// the snapshot, so compaction costs at most about a quarter of the bytes appended.
+pub const COMPACT_MIN_BYTES: u64 = 64 << 20;
+
+/// How a [`StateDir`] manages its files.
+#[derive(Debug, Clone)]
+pub struct StateDirOptions {
+    /// The log is compacted once it is larger than this and than four times the snapshot
+    /// (default [`COMPACT_MIN_BYTES`]).
+    pub compact_min_bytes: u64,
+}
+
+impl Default for StateDirOptions {
+    fn default() -> Self {
+        StateDirOptions {
+            compact_min_bytes: COMPACT_MIN_BYTES,
+        }
+    }
+}
 
 /// Writes the controller's state after changes; see the module documentation.
 pub struct StateDir {
@@ -30,6 +69,20 @@ pub struct StateDir {
     /// The newest version on disk, or the error of the last failed commit.
     durable: watch::Sender<std::result::Result<u64, String>>,
     stop: AtomicBool,
+    options: StateDirOptions,
+    /// The log, used by the committer thread only.
+    log: Mutex<Log>,
+}
+
+struct Log {
+    file: File,
+    /// Bytes of whole records in the log.
+    len: u64,
+    /// Bytes of the snapshot it follows.
+    snapshot_len: u64,
+    /// A commit failed after its changes were taken: the next commit writes a whole
+    /// snapshot (which covers them) instead of a record.
+    must_compact: bool,
 }
 
 fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
@@ -45,24 +98,32 @@ impl StateDir {
     /// there is restored into it (refused, naming the file, if it is damaged or newer than this
     /// build reads). Then a committer thread keeps the directory up to date.
     pub fn open(dir: impl Into<PathBuf>, controller: Arc<Controller>) -> Result<Arc<StateDir>> {
+        Self::open_with(dir, controller, StateDirOptions::default())
+    }
+
+    /// [`StateDir::open`] with options.
+    pub fn open_with(
+        dir: impl Into<PathBuf>,
+        controller: Arc<Controller>,
+        options: StateDirOptions,
+    ) -> Result<Arc<StateDir>> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir).map_err(|e| io_error("create", &dir, e))?;
-        let path = dir.join(STATE_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => {
-                let counts = controller
-                    .restore(&bytes)
-                    .map_err(|e| e.context(format!("state dir `{}`", path.display())))?;
-                tracing::info!(
-                    dir = %dir.display(),
-                    partitions = counts.partitions,
-                    samples = counts.samples,
-                    "controller state recovered"
-                );
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_error("read", &path, e)),
-        }
+        recover(&dir, &controller)?;
+        // The recovered (or empty) state becomes the snapshot and the log starts empty, so
+        // the directory holds this controller's epoch from the start.
+        let (_, snapshot) = controller.take_changes_and_snapshot()?;
+        write_snapshot(&dir, &snapshot)?;
+        let log_path = dir.join(LOG_FILE);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| io_error("open", &log_path, e))?;
+        file.set_len(0)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| io_error("empty", &log_path, e))?;
+        sync_dir(&dir)?;
         let (durable, _) = watch::channel(Ok(0));
         let state = Arc::new(StateDir {
             dir,
@@ -70,10 +131,14 @@ impl StateDir {
             wake: (Mutex::new(()), Condvar::new()),
             durable,
             stop: AtomicBool::new(false),
+            options,
+            log: Mutex::new(Log {
+                file,
+                len: 0,
+                snapshot_len: snapshot.len() as u64,
+                must_compact: false,
+            }),
         });
-        // The recovered (or empty) state is written once, so the directory holds this
-        // controller's epoch from the start.
-        state.commit(&controller)?;
         let committer = Arc::downgrade(&state);
         std::thread::Builder::new()
             .name("tq-state-dir".into())
@@ -82,7 +147,7 @@ impl StateDir {
         Ok(state)
     }
 
-    /// After a change to the controller's state: returns once a snapshot that includes it is
+    /// After a change to the controller's state: returns once a record that includes it is
     /// on disk. An error means the change is in memory but may not survive a restart
     /// (`OutcomeUnknown`).
     pub async fn changed(&self) -> Result<()> {
@@ -106,7 +171,7 @@ impl StateDir {
         }
     }
 
-    /// One round of the committer: waits (up to 50 ms) for a change, then writes a snapshot
+    /// One round of the committer: waits (up to 50 ms) for a change, then writes a record
     /// that covers every change made so far. Returns the version now on disk.
     fn round(&self, controller: &Controller, done: u64) -> u64 {
         {
@@ -124,7 +189,7 @@ impl StateDir {
         if version == done {
             return done;
         }
-        // Every change that bumped to `version` or below was made before this snapshot.
+        // Every change that bumped to `version` or below was made before this record.
         match self.commit(controller) {
             Ok(()) => {
                 let _previous = self.durable.send_replace(Ok(version));
@@ -140,21 +205,153 @@ impl StateDir {
     }
 
     fn commit(&self, controller: &Controller) -> Result<()> {
-        use std::io::Write;
-        let (bytes, _) = controller.snapshot()?;
-        let path = self.dir.join(STATE_FILE);
-        let tmp = self.dir.join("controller.state.tmp");
-        let mut f = std::fs::File::create(&tmp).map_err(|e| io_error("create", &tmp, e))?;
-        f.write_all(&bytes)
-            .map_err(|e| io_error("write", &tmp, e))?;
-        f.sync_all().map_err(|e| io_error("sync", &tmp, e))?;
-        drop(f);
-        std::fs::rename(&tmp, &path).map_err(|e| io_error("rename into", &path, e))?;
-        // The rename itself is durable once the directory is synced.
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_error("sync", &self.dir, e))
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let compact = log.must_compact
+            || (log.len > self.options.compact_min_bytes
+                && log.len > log.snapshot_len.saturating_mul(4));
+        if !compact {
+            let record = controller.take_changes()?;
+            return self.append(&mut log, &record).inspect_err(|_| {
+                log.must_compact = true;
+            });
+        }
+        log.must_compact = true;
+        let (record, snapshot) = controller.take_changes_and_snapshot()?;
+        // The record first: until the new snapshot is in place, the old one and the log
+        // (ending with this record) hold the state.
+        self.append(&mut log, &record)?;
+        write_snapshot(&self.dir, &snapshot)?;
+        let path = self.dir.join(LOG_FILE);
+        log.file
+            .set_len(0)
+            .and_then(|()| log.file.sync_all())
+            .map_err(|e| io_error("empty", &path, e))?;
+        tracing::debug!(
+            log_bytes = log.len,
+            snapshot_bytes = snapshot.len(),
+            "state dir compacted"
+        );
+        log.len = 0;
+        log.snapshot_len = snapshot.len() as u64;
+        log.must_compact = false;
+        Ok(())
     }
+
+    /// Appends one record and syncs it. On a failed write the log is cut back to its whole
+    /// records, so that a later record never follows a partial one.
+    fn append(&self, log: &mut Log, record: &[u8]) -> Result<()> {
+        let path = self.dir.join(LOG_FILE);
+        if let Err(e) = log.file.write_all(record).and_then(|()| log.file.sync_data()) {
+            if let Err(cut) = log.file.set_len(log.len) {
+                tracing::error!(error = %cut, path = %path.display(), "cannot cut a partial record off the state-dir log");
+            }
+            return Err(io_error("append to", &path, e));
+        }
+        log.len += record.len() as u64;
+        Ok(())
+    }
+}
+
+/// Restores the snapshot in `dir` (if any) into `controller` and replays the log on it.
+fn recover(dir: &Path, controller: &Controller) -> Result<()> {
+    let path = dir.join(STATE_FILE);
+    let log_path = dir.join(LOG_FILE);
+    let snapshot = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if log_path.exists() {
+                return Err(Error::corrupted(format!(
+                    "state dir `{}`: `{LOG_FILE}` without `{STATE_FILE}`: the log has no \
+                     snapshot to start from",
+                    dir.display()
+                )));
+            }
+            return Ok(());
+        }
+        Err(e) => return Err(io_error("read", &path, e)),
+    };
+    let counts = controller
+        .restore(&snapshot)
+        .map_err(|e| e.context(format!("state dir `{}`", path.display())))?;
+    let log = match std::fs::read(&log_path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(io_error("read", &log_path, e)),
+    };
+    let (records, dropped) = replay(&log, controller)
+        .map_err(|e| e.context(format!("state dir `{}`", log_path.display())))?;
+    if dropped > 0 {
+        tracing::warn!(
+            path = %log_path.display(),
+            bytes = dropped,
+            "dropped a change record cut short at the end of the log (written when the \
+             controller stopped; never acknowledged)"
+        );
+    }
+    tracing::info!(
+        dir = %dir.display(),
+        partitions = counts.partitions,
+        samples = counts.samples,
+        records,
+        "controller state recovered"
+    );
+    Ok(())
+}
+
+/// Applies the records of `log` in order. Returns how many were applied and how many bytes
+/// at the end were dropped (a record cut short by a crash).
+fn replay(log: &[u8], controller: &Controller) -> Result<(u64, usize)> {
+    let mut at = 0usize;
+    let mut records = 0u64;
+    while at < log.len() {
+        let rest = &log[at..];
+        let whole = frame_len(rest)
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n <= rest.len());
+        let Some(n) = whole else {
+            // A header or body that does not fit: only the last record can be cut short.
+            return Ok((records, rest.len()));
+        };
+        let framed = &rest[..n];
+        if let Err(e) = unframe(framed) {
+            if at + n == log.len() {
+                // A damaged last record: a write the crash left half on disk.
+                return Ok((records, rest.len()));
+            }
+            return Err(e.context(format!(
+                "record {} at byte {at} (more records follow, so it is not a write cut short \
+                 by a crash)",
+                records + 1
+            )));
+        }
+        // A whole, checksummed record that does not apply is refused wherever it is.
+        controller
+            .apply_changes(framed)
+            .map_err(|e| e.context(format!("record {} at byte {at}", records + 1)))?;
+        records += 1;
+        at += n;
+    }
+    Ok((records, 0))
+}
+
+/// Writes a whole snapshot through a synced temporary file and a rename.
+fn write_snapshot(dir: &Path, snapshot: &[u8]) -> Result<()> {
+    let path = dir.join(STATE_FILE);
+    let tmp = dir.join("controller.state.tmp");
+    let mut f = File::create(&tmp).map_err(|e| io_error("create", &tmp, e))?;
+    f.write_all(snapshot)
+        .map_err(|e| io_error("write", &tmp, e))?;
+    f.sync_all().map_err(|e| io_error("sync", &tmp, e))?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(|e| io_error("rename into", &path, e))?;
+    sync_dir(dir)
+}
+
+/// Makes renames and new files in `dir` durable.
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error("sync", dir, e))
 }
 
 /// The committer thread: runs rounds until the [`StateDir`] is dropped.

@@ -94,3 +94,162 @@ async fn durable_changes_come_back_and_damage_is_refused() {
     assert!(third.list_partitions().await.unwrap().is_empty());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn log_len(dir: &std::path::Path) -> u64 {
+    std::fs::metadata(dir.join("controller.log")).unwrap().len()
+}
+
+/// Everything a controller shows of its partitions, for comparing two controllers.
+async fn picture(c: &Controller) -> String {
+    let mut names = c.list_partitions().await.unwrap();
+    names.sort();
+    let mut out = format!("{names:?}");
+    for name in &names {
+        out += &format!("{:?}", c.kv_list(Some(name)).await.unwrap());
+        out += &format!(
+            "{:?}",
+            c.production_status(name, &["x".to_string()]).await.unwrap()
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_go_to_the_log_and_a_record_cut_short_is_dropped() {
+    let dir = tempdir();
+    let first = controller();
+    let state = StateDir::open(&dir, first.clone()).unwrap();
+    let snapshot_len = std::fs::metadata(dir.join("controller.state")).unwrap().len();
+    put_keys(&first, &state, &["a".into(), "b".into()]).await;
+    // The commits appended records; the snapshot was not rewritten.
+    let after_two = log_len(&dir);
+    assert!(after_two > 0);
+    assert_eq!(
+        std::fs::metadata(dir.join("controller.state")).unwrap().len(),
+        snapshot_len
+    );
+    // One more change, one more record: a key allocated.
+    first
+        .kv_retrieve_meta("p", &["c".to_string()], true)
+        .await
+        .unwrap();
+    state.changed().await.unwrap();
+    let whole = std::fs::read(dir.join("controller.log")).unwrap();
+    let expected = picture(&first).await;
+    drop(state);
+
+    // A crash while the last record was written: half of it on disk. The state of the records
+    // before it comes back; the cut-off one (never acknowledged) is dropped.
+    let cut = after_two as usize + (whole.len() - after_two as usize) / 2;
+    std::fs::write(dir.join("controller.log"), &whole[..cut]).unwrap();
+    let second = controller();
+    let state = StateDir::open(&dir, second.clone()).unwrap();
+    let listing = second.kv_list(Some("p")).await.unwrap();
+    let keys: Vec<&str> = listing[0].entries.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(!keys.contains(&"c"), "{keys:?}");
+    // Opening wrote the recovered state as the snapshot and emptied the log.
+    assert_eq!(log_len(&dir), 0);
+    drop(state);
+
+    // With the whole log, everything comes back.
+    std::fs::write(dir.join("controller.log"), &whole).unwrap();
+    // (The snapshot written above holds a and b; replaying the whole log on it gives a, b, c.)
+    let third = controller();
+    let _state = StateDir::open(&dir, third.clone()).unwrap();
+    assert_eq!(picture(&third).await, expected);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_record_with_more_after_it_is_refused_by_name() {
+    let dir = tempdir();
+    let first = controller();
+    let state = StateDir::open(&dir, first.clone()).unwrap();
+    first
+        .kv_retrieve_meta("p", &["a".to_string()], true)
+        .await
+        .unwrap();
+    state.changed().await.unwrap();
+    let first_record = log_len(&dir) as usize;
+    assert!(first_record > 40, "{first_record}");
+    put_keys(&first, &state, &["b".into()]).await;
+    drop(state);
+    let mut bytes = std::fs::read(dir.join("controller.log")).unwrap();
+    // Inside the first record's body (past its 20-byte header).
+    bytes[first_record / 2] ^= 0x01;
+    std::fs::write(dir.join("controller.log"), &bytes).unwrap();
+    let second = controller();
+    let e = StateDir::open(&dir, second.clone())
+        .err()
+        .expect("a damaged log");
+    assert_eq!(e.kind(), &ErrorKind::Corrupted, "{e}");
+    assert!(e.message().contains("controller.log"), "{e}");
+    assert!(e.message().contains("record 1 at byte 0"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_dropped_and_a_restored_state_survive_through_the_log() {
+    // A controller with two partitions, to restore from.
+    let source = controller();
+    let scratch = tempdir();
+    let source_state = StateDir::open(&scratch, source.clone()).unwrap();
+    put_keys(&source, &source_state, &["s1".into(), "s2".into()]).await;
+    let (snapshot, _) = source.snapshot().unwrap();
+
+    let dir = tempdir();
+    let first = controller();
+    let state = StateDir::open(&dir, first.clone()).unwrap();
+    // A restore replaces the whole state: the next record carries all of it.
+    first.restore(&snapshot).unwrap();
+    state.changed().await.unwrap();
+    let kv = first
+        .kv_retrieve_meta("gone", &["g".to_string()], true)
+        .await
+        .unwrap();
+    assert_eq!(kv.meta.len(), 1);
+    state.changed().await.unwrap();
+    first.drop_partition("gone").await.unwrap();
+    state.changed().await.unwrap();
+    let expected = picture(&first).await;
+    assert!(!expected.contains("gone"), "{expected}");
+    assert!(expected.contains("s1"), "{expected}");
+    let epoch = first.epoch();
+    drop(state);
+
+    let second = controller();
+    let _state = StateDir::open(&dir, second.clone()).unwrap();
+    assert_eq!(second.epoch(), epoch);
+    assert_eq!(picture(&second).await, expected);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_log_is_compacted_into_a_snapshot_and_nothing_is_lost() {
+    let dir = tempdir();
+    let first = controller();
+    let options = StateDirOptions {
+        compact_min_bytes: 1,
+    };
+    let state = StateDir::open_with(&dir, first.clone(), options).unwrap();
+    let mut compactions = 0;
+    let mut last = 0;
+    for i in 0..40 {
+        put_keys(&first, &state, &[format!("k{i}")]).await;
+        let now = log_len(&dir);
+        if now < last {
+            compactions += 1;
+        }
+        last = now;
+    }
+    assert!(compactions > 0, "the log was never compacted");
+    let expected = picture(&first).await;
+    drop(state);
+    let second = controller();
+    let _state = StateDir::open(&dir, second.clone()).unwrap();
+    assert_eq!(picture(&second).await, expected);
+    assert_eq!(second.kv_list(Some("p")).await.unwrap()[0].entries.len(), 40);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -37,15 +37,18 @@ impl Controller {
     /// afresh after a restore.
     pub fn snapshot(&self) -> Result<(Vec<u8>, SnapshotCounts)> {
         let st = self.lock();
+        self.encode_snapshot(&st)
+    }
+
+    /// [`Controller::snapshot`] of a state the caller holds locked.
+    pub(super) fn encode_snapshot(&self, st: &State) -> Result<(Vec<u8>, SnapshotCounts)> {
         let body = postcard::to_allocvec(&BodyRef {
             epoch: self.epoch(),
             units: st.alloc.units(),
-            state: &st,
+            state: st,
         })
         .map_err(|e| Error::internal(format!("cannot encode the controller state: {e}")))?;
-        let counts = counts(&st);
-        drop(st);
-        Ok((frame(&body), counts))
+        Ok((frame(&body), counts(st)))
     }
 
     /// Replaces this controller's state with `snapshot`'s, epoch included, so that clients
@@ -85,6 +88,8 @@ impl Controller {
                 return Err(Error::corrupted("controller snapshot: epoch 0"));
             }
             *st = state;
+            // A state dir's next record must carry the whole restored state.
+            st.partitions.mark_all_changed();
             self.epoch
                 .store(epoch, std::sync::atomic::Ordering::Relaxed);
             st.order.clone()

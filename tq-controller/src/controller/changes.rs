@@ -1,0 +1,120 @@
+//! Change records for `--state-dir` (see `crate::state_dir`): what changed since the last
+//! record, so that a commit costs its changes and not the whole state.
+//!
+//! A record carries the partitions changed since the previous one (each in full, or "gone"),
+//! and the controller-wide state every time (partition order, index allocator, lease counter,
+//! links), framed and checksummed like a snapshot. Applying a record *sets* what it carries, so
+//! records are idempotent and replaying a log in order on the snapshot it started from gives
+//! the state of its last record. Replaying it on a later snapshot whose state equals the last
+//! record's also gives that state (what a crash during compaction leaves).
+
+use super::*;
+use crate::checkpoint::{frame, unframe};
+
+type LinkedBy = HashMap<SampleId, HashSet<(String, SampleId, FieldName)>>;
+
+#[derive(Serialize)]
+struct RecordRef<'a> {
+    epoch: u64,
+    order: &'a [String],
+    alloc: &'a IndexAllocator,
+    next_lease: LeaseId,
+    linked_by: &'a LinkedBy,
+    /// The record carries every partition; any other is gone.
+    all: bool,
+    partitions: Vec<(&'a str, Option<&'a Partition>)>,
+}
+
+#[derive(Deserialize)]
+struct Record {
+    epoch: u64,
+    order: Vec<String>,
+    alloc: IndexAllocator,
+    next_lease: LeaseId,
+    linked_by: LinkedBy,
+    all: bool,
+    partitions: Vec<(String, Option<Partition>)>,
+}
+
+/// The framed record of `st`'s changes since the last one; the changes are taken (the next
+/// record starts empty).
+fn take_record(st: &mut State, epoch: u64) -> Result<Vec<u8>> {
+    let changed = st.partitions.take_changed();
+    let partitions: Vec<(&str, Option<&Partition>)> = if changed.all {
+        st.partitions
+            .iter()
+            .map(|(name, p)| (name.as_str(), Some(p)))
+            .collect()
+    } else {
+        changed
+            .names
+            .iter()
+            .map(|name| (name.as_str(), st.partitions.get(name)))
+            .collect()
+    };
+    let body = postcard::to_allocvec(&RecordRef {
+        epoch,
+        order: &st.order,
+        alloc: &st.alloc,
+        next_lease: st.next_lease,
+        linked_by: &st.linked_by,
+        all: changed.all,
+        partitions,
+    })
+    .map_err(|e| Error::internal(format!("cannot encode a controller change record: {e}")))?;
+    Ok(frame(&body))
+}
+
+impl Controller {
+    /// The changes since the last call, as one framed record for the state-dir log.
+    pub(crate) fn take_changes(&self) -> Result<Vec<u8>> {
+        let mut st = self.lock();
+        take_record(&mut st, self.epoch())
+    }
+
+    /// The changes since the last call and a whole snapshot, both of the same instant (one
+    /// lock): the record ends the old log, the snapshot starts the new one.
+    pub(crate) fn take_changes_and_snapshot(&self) -> Result<(Vec<u8>, Vec<u8>)> {
+        let mut st = self.lock();
+        let record = take_record(&mut st, self.epoch())?;
+        let (snapshot, _) = self.encode_snapshot(&st)?;
+        Ok((record, snapshot))
+    }
+
+    /// Applies one framed record of this controller's epoch (recovery from a state dir).
+    /// Everything is decoded and checked before anything changes.
+    pub(crate) fn apply_changes(&self, framed: &[u8]) -> Result<()> {
+        let body = unframe(framed)?;
+        let record: Record = postcard::from_bytes(body).map_err(|e| {
+            Error::corrupted(format!("controller change record does not decode: {e}"))
+        })?;
+        if record.epoch != self.epoch() {
+            return Err(Error::corrupted(format!(
+                "controller change record of epoch {:016x} after a snapshot of epoch {:016x}",
+                record.epoch,
+                self.epoch()
+            )));
+        }
+        if record.alloc.units() != self.lock().alloc.units() {
+            return Err(Error::corrupted(format!(
+                "controller change record for {} storage units, the snapshot has {}",
+                record.alloc.units(),
+                self.lock().alloc.units()
+            )));
+        }
+        let mut st = self.lock();
+        if record.all {
+            st.partitions
+                .replace_recovered(record.partitions.into_iter().filter_map(|(n, p)| Some((n, p?))).collect());
+        } else {
+            for (name, partition) in record.partitions {
+                st.partitions.set_recovered(name, partition);
+            }
+        }
+        st.order = record.order;
+        st.alloc = record.alloc;
+        st.next_lease = record.next_lease;
+        st.linked_by = record.linked_by;
+        Ok(())
+    }
+}
