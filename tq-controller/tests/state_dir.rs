@@ -145,7 +145,7 @@ async fn changes_go_to_the_log_and_a_record_cut_short_is_dropped() {
     let second = controller();
     let state = StateDir::open(&dir, second.clone()).unwrap();
     let listing = second.kv_list(Some("p")).await.unwrap();
-    let keys: Vec<&str> = listing[0].entries.iter().map(|e| e.key.as_str()).collect();
+    let keys: Vec<&str> = listing[0].entries.iter().map(|e| e.0.as_str()).collect();
     assert_eq!(keys.len(), 2, "{keys:?}");
     assert!(!keys.contains(&"c"), "{keys:?}");
     // Opening wrote the recovered state as the snapshot and emptied the log.
@@ -210,7 +210,10 @@ async fn partitions_dropped_and_a_restored_state_survive_through_the_log() {
         .unwrap();
     assert_eq!(kv.meta.len(), 1);
     state.changed().await.unwrap();
-    first.drop_partition("gone").await.unwrap();
+    // Clearing its only sample removes the partition.
+    let meta = first.mark_clearing("gone", None).await.unwrap();
+    state.changed().await.unwrap();
+    first.release("gone", meta.samples()).await.unwrap();
     state.changed().await.unwrap();
     let expected = picture(&first).await;
     assert!(!expected.contains("gone"), "{expected}");

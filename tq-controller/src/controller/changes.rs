@@ -88,7 +88,11 @@ impl Controller {
         let record: Record = postcard::from_bytes(body).map_err(|e| {
             Error::corrupted(format!("controller change record does not decode: {e}"))
         })?;
-        if record.epoch != self.epoch() {
+        if record.epoch == 0 {
+            return Err(Error::corrupted("controller change record of epoch 0"));
+        }
+        // A record that carries everything follows a restore, which may bring another epoch.
+        if !record.all && record.epoch != self.epoch() {
             return Err(Error::corrupted(format!(
                 "controller change record of epoch {:016x} after a snapshot of epoch {:016x}",
                 record.epoch,
@@ -104,12 +108,17 @@ impl Controller {
         }
         let mut st = self.lock();
         if record.all {
+            let all = record.partitions.into_iter();
             st.partitions
-                .replace_recovered(record.partitions.into_iter().filter_map(|(n, p)| Some((n, p?))).collect());
+                .replace_recovered(all.filter_map(|(name, p)| Some((name, p?))).collect());
         } else {
             for (name, partition) in record.partitions {
                 st.partitions.set_recovered(name, partition);
             }
+        }
+        if record.all {
+            self.epoch
+                .store(record.epoch, std::sync::atomic::Ordering::Relaxed);
         }
         st.order = record.order;
         st.alloc = record.alloc;
