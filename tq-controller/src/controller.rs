@@ -58,10 +58,7 @@ pub fn sampler_from_name(name: &str) -> Result<Arc<dyn Sampler>> {
 
 /// A partition the caller checked exists under the same lock; `Internal` if it does not (a
 /// bug, reported instead of a panic).
-fn present<'a>(
-    partitions: &'a mut Partitions,
-    name: &str,
-) -> Result<&'a mut Partition> {
+fn present<'a>(partitions: &'a mut Partitions, name: &str) -> Result<&'a mut Partition> {
     partitions
         .get_mut(name)
         .ok_or_else(|| Error::internal(format!("partition `{name}` vanished under the lock")))

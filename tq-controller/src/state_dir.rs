@@ -241,7 +241,11 @@ impl StateDir {
     /// records, so that a later record never follows a partial one.
     fn append(&self, log: &mut Log, record: &[u8]) -> Result<()> {
         let path = self.dir.join(LOG_FILE);
-        if let Err(e) = log.file.write_all(record).and_then(|()| log.file.sync_data()) {
+        if let Err(e) = log
+            .file
+            .write_all(record)
+            .and_then(|()| log.file.sync_data())
+        {
             if let Err(cut) = log.file.set_len(log.len) {
                 tracing::error!(error = %cut, path = %path.display(), "cannot cut a partial record off the state-dir log");
             }

@@ -119,13 +119,17 @@ async fn changes_go_to_the_log_and_a_record_cut_short_is_dropped() {
     let dir = tempdir();
     let first = controller();
     let state = StateDir::open(&dir, first.clone()).unwrap();
-    let snapshot_len = std::fs::metadata(dir.join("controller.state")).unwrap().len();
+    let snapshot_len = std::fs::metadata(dir.join("controller.state"))
+        .unwrap()
+        .len();
     put_keys(&first, &state, &["a".into(), "b".into()]).await;
     // The commits appended records; the snapshot was not rewritten.
     let after_two = log_len(&dir);
     assert!(after_two > 0);
     assert_eq!(
-        std::fs::metadata(dir.join("controller.state")).unwrap().len(),
+        std::fs::metadata(dir.join("controller.state"))
+            .unwrap()
+            .len(),
         snapshot_len
     );
     // One more change, one more record: a key allocated.
@@ -253,6 +257,9 @@ async fn a_long_log_is_compacted_into_a_snapshot_and_nothing_is_lost() {
     let second = controller();
     let _state = StateDir::open(&dir, second.clone()).unwrap();
     assert_eq!(picture(&second).await, expected);
-    assert_eq!(second.kv_list(Some("p")).await.unwrap()[0].entries.len(), 40);
+    assert_eq!(
+        second.kv_list(Some("p")).await.unwrap()[0].entries.len(),
+        40
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
