@@ -7,7 +7,7 @@
 //! The body is the postcard encoding of the controller's epoch, unit count and state
 //! (partitions with their fields, production and consumption bitmaps, tags, keys, links and
 //! backend meta; the index allocator with every generation; leases, with the time each had
-//! left). A reader refuses a newer format, a damaged body (length, checksum, decoding) and a
+//! left), and from format 2 on the samplers' saved states (their cached answers, by name). A reader refuses a newer format, a damaged body (length, checksum, decoding) and a
 //! deployment that does not match, before changing anything.
 
 use std::collections::HashMap;
@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use tq_core::{Error, LeaseId, Result};
 
 /// The snapshot format this build writes; it reads this one and older.
-pub const SNAPSHOT_FORMAT: u32 = 1;
+/// Format 2 added the samplers' cached answers.
+pub const SNAPSHOT_FORMAT: u32 = 2;
 
 const MAGIC: &[u8; 4] = b"TQCS";
 const HEADER: usize = 4 + 4 + 8 + 4;
@@ -56,6 +57,11 @@ pub(crate) fn frame_len(bytes: &[u8]) -> Option<u64> {
 
 /// The body of a snapshot, checked: magic, format, length and checksum.
 pub(crate) fn unframe(bytes: &[u8]) -> Result<&[u8]> {
+    unframe_with_format(bytes).map(|(_, body)| body)
+}
+
+/// [`unframe`], with the format the frame was written in.
+pub(crate) fn unframe_with_format(bytes: &[u8]) -> Result<(u32, &[u8])> {
     let bad = |why: String| Error::corrupted(format!("controller snapshot: {why}"));
     if bytes.len() < HEADER || &bytes[..4] != MAGIC {
         return Err(bad("not a tq controller snapshot (no `TQCS` header)".into()));
@@ -85,7 +91,7 @@ pub(crate) fn unframe(bytes: &[u8]) -> Result<&[u8]> {
             "checksum mismatch (header {want:08x}, body {got:08x}): the snapshot is damaged"
         )));
     }
-    Ok(body)
+    Ok((format, body))
 }
 
 /// Lease deadlines as the time they had left (an `Instant` means nothing in another process).

@@ -313,6 +313,66 @@ impl Controller {
         }
     }
 
+    /// Every sampler's saved state ([`Sampler::save_state`]), by the name it is registered
+    /// under; the default sampler is `""`. Samplers that keep nothing are left out.
+    fn sampler_states(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut out = Vec::new();
+        if let Some(state) = self.default_sampler.save_state()? {
+            out.push((String::new(), state));
+        }
+        let samplers = self.samplers.read().unwrap_or_else(|p| p.into_inner());
+        let mut names: Vec<&String> = samplers.keys().collect();
+        names.sort();
+        for name in names {
+            if let Some(state) = samplers[name].save_state()? {
+                out.push((name.clone(), state));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Loads saved sampler states into the samplers registered under the same names. A state
+    /// for a name nobody registered here is skipped with a warning: its samplers start afresh.
+    /// On an error, the samplers loaded before it are cleared for `partitions` again, so that
+    /// nothing of the saved state stays behind.
+    fn load_sampler_states(
+        &self,
+        states: &[(String, Vec<u8>)],
+        partitions: &[String],
+    ) -> Result<()> {
+        let mut loaded: Vec<Arc<dyn Sampler>> = Vec::new();
+        for (name, state) in states {
+            let sampler = if name.is_empty() {
+                Some(self.default_sampler.clone())
+            } else {
+                self.samplers
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(name)
+                    .cloned()
+            };
+            let Some(sampler) = sampler else {
+                tracing::warn!(sampler = %name, "the saved state has a sampler that is not registered here; its cached answers are not restored");
+                continue;
+            };
+            if let Err(e) = sampler.load_state(state) {
+                for s in &loaded {
+                    for p in partitions {
+                        s.clear_partition(p);
+                    }
+                }
+                let which = if name.is_empty() {
+                    "the default sampler".to_string()
+                } else {
+                    format!("sampler `{name}`")
+                };
+                return Err(e.context(which));
+            }
+            loaded.push(sampler);
+        }
+        Ok(())
+    }
+
     /// Drops sampler state and the waiter of a partition that was removed.
     fn forget_partition(&self, partition: &str) {
         for s in self

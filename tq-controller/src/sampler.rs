@@ -46,7 +46,7 @@ pub struct SamplerContext<'a> {
 }
 
 /// The sampler's answer.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Sampled {
     /// Handed out, in this order.
     pub sampled: Vec<SampleId>,
@@ -82,6 +82,23 @@ pub trait Sampler: Send + Sync + 'static {
 
     /// Drops any state kept for `partition` (called when the partition is cleared).
     fn clear_partition(&self, _partition: &str) {}
+
+    /// What this sampler remembers between fetches (cached answers), encoded, to be saved with
+    /// the controller's state (checkpoints and `--state-dir`), so that a restored controller
+    /// gives the ranks of a group the batches it gave them before. `None` (the default):
+    /// nothing to keep.
+    fn save_state(&self) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
+
+    /// Replaces what this sampler remembers with `state`, saved by [`Sampler::save_state`] of
+    /// a sampler of the same kind. Checks and decodes everything before changing anything; the
+    /// default refuses, since a sampler that saves nothing has nothing to load.
+    fn load_state(&self, _state: &[u8]) -> Result<()> {
+        Err(Error::invalid(
+            "this sampler keeps no state, but the saved state has some for it",
+        ))
+    }
 }
 
 /// Hands out the oldest ready samples first.
@@ -147,6 +164,41 @@ impl<K: PartitionKey, V> PartitionCache<K, V> {
 
     pub(crate) fn clear_partition(&self, partition: &str) {
         self.lock().retain(|k, _| k.partition() != partition);
+    }
+}
+
+impl<K, V> PartitionCache<K, V>
+where
+    K: PartitionKey + serde::Serialize + serde::de::DeserializeOwned,
+    V: serde::Serialize + serde::de::DeserializeOwned,
+{
+    /// Every entry, encoded with the sampler's `kind` (so that a state is never loaded into a
+    /// sampler of another kind registered under the same name).
+    pub(crate) fn encode(&self, kind: &str) -> Result<Vec<u8>> {
+        let map = self.lock();
+        let entries: Vec<(&K, &V)> = map.iter().collect();
+        postcard::to_allocvec(&(kind, entries))
+            .map_err(|e| Error::internal(format!("cannot encode the {kind} sampler's cache: {e}")))
+    }
+
+    /// Replaces every entry with those of [`PartitionCache::encode`]'s output, after decoding
+    /// all of it and checking its kind.
+    pub(crate) fn replace_from(&self, kind: &str, bytes: &[u8]) -> Result<()> {
+        let bad = |e: postcard::Error| {
+            Error::corrupted(format!(
+                "the saved state of a {kind} sampler does not decode: {e}"
+            ))
+        };
+        // The kind first, so that another kind's state is named as such.
+        let (saved_kind, rest): (String, &[u8]) = postcard::take_from_bytes(bytes).map_err(bad)?;
+        if saved_kind != kind {
+            return Err(Error::invalid(format!(
+                "the saved state is a {saved_kind} sampler's; this sampler is a {kind} sampler"
+            )));
+        }
+        let entries: Vec<(K, V)> = postcard::from_bytes(rest).map_err(bad)?;
+        *self.lock() = entries.into_iter().collect();
+        Ok(())
     }
 }
 
@@ -313,6 +365,14 @@ impl Sampler for GrpoGroupNSampler {
 
     fn clear_partition(&self, partition: &str) {
         self.cache.clear_partition(partition);
+    }
+
+    fn save_state(&self) -> Result<Option<Vec<u8>>> {
+        self.cache.encode("grpo-group-n").map(Some)
+    }
+
+    fn load_state(&self, state: &[u8]) -> Result<()> {
+        self.cache.replace_from("grpo-group-n", state)
     }
 }
 

@@ -255,3 +255,101 @@ async fn seqlen_balanced_hands_out_the_last_batch_of_a_complete_partition() {
     assert_eq!(got, more.iter().map(|s| s.index).collect::<Vec<_>>());
     assert_eq!(consumed(&c).await, 8);
 }
+
+/// A controller with the rank-aware sampler registered as `ra`, 8 samples produced in `p`.
+async fn ranked() -> Controller {
+    let c = controller();
+    c.register_sampler("ra", Arc::new(RankAwareSampler::new()));
+    let ids = insert(&c, "p", 8).await;
+    produce(&c, "p", &ids, None).await;
+    c
+}
+
+#[tokio::test]
+async fn a_restored_controller_gives_a_group_the_batch_it_gave_before() {
+    let first = ranked().await;
+    let batch = fetch(&first, "ra", 0, 0, 4).await.unwrap();
+    assert_eq!(batch.len(), 4);
+    let (snapshot, _) = first.snapshot().unwrap();
+
+    // Another rank of group 0 asks the restored controller for batch 0: the same samples,
+    // although they are consumed already.
+    let second = controller();
+    second.register_sampler("ra", Arc::new(RankAwareSampler::new()));
+    second.restore(&snapshot).unwrap();
+    assert_eq!(fetch(&second, "ra", 0, 0, 4).await.unwrap(), batch);
+    // Group 1 still gets the other four.
+    let other = fetch(&second, "ra", 1, 0, 4).await.unwrap();
+    assert!(disjoint(&batch, &other));
+
+    // Without the cached answers (the sampler not registered when restoring), another rank
+    // of group 0 would get a different batch: its first batch's samples are consumed.
+    let bare = controller();
+    bare.restore(&snapshot).unwrap();
+    bare.register_sampler("ra", Arc::new(RankAwareSampler::new()));
+    assert!(disjoint(
+        &fetch(&bare, "ra", 0, 0, 4).await.unwrap(),
+        &batch
+    ));
+}
+
+#[tokio::test]
+async fn a_saved_state_of_another_sampler_kind_is_refused_and_nothing_is_restored() {
+    let first = ranked().await;
+    fetch(&first, "ra", 0, 0, 4).await.unwrap();
+    let (snapshot, _) = first.snapshot().unwrap();
+    let second = controller();
+    second.register_sampler("ra", Arc::new(GrpoGroupNSampler::new(2).unwrap()));
+    let e = second.restore(&snapshot).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid, "{e}");
+    assert!(e.message().contains("sampler `ra`"), "{e}");
+    assert!(e.message().contains("rank-aware"), "{e}");
+    assert!(second.list_partitions().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn snapshots_of_format_1_without_sampler_states_still_load() {
+    let first = controller();
+    let ids = insert(&first, "p", 3).await;
+    produce(&first, "p", &ids, None).await;
+    let (v2, _) = first.snapshot().unwrap();
+    // Format 1 is format 2 without the trailing list of sampler states (empty here: one byte).
+    let body = &v2[20..v2.len() - 1];
+    assert_eq!(v2.last(), Some(&0u8));
+    let mut v1 = Vec::new();
+    v1.extend_from_slice(b"TQCS");
+    v1.extend_from_slice(&1u32.to_le_bytes());
+    v1.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    v1.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    v1.extend_from_slice(body);
+    let second = controller();
+    second.restore(&v1).unwrap();
+    assert_eq!(
+        second.list_partitions().await.unwrap(),
+        vec!["p".to_string()]
+    );
+    assert_eq!(second.epoch(), first.epoch());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_dir_keeps_the_batches_given_to_groups() {
+    let dir = std::env::temp_dir().join(format!(
+        "tq-sampler-state-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    let first = Arc::new(ranked().await);
+    let state = StateDir::open(&dir, first.clone()).unwrap();
+    let batch = fetch(&first, "ra", 0, 0, 4).await.unwrap();
+    state.changed().await.unwrap();
+    drop(state);
+
+    let second = Arc::new(controller());
+    second.register_sampler("ra", Arc::new(RankAwareSampler::new()));
+    let _state = StateDir::open(&dir, second.clone()).unwrap();
+    assert_eq!(fetch(&second, "ra", 0, 0, 4).await.unwrap(), batch);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -23,6 +23,8 @@ struct RecordRef<'a> {
     /// The record carries every partition; any other is gone.
     all: bool,
     partitions: Vec<(&'a str, Option<&'a Partition>)>,
+    /// Every sampler's saved state (small: the answers cached for batches in flight).
+    samplers: &'a [(String, Vec<u8>)],
 }
 
 #[derive(Deserialize)]
@@ -34,11 +36,12 @@ struct Record {
     linked_by: LinkedBy,
     all: bool,
     partitions: Vec<(String, Option<Partition>)>,
+    samplers: Vec<(String, Vec<u8>)>,
 }
 
 /// The framed record of `st`'s changes since the last one; the changes are taken (the next
 /// record starts empty).
-fn take_record(st: &mut State, epoch: u64) -> Result<Vec<u8>> {
+fn take_record(st: &mut State, epoch: u64, samplers: &[(String, Vec<u8>)]) -> Result<Vec<u8>> {
     let changed = st.partitions.take_changed();
     let partitions: Vec<(&str, Option<&Partition>)> = if changed.all {
         st.partitions
@@ -60,6 +63,7 @@ fn take_record(st: &mut State, epoch: u64) -> Result<Vec<u8>> {
         linked_by: &st.linked_by,
         all: changed.all,
         partitions,
+        samplers,
     })
     .map_err(|e| Error::internal(format!("cannot encode a controller change record: {e}")))?;
     Ok(frame(&body))
@@ -69,14 +73,16 @@ impl Controller {
     /// The changes since the last call, as one framed record for the state-dir log.
     pub(crate) fn take_changes(&self) -> Result<Vec<u8>> {
         let mut st = self.lock();
-        take_record(&mut st, self.epoch())
+        let samplers = self.sampler_states()?;
+        take_record(&mut st, self.epoch(), &samplers)
     }
 
     /// The changes since the last call and a whole snapshot, both of the same instant (one
     /// lock): the record ends the old log, the snapshot starts the new one.
     pub(crate) fn take_changes_and_snapshot(&self) -> Result<(Vec<u8>, Vec<u8>)> {
         let mut st = self.lock();
-        let record = take_record(&mut st, self.epoch())?;
+        let samplers = self.sampler_states()?;
+        let record = take_record(&mut st, self.epoch(), &samplers)?;
         let (snapshot, _) = self.encode_snapshot(&st)?;
         Ok((record, snapshot))
     }
@@ -106,6 +112,7 @@ impl Controller {
                 self.lock().alloc.units()
             )));
         }
+        self.load_sampler_states(&record.samplers, &record.order)?;
         let mut st = self.lock();
         if record.all {
             let all = record.partitions.into_iter();

@@ -1,17 +1,28 @@
 //! Taking and restoring the whole controller state (see [`crate::checkpoint`]).
 
 use super::*;
-use crate::checkpoint::{frame, unframe, SnapshotCounts};
+use crate::checkpoint::{frame, unframe_with_format, SnapshotCounts};
 
 #[derive(Serialize)]
 struct BodyRef<'a> {
     epoch: u64,
     units: u32,
     state: &'a State,
+    /// Sampler states by name (format 2 on).
+    samplers: &'a [(String, Vec<u8>)],
 }
 
 #[derive(Deserialize)]
 struct Body {
+    epoch: u64,
+    units: u32,
+    state: State,
+    samplers: Vec<(String, Vec<u8>)>,
+}
+
+/// Format 1: no sampler states.
+#[derive(Deserialize)]
+struct BodyV1 {
     epoch: u64,
     units: u32,
     state: State,
@@ -33,8 +44,9 @@ fn counts(state: &State) -> SnapshotCounts {
 
 impl Controller {
     /// The whole state as one consistent snapshot (taken under the state lock, so no write
-    /// is half in it), with its counts. Sampler caches are not part of it: samplers start
-    /// afresh after a restore.
+    /// is half in it), with its counts. It includes every sampler's saved state
+    /// ([`Sampler::save_state`]), so that a restored controller answers the ranks of a group
+    /// as the saved one would have.
     pub fn snapshot(&self) -> Result<(Vec<u8>, SnapshotCounts)> {
         let st = self.lock();
         self.encode_snapshot(&st)
@@ -42,10 +54,12 @@ impl Controller {
 
     /// [`Controller::snapshot`] of a state the caller holds locked.
     pub(super) fn encode_snapshot(&self, st: &State) -> Result<(Vec<u8>, SnapshotCounts)> {
+        let samplers = self.sampler_states()?;
         let body = postcard::to_allocvec(&BodyRef {
             epoch: self.epoch(),
             units: st.alloc.units(),
             state: st,
+            samplers: &samplers,
         })
         .map_err(|e| Error::internal(format!("cannot encode the controller state: {e}")))?;
         Ok((frame(&body), counts(st)))
@@ -57,12 +71,23 @@ impl Controller {
     /// format, the checksum, the decoding, the unit count, and that this controller holds
     /// no partition yet (a snapshot replaces a state, it does not merge into one).
     pub fn restore(&self, snapshot: &[u8]) -> Result<SnapshotCounts> {
-        let body = unframe(snapshot)?;
+        let (format, body) = unframe_with_format(snapshot)?;
+        let decoded = if format == 1 {
+            postcard::from_bytes::<BodyV1>(body).map(|b| Body {
+                epoch: b.epoch,
+                units: b.units,
+                state: b.state,
+                samplers: Vec::new(),
+            })
+        } else {
+            postcard::from_bytes::<Body>(body)
+        };
         let Body {
             epoch,
             units,
             state,
-        } = postcard::from_bytes(body).map_err(|e| {
+            samplers,
+        } = decoded.map_err(|e| {
             Error::corrupted(format!(
                 "controller snapshot: the state does not decode: {e}"
             ))
@@ -87,6 +112,9 @@ impl Controller {
             if epoch == 0 {
                 return Err(Error::corrupted("controller snapshot: epoch 0"));
             }
+            // Last of the checks: undone if it fails.
+            self.load_sampler_states(&samplers, &state.order)
+                .map_err(|e| e.context("controller snapshot"))?;
             *st = state;
             // A state dir's next record must carry the whole restored state.
             st.partitions.mark_all_changed();

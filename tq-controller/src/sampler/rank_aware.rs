@@ -72,6 +72,14 @@ impl Sampler for RankAwareSampler {
     fn clear_partition(&self, partition: &str) {
         self.cache.clear_partition(partition);
     }
+
+    fn save_state(&self) -> Result<Option<Vec<u8>>> {
+        self.cache.encode("rank-aware").map(Some)
+    }
+
+    fn load_state(&self, state: &[u8]) -> Result<()> {
+        self.cache.replace_from("rank-aware", state)
+    }
 }
 
 #[cfg(test)]

@@ -235,6 +235,14 @@ impl Sampler for SeqlenBalancedSampler {
     fn clear_partition(&self, partition: &str) {
         self.cache.clear_partition(partition);
     }
+
+    fn save_state(&self) -> Result<Option<Vec<u8>>> {
+        self.cache.encode("seqlen-balanced").map(Some)
+    }
+
+    fn load_state(&self, state: &[u8]) -> Result<()> {
+        self.cache.replace_from("seqlen-balanced", state)
+    }
 }
 
 #[cfg(test)]
