@@ -12,14 +12,15 @@
 //! the state bumps a version and waits until a record taken after its change is synced
 //! (`fdatasync`); one committer thread appends the records, and each covers every request that
 //! finished before it was taken. So a commit costs the partitions it changed and one sync, not
-//! the whole state. When the log outgrows [`COMPACT_MIN_BYTES`] and four times the snapshot,
+//! the whole state. When the log outgrows [`COMPACT_MIN_BYTES`] and half the snapshot,
 //! the committer writes a new snapshot and empties the log.
 //!
 //! On start, the snapshot is restored (epoch included, so storage units and clients of that
 //! life carry on) and the log replayed on it. A record cut short at the end of the log (a crash
 //! during its write: it was never acknowledged) is dropped; a damaged record with more after it
-//! is refused, naming the file and offset. Then the recovered state is written as the new
-//! snapshot and the log emptied.
+//! is refused, naming the file and offset. The controller then serves at once: the log is cut
+//! back to its whole records and appended to, and the snapshot is rewritten only by the next
+//! compaction, so a restart costs the restore and the replay, not a rewrite of the state.
 //!
 //! Crash safety of compaction: the record that ends the old log and the new snapshot are taken
 //! under one lock, so they hold the same state. A crash after the new snapshot is in place but
@@ -39,14 +40,16 @@ use tq_core::{Error, Result};
 const STATE_FILE: &str = "controller.state";
 const LOG_FILE: &str = "controller.log";
 
-/// The log is compacted into a new snapshot once it is larger than this and than four times
-/// the snapshot, so compaction costs at most about a quarter of the bytes appended.
-pub const COMPACT_MIN_BYTES: u64 = 64 << 20;
+/// The log is compacted into a new snapshot once it is larger than this and than half the
+/// snapshot. The bound is for restarts: replaying a log costs about what restoring as many
+/// snapshot bytes does, so a restart costs at most about 1.5 restores. The price is a
+/// snapshot written per half a snapshot of records appended.
+pub const COMPACT_MIN_BYTES: u64 = 16 << 20;
 
 /// How a [`StateDir`] manages its files.
 #[derive(Debug, Clone)]
 pub struct StateDirOptions {
-    /// The log is compacted once it is larger than this and than four times the snapshot
+    /// The log is compacted once it is larger than this and than half the snapshot
     /// (default [`COMPACT_MIN_BYTES`]).
     pub compact_min_bytes: u64,
 }
@@ -109,20 +112,35 @@ impl StateDir {
     ) -> Result<Arc<StateDir>> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir).map_err(|e| io_error("create", &dir, e))?;
-        recover(&dir, &controller)?;
-        // The recovered (or empty) state becomes the snapshot and the log starts empty, so
-        // the directory holds this controller's epoch from the start.
-        let (_, snapshot) = controller.take_changes_and_snapshot()?;
-        write_snapshot(&dir, &snapshot)?;
         let log_path = dir.join(LOG_FILE);
+        let (snapshot_len, log_len) = match recover(&dir, &controller)? {
+            Some(found) => {
+                // The files hold the recovered state already: nothing to write before serving
+                // but a cut-short record to cut off, so that the next record follows whole ones.
+                controller.forget_changes();
+                found
+            }
+            None => {
+                // A new directory: this controller's (empty) state and epoch from the start.
+                let (_, snapshot) = controller.take_changes_and_snapshot()?;
+                write_snapshot(&dir, &snapshot)?;
+                (snapshot.len() as u64, 0)
+            }
+        };
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
             .map_err(|e| io_error("open", &log_path, e))?;
-        file.set_len(0)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| io_error("empty", &log_path, e))?;
+        let on_disk = file
+            .metadata()
+            .map_err(|e| io_error("inspect", &log_path, e))?
+            .len();
+        if on_disk != log_len {
+            file.set_len(log_len)
+                .and_then(|()| file.sync_all())
+                .map_err(|e| io_error("cut", &log_path, e))?;
+        }
         sync_dir(&dir)?;
         let (durable, _) = watch::channel(Ok(0));
         let state = Arc::new(StateDir {
@@ -134,8 +152,8 @@ impl StateDir {
             options,
             log: Mutex::new(Log {
                 file,
-                len: 0,
-                snapshot_len: snapshot.len() as u64,
+                len: log_len,
+                snapshot_len,
                 must_compact: false,
             }),
         });
@@ -207,8 +225,7 @@ impl StateDir {
     fn commit(&self, controller: &Controller) -> Result<()> {
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         let compact = log.must_compact
-            || (log.len > self.options.compact_min_bytes
-                && log.len > log.snapshot_len.saturating_mul(4));
+            || (log.len > self.options.compact_min_bytes && log.len > log.snapshot_len / 2);
         if !compact {
             let record = controller.take_changes()?;
             return self.append(&mut log, &record).inspect_err(|_| {
@@ -257,7 +274,9 @@ impl StateDir {
 }
 
 /// Restores the snapshot in `dir` (if any) into `controller` and replays the log on it.
-fn recover(dir: &Path, controller: &Controller) -> Result<()> {
+/// Returns the sizes of the snapshot and of the log's whole records, or `None` for a
+/// directory with no state yet.
+fn recover(dir: &Path, controller: &Controller) -> Result<Option<(u64, u64)>> {
     let path = dir.join(STATE_FILE);
     let log_path = dir.join(LOG_FILE);
     let snapshot = match std::fs::read(&path) {
@@ -270,7 +289,7 @@ fn recover(dir: &Path, controller: &Controller) -> Result<()> {
                     dir.display()
                 )));
             }
-            return Ok(());
+            return Ok(None);
         }
         Err(e) => return Err(io_error("read", &path, e)),
     };
@@ -299,7 +318,7 @@ fn recover(dir: &Path, controller: &Controller) -> Result<()> {
         records,
         "controller state recovered"
     );
-    Ok(())
+    Ok(Some((snapshot.len() as u64, (log.len() - dropped) as u64)))
 }
 
 /// Applies the records of `log` in order. Returns how many were applied and how many bytes

@@ -77,6 +77,11 @@ impl Controller {
         take_record(&mut st, self.epoch(), &samplers)
     }
 
+    /// Forgets the changes since the last record: what the state dir recovered is on disk.
+    pub(crate) fn forget_changes(&self) {
+        let _taken = self.lock().partitions.take_changed();
+    }
+
     /// The changes since the last call and a whole snapshot, both of the same instant (one
     /// lock): the record ends the old log, the snapshot starts the new one.
     pub(crate) fn take_changes_and_snapshot(&self) -> Result<(Vec<u8>, Vec<u8>)> {
