@@ -95,6 +95,16 @@ async fn durable_changes_come_back_and_damage_is_refused() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Allocates key `key` in partition `partition` (one change, one record).
+async fn allocate(c: &Controller, state: &StateDir, partition: &str, key: &str) {
+    let kv = c
+        .kv_retrieve_meta(partition, &[key.to_string()], true)
+        .await
+        .unwrap();
+    assert_eq!(kv.meta.len(), 1);
+    state.changed().await.unwrap();
+}
+
 fn log_len(dir: &std::path::Path) -> u64 {
     std::fs::metadata(dir.join("controller.log")).unwrap().len()
 }
@@ -133,11 +143,7 @@ async fn changes_go_to_the_log_and_a_record_cut_short_is_dropped() {
         snapshot_len
     );
     // One more change, one more record: a key allocated.
-    first
-        .kv_retrieve_meta("p", &["c".to_string()], true)
-        .await
-        .unwrap();
-    state.changed().await.unwrap();
+    allocate(&first, &state, "p", "c").await;
     let whole = std::fs::read(dir.join("controller.log")).unwrap();
     let expected = picture(&first).await;
     drop(state);
@@ -175,11 +181,7 @@ async fn a_damaged_record_with_more_after_it_is_refused_by_name() {
     let dir = tempdir();
     let first = controller();
     let state = StateDir::open(&dir, first.clone()).unwrap();
-    first
-        .kv_retrieve_meta("p", &["a".to_string()], true)
-        .await
-        .unwrap();
-    state.changed().await.unwrap();
+    allocate(&first, &state, "p", "a").await;
     let first_record = log_len(&dir) as usize;
     assert!(first_record > 40, "{first_record}");
     put_keys(&first, &state, &["b".into()]).await;
@@ -213,12 +215,7 @@ async fn partitions_dropped_and_a_restored_state_survive_through_the_log() {
     // A restore replaces the whole state: the next record carries all of it.
     first.restore(&snapshot).unwrap();
     state.changed().await.unwrap();
-    let kv = first
-        .kv_retrieve_meta("gone", &["g".to_string()], true)
-        .await
-        .unwrap();
-    assert_eq!(kv.meta.len(), 1);
-    state.changed().await.unwrap();
+    allocate(&first, &state, "gone", "g").await;
     // Clearing its only sample removes the partition.
     let meta = first.mark_clearing("gone", None).await.unwrap();
     state.changed().await.unwrap();
