@@ -88,7 +88,7 @@ impl Controller {
         let mut st = self.lock();
         let samplers = self.sampler_states()?;
         let record = take_record(&mut st, self.epoch(), &samplers)?;
-        let (snapshot, _) = self.encode_snapshot(&st)?;
+        let (snapshot, _) = self.encode_snapshot(&st, &samplers)?;
         Ok((record, snapshot))
     }
 
@@ -110,11 +110,11 @@ impl Controller {
                 self.epoch()
             )));
         }
-        if record.alloc.units() != self.lock().alloc.units() {
+        let units = self.lock().alloc.units();
+        if record.alloc.units() != units {
             return Err(Error::corrupted(format!(
-                "controller change record for {} storage units, the snapshot has {}",
-                record.alloc.units(),
-                self.lock().alloc.units()
+                "controller change record for {} storage units, the snapshot has {units}",
+                record.alloc.units()
             )));
         }
         self.load_sampler_states(&record.samplers, &record.order)?;

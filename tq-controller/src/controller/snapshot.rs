@@ -49,17 +49,22 @@ impl Controller {
     /// as the saved one would have.
     pub fn snapshot(&self) -> Result<(Vec<u8>, SnapshotCounts)> {
         let st = self.lock();
-        self.encode_snapshot(&st)
+        let samplers = self.sampler_states()?;
+        self.encode_snapshot(&st, &samplers)
     }
 
-    /// [`Controller::snapshot`] of a state the caller holds locked.
-    pub(super) fn encode_snapshot(&self, st: &State) -> Result<(Vec<u8>, SnapshotCounts)> {
-        let samplers = self.sampler_states()?;
+    /// [`Controller::snapshot`] of a state the caller holds locked, with the samplers' states
+    /// taken under that lock.
+    pub(super) fn encode_snapshot(
+        &self,
+        st: &State,
+        samplers: &[(String, Vec<u8>)],
+    ) -> Result<(Vec<u8>, SnapshotCounts)> {
         let body = postcard::to_allocvec(&BodyRef {
             epoch: self.epoch(),
             units: st.alloc.units(),
             state: st,
-            samplers: &samplers,
+            samplers,
         })
         .map_err(|e| Error::internal(format!("cannot encode the controller state: {e}")))?;
         Ok((frame(&body), counts(st)))

@@ -101,18 +101,10 @@ impl BufferPool {
     /// is at least [`POOL_MIN_BYTES`] and its class fits the limit; otherwise a fresh buffer
     /// as [`super::zeroed`] makes it.
     pub fn filled(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> Bytes {
-        let Some(class) = self.class_for(len) else {
+        let Some((class, recycled)) = self.take(len) else {
             let mut buf = super::zeroed(len);
             fill(&mut buf);
             return buf.into();
-        };
-        let recycled = {
-            let mut state = self.shared.lock();
-            let buf = state.free.get_mut(&class).and_then(Vec::pop);
-            if buf.is_some() {
-                state.held -= class;
-            }
-            buf
         };
         let mut buf = recycled.unwrap_or_else(|| super::zeroed(class));
         fill(&mut buf[..len]);
@@ -135,13 +127,22 @@ impl BufferPool {
         })
     }
 
-    /// The size class of a `len`-byte buffer, or `None` when it is not pooled.
-    fn class_for(&self, len: usize) -> Option<usize> {
+    /// For a pooled `len`: its size class and a free buffer of that class if the pool has one.
+    /// `None` when buffers of `len` bytes are not pooled (too small, or a class over the limit).
+    fn take(&self, len: usize) -> Option<(usize, Option<Vec<u8>>)> {
         if len < POOL_MIN_BYTES {
             return None;
         }
         let class = size_class(len);
-        (class <= self.shared.lock().limit).then_some(class)
+        let mut state = self.shared.lock();
+        if class > state.limit {
+            return None;
+        }
+        let buf = state.free.get_mut(&class).and_then(Vec::pop);
+        if buf.is_some() {
+            state.held -= class;
+        }
+        Some((class, buf))
     }
 }
 
