@@ -73,10 +73,17 @@ impl BufferPool {
     pub fn global() -> &'static BufferPool {
         static GLOBAL: OnceLock<BufferPool> = OnceLock::new();
         GLOBAL.get_or_init(|| {
-            let mib = std::env::var("TQ_BUFFER_POOL_MIB")
-                .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(DEFAULT_POOL_MIB);
+            let mib = match std::env::var("TQ_BUFFER_POOL_MIB") {
+                Ok(v) => v.trim().parse::<usize>().unwrap_or_else(|_| {
+                    tracing::warn!(
+                        value = %v,
+                        default = DEFAULT_POOL_MIB,
+                        "TQ_BUFFER_POOL_MIB is not a whole number of MiB; using the default"
+                    );
+                    DEFAULT_POOL_MIB
+                }),
+                Err(_) => DEFAULT_POOL_MIB,
+            };
             BufferPool::new(mib.saturating_mul(1 << 20))
         })
     }
