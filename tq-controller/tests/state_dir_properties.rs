@@ -97,7 +97,7 @@ async fn apply(c: &Controller, state: &StateDir, op: &Op) {
             }
         }
         Op::Fetch(p, n) => {
-            let req = GetMetaRequest::fetch(&format!("p{p}"), &["x"], "t", *n, Wait::NoWait);
+            let req = GetMetaRequest::fetch(format!("p{p}"), &["x"], "t", *n, Wait::NoWait);
             let _ = c.get_meta(req).await;
         }
         Op::Clear(p, keys) => {
