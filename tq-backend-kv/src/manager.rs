@@ -138,7 +138,8 @@ struct DenseSink {
     /// decoding a matching row needs.
     head: Bytes,
     row_bytes: usize,
-    buf: Vec<u8>,
+    /// From the read-buffer pool (`tq_core::buffer`), like every packed column.
+    buf: tq_core::buffer::PoolBuffer,
     spoiled: bool,
 }
 
@@ -156,7 +157,7 @@ impl DenseSink {
             rows,
             row_bytes,
             // Every row is written before use.
-            buf: tq_core::buffer::zeroed(row_bytes.checked_mul(rows)?),
+            buf: tq_core::buffer::BufferPool::global().buffer(row_bytes.checked_mul(rows)?),
             spoiled: false,
         })
     }
@@ -183,7 +184,7 @@ impl DenseSink {
         let mut shape = Vec::with_capacity(self.shape.len() + 1);
         shape.push(self.rows);
         shape.extend_from_slice(&self.shape);
-        Tensor::new(self.dtype, shape, Bytes::from(self.buf)).ok()
+        Tensor::new(self.dtype, shape, self.buf.freeze()).ok()
     }
 }
 

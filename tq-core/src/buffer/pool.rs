@@ -103,23 +103,32 @@ impl BufferPool {
         self.shared.lock().held
     }
 
+    /// A buffer of `len` bytes to fill, then [`PoolBuffer::freeze`] into `Bytes`. A recycled
+    /// buffer holds an earlier batch's bytes: the caller must write every byte before it
+    /// freezes. Pooled when `len` is at least [`POOL_MIN_BYTES`] and its class fits the
+    /// limit; otherwise a fresh buffer as [`super::zeroed`] makes it. Dropped unfrozen, it goes
+    /// back to the pool.
+    pub fn buffer(&self, len: usize) -> PoolBuffer {
+        match self.take(len) {
+            Some((class, recycled)) => PoolBuffer {
+                buf: recycled.unwrap_or_else(|| super::zeroed(class)),
+                len,
+                pool: Some(Arc::clone(&self.shared)),
+            },
+            None => PoolBuffer {
+                buf: super::zeroed(len),
+                len,
+                pool: None,
+            },
+        }
+    }
+
     /// A buffer of `len` bytes filled by `fill`, which must write every byte of the slice it is
-    /// given (a recycled buffer holds an earlier batch's bytes until then). Pooled when `len`
-    /// is at least [`POOL_MIN_BYTES`] and its class fits the limit; otherwise a fresh buffer
-    /// as [`super::zeroed`] makes it.
+    /// given (see [`BufferPool::buffer`]).
     pub fn filled(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> Bytes {
-        let Some((class, recycled)) = self.take(len) else {
-            let mut buf = super::zeroed(len);
-            fill(&mut buf);
-            return buf.into();
-        };
-        let mut buf = recycled.unwrap_or_else(|| super::zeroed(class));
-        fill(&mut buf[..len]);
-        Bytes::from_owner(Pooled {
-            buf,
-            len,
-            pool: Arc::clone(&self.shared),
-        })
+        let mut buf = self.buffer(len);
+        fill(&mut buf);
+        buf.freeze()
     }
 
     /// `parts` copied one after another into one buffer of their total length.
@@ -192,6 +201,52 @@ impl State {
     }
 }
 
+/// A buffer being filled ([`BufferPool::buffer`]); derefs to its `len` bytes.
+pub struct PoolBuffer {
+    buf: Vec<u8>,
+    len: usize,
+    /// The pool it came from; `None` for a buffer that is not pooled.
+    pool: Option<Arc<Shared>>,
+}
+
+impl std::ops::Deref for PoolBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for PoolBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[..self.len]
+    }
+}
+
+impl PoolBuffer {
+    /// The filled buffer as `Bytes`; a pooled one goes back to its pool when the last `Bytes`
+    /// referring to it is dropped.
+    pub fn freeze(mut self) -> Bytes {
+        let buf = std::mem::take(&mut self.buf);
+        match self.pool.take() {
+            Some(pool) => Bytes::from_owner(Pooled {
+                buf,
+                len: self.len,
+                pool,
+            }),
+            // Not pooled: allocated at exactly `len`.
+            None => Bytes::from(buf),
+        }
+    }
+}
+
+impl Drop for PoolBuffer {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.give_back(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
 /// The owner behind a pooled [`Bytes`]: gives its buffer back when dropped.
 struct Pooled {
     buf: Vec<u8>,
@@ -207,9 +262,16 @@ impl AsRef<[u8]> for Pooled {
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.buf);
+        self.pool.give_back(std::mem::take(&mut self.buf));
+    }
+}
+
+impl Shared {
+    /// Keeps a freed buffer of a pooled class, evicting older buffers of other classes to make
+    /// room; frees it if it still does not fit.
+    fn give_back(&self, buf: Vec<u8>) {
         let class = buf.len();
-        let mut state = self.pool.lock();
+        let mut state = self.lock();
         let evicted = state.evict_until_fits(class, Some(class));
         let freed = if state.held + class <= state.limit {
             state.held += class;
@@ -301,6 +363,18 @@ mod tests {
         drop(state);
         pool.set_limit(300 << 10);
         assert!(pool.held_bytes() <= 300 << 10);
+    }
+
+    #[test]
+    fn a_buffer_dropped_unfrozen_goes_back_to_the_pool() {
+        let pool = BufferPool::new(4 << 20);
+        let mut b = pool.buffer(100_000);
+        b.fill(5);
+        assert_eq!(b.len(), 100_000);
+        drop(b);
+        assert_eq!(pool.held_bytes(), size_class(100_000));
+        let small = pool.buffer(10);
+        assert_eq!(small.freeze().len(), 10);
     }
 
     #[test]
