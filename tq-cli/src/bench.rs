@@ -18,6 +18,9 @@ pub enum Deployment {
     /// A controller process whose storage is the KV store at `--kv-url` (clients reach it
     /// directly), next to raw pipelined writes, reads and deletes of the same cells.
     RemoteKv,
+    /// The same with the controller in this process (what criterion's `redis` and
+    /// `object_store` targets measure).
+    EmbeddedKv,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -47,7 +50,7 @@ pub struct BenchArgs {
     /// Prompts of the shared-payload (kv_link) figure; 0 skips it.
     #[arg(long, default_value_t = 64)]
     link_prompts: usize,
-    /// The store of `--deployment remote-kv` (`redis://host:port`, `redis+cluster://h:p,..`,
+    /// The store of `--deployment remote-kv` or `embedded-kv` (`redis://host:port`, `redis+cluster://h:p,..`,
     /// `file:///dir`); its keys under `tq-bench-raw` and the `tq` namespace are overwritten.
     #[arg(long)]
     kv_url: Option<String>,
@@ -61,8 +64,8 @@ fn start_remote(units: u32) -> Result<Servers> {
     crate::procs::start_controller_and_units(units).map(|(servers, _)| servers)
 }
 
-/// A controller process whose configuration puts the payloads in the KV store at `url`.
-fn start_remote_kv(url: &str, wait_replicas: u32) -> Result<(Servers, std::path::PathBuf)> {
+/// A configuration file that puts the payloads in the KV store at `url`.
+fn write_kv_config(url: &str, wait_replicas: u32) -> Result<std::path::PathBuf> {
     let path = std::env::temp_dir().join(format!("tq-bench-{}.toml", std::process::id()));
     std::fs::write(
         &path,
@@ -72,7 +75,12 @@ fn start_remote_kv(url: &str, wait_replicas: u32) -> Result<(Servers, std::path:
         ),
     )
     .map_err(|e| Error::internal("cannot write the benchmark's configuration").with_source(e))?;
-    let config = path.to_string_lossy().to_string();
+    Ok(path)
+}
+
+/// A controller process configured by `config` (a file from [`write_kv_config`]).
+fn start_remote_kv(config: &std::path::Path) -> Result<Servers> {
+    let config = config.to_string_lossy().to_string();
     let (c, controller) = spawn_server(&[
         "controller",
         "--listen",
@@ -80,13 +88,10 @@ fn start_remote_kv(url: &str, wait_replicas: u32) -> Result<(Servers, std::path:
         "--config",
         &config,
     ])?;
-    Ok((
-        Servers {
-            children: vec![c],
-            controller,
-        },
-        path,
-    ))
+    Ok(Servers {
+        children: vec![c],
+        controller,
+    })
 }
 
 fn ms(d: Duration) -> String {
@@ -153,15 +158,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Deployment::Remote => vec!["remote"],
         Deployment::Both => vec!["embedded", "remote"],
         Deployment::RemoteKv => vec!["remote-kv"],
+        Deployment::EmbeddedKv => vec!["embedded-kv"],
     };
     for deployment in deployments {
-        if deployment == "remote-kv" {
+        if deployment == "remote-kv" || deployment == "embedded-kv" {
             let url = args.kv_url.as_deref().ok_or_else(|| {
-                Error::invalid(
-                    "--deployment remote-kv needs --kv-url (e.g. redis://127.0.0.1:6379)",
-                )
+                Error::invalid(format!(
+                    "--deployment {deployment} needs --kv-url (e.g. redis://127.0.0.1:6379)"
+                ))
             })?;
-            remote_kv(&runtime, &args, &names, url)?;
+            kv_deployment(&runtime, &args, &names, url, deployment == "embedded-kv")?;
             continue;
         }
         let remote = deployment == "remote";
@@ -291,22 +297,35 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `--deployment remote-kv`: put, get and clear through a client of a controller process whose
-/// storage is the KV store at `url`, next to the store's own pipelined writes, reads and deletes
-/// of the same cells, in the same run.
-fn remote_kv(
+/// `--deployment remote-kv` / `embedded-kv`: put, get and clear through a client of a
+/// controller (a process of its own, or in this process) whose storage is the KV store at
+/// `url`, next to the store's own pipelined writes, reads and deletes of the same cells, in the
+/// same run.
+fn kv_deployment(
     runtime: &tokio::runtime::Runtime,
     args: &BenchArgs,
     names: &[&str],
     url: &str,
+    embedded: bool,
 ) -> Result<()> {
-    let (servers, config_path) = start_remote_kv(url, args.kv_redis_wait)?;
+    let config_path = write_kv_config(url, args.kv_redis_wait)?;
+    let servers = if embedded {
+        None
+    } else {
+        Some(start_remote_kv(&config_path).inspect_err(|_| {
+            let _ = std::fs::remove_file(&config_path);
+        })?)
+    };
     let result = (|| {
-        let tq = runtime.block_on(Client::connect_with(&servers.controller, Config::default()))?;
+        let tq = match &servers {
+            Some(s) => runtime.block_on(Client::connect_with(&s.controller, Config::default()))?,
+            None => Client::embedded(Config::load(Some(&config_path))?)?,
+        };
         let raw = tq_bench::kv_raw::RawKv::open(url)?;
         println!();
         println!(
-            "## Remote controller + KV store `{}` ({}{}), {} samples per batch, {} repetitions",
+            "## {} controller + KV store `{}` ({}{}), {} samples per batch, {} repetitions",
+            if embedded { "Embedded" } else { "Remote" },
             tq_bench::kv_raw::redact_url(url),
             raw.describe(),
             if args.kv_redis_wait > 0 {
