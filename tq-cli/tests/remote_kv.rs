@@ -775,3 +775,66 @@ async fn a_kv_controller_with_a_state_dir_survives_kill_9() {
         common::a_job_across_a_controller_kill(&listen, controller, start, 1, 200).await;
     let _ = controller.terminate(Duration::from_secs(5));
 }
+
+/// `tq bench` on a KV store, with the controller in its own process and in the bench's: every
+/// operation reported next to the store's raw pipelined commands of the same run.
+#[cfg(feature = "bench")]
+#[test]
+fn bench_measures_a_kv_store_next_to_its_raw_commands() {
+    if !redis_available("bench_measures_a_kv_store_next_to_its_raw_commands") {
+        return;
+    }
+    let redis = RedisServer::start();
+    for deployment in ["remote-kv", "embedded-kv"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
+            .args([
+                "bench",
+                "--deployment",
+                deployment,
+                "--kv-url",
+                &redis.url(),
+                "--workloads",
+                "simple-small",
+                "--samples",
+                "64",
+                "--reps",
+                "1",
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{deployment}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let heading = if deployment == "embedded-kv" {
+            "## Embedded controller"
+        } else {
+            "## Remote controller"
+        };
+        assert!(stdout.contains(heading), "{stdout}");
+        for op in [
+            "raw pipelined write",
+            "raw pipelined read",
+            "raw pipelined delete",
+            "put",
+            "get",
+            "clear",
+        ] {
+            assert!(
+                stdout.contains(&format!("| simple-small | {op} |")),
+                "{deployment}: {stdout}"
+            );
+        }
+    }
+    // Without a store to measure, a clear error.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
+        .args(["bench", "--deployment", "embedded-kv"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--deployment embedded-kv needs --kv-url")
+    );
+}
