@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use std::sync::Arc;
+mod common;
+use common::picture;
 use tq_controller::*;
 use tq_core::{DType, ErrorKind, FieldMeta};
 
@@ -12,13 +14,7 @@ fn controller() -> Arc<Controller> {
 }
 
 fn tempdir() -> std::path::PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let dir = std::env::temp_dir().join(format!("tq-state-dir-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::tempdir("state-dir")
 }
 
 async fn put_keys(c: &Controller, state: &StateDir, names: &[String]) {
@@ -107,21 +103,6 @@ async fn allocate(c: &Controller, state: &StateDir, partition: &str, key: &str) 
 
 fn log_len(dir: &std::path::Path) -> u64 {
     std::fs::metadata(dir.join("controller.log")).unwrap().len()
-}
-
-/// Everything a controller shows of its partitions, for comparing two controllers.
-async fn picture(c: &Controller) -> String {
-    let mut names = c.list_partitions().await.unwrap();
-    names.sort();
-    let mut out = format!("{names:?}");
-    for name in &names {
-        out += &format!("{:?}", c.kv_list(Some(name)).await.unwrap());
-        out += &format!(
-            "{:?}",
-            c.production_status(name, &["x".to_string()]).await.unwrap()
-        );
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

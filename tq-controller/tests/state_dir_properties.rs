@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 use proptest::prelude::*;
 use std::sync::Arc;
+mod common;
+use common::{picture, tempdir};
 use tq_controller::*;
 use tq_core::{DType, FieldMeta, TagValue, Tags};
 
@@ -36,32 +38,6 @@ fn names(keys: &[u8]) -> Vec<String> {
     v.sort();
     v.dedup();
     v
-}
-
-/// Everything a controller shows of its state, comparable across controllers.
-async fn picture(c: &Controller) -> String {
-    let mut partitions = c.list_partitions().await.unwrap();
-    partitions.sort();
-    let mut out = format!("{partitions:?}\n");
-    for p in &partitions {
-        out += &format!("{:?}\n", c.kv_list(Some(p)).await.unwrap());
-        out += &format!(
-            "{:?}\n",
-            c.production_status(p, &["x".into()]).await.unwrap()
-        );
-        out += &format!("{:?}\n", c.consumption_status(p, "t").await.unwrap());
-    }
-    out
-}
-
-fn tempdir(tag: &str) -> std::path::PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let dir = std::env::temp_dir().join(format!("tq-{tag}-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
