@@ -7,6 +7,7 @@ mod common;
 use common::criterion;
 use criterion::Throughput;
 use std::collections::HashMap;
+use std::io::Write;
 use std::time::Duration;
 use tq_bench::controller;
 
@@ -80,6 +81,19 @@ fn main() {
             )
             .expect("rounds");
             s.median * iters as u32
+        })
+    });
+    // The disk's floor for that round: its three commits as three appends of a record's size
+    // (the log grows 25–30 KB per commit of this round) each made durable with `fdatasync`.
+    let log = dir.path().join("baseline.log");
+    g.bench_function("baseline: 3 x (append 28 KiB + fdatasync)", |b| {
+        let record = vec![7u8; 28 << 10];
+        let mut f = std::fs::File::create(&log).expect("a log file");
+        b.iter(|| {
+            for _ in 0..3 {
+                f.write_all(&record).expect("append");
+                f.sync_data().expect("fdatasync");
+            }
         })
     });
     g.finish();
