@@ -6,6 +6,7 @@
 //! `net`) remote units reached through [`RemoteUnit`] and served by [`UnitServer`]. The units'
 //! safety rules and memory policy are described in the tq-unit crate.
 
+mod checkpoint;
 mod manager;
 #[cfg(feature = "net")]
 mod net;
@@ -15,6 +16,6 @@ pub use manager::{SimpleConfig, SimpleStorage, PLACE_MIN_ROW_BYTES};
 pub use net::{RemoteUnit, UnitFactory, UnitServer};
 /// The unit layer, re-exported so that users of this backend name one crate.
 pub use tq_unit::{
-    CellShape, Fetched, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats,
-    UnitUpdate, UnitUpdateReply, DEFAULT_COMPACTION_THRESHOLD,
+    CellShape, Fetched, GatedUnit, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows,
+    UnitStats, UnitUpdate, UnitUpdateReply, DEFAULT_COMPACTION_THRESHOLD,
 };

@@ -105,7 +105,9 @@ impl SimpleStorage {
                         merge_registry: config.merge_registry.clone(),
                     },
                 )?;
-                Ok(tq_unit::MeteredUnit::wrap(Arc::new(unit)))
+                Ok(tq_unit::MeteredUnit::wrap(tq_unit::GatedUnit::wrap(
+                    Arc::new(unit),
+                )))
             })
             .collect::<Result<Vec<_>>>()?;
         SimpleStorage::new(units)
@@ -661,6 +663,10 @@ impl StorageManager for SimpleStorage {
         // indexes of samples whose data may still be stored.
         self.collect("clear", meta, join_all(calls).await)?;
         Ok(())
+    }
+
+    fn payload_checkpoint(&self) -> Option<&dyn tq_core::cells::PayloadCheckpoint> {
+        Some(self)
     }
 
     async fn status(&self) -> Result<Vec<tq_core::telemetry::UnitStatus>> {

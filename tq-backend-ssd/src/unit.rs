@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::RwLock;
+use tq_core::cells::FieldCells;
 use tq_core::{
     apply_merge, Error, ErrorKind, FieldFilter, FieldName, MergeOp, MergeRegistry, Result,
     SampleId, Tensor, Value,
@@ -679,6 +680,31 @@ impl StorageUnit for SsdUnit {
         drop(idx);
         reclaim(held).await;
         Ok(out)
+    }
+
+    /// Every cell, disk cells read back into memory (a checkpoint's capture: its write pause
+    /// lasts as long as reading the disk cells takes).
+    async fn all_cells(&self) -> Result<Vec<FieldCells>> {
+        let Some(off) = &self.offload else {
+            return self.inner.all_cells().await;
+        };
+        let idx = self.index.read().await;
+        self.check_open(&idx)?;
+        let mut cells = self.inner.all_cells().await?;
+        let mut held = Vec::new();
+        for fc in &mut cells {
+            if !idx.fields.contains_key(&fc.field) {
+                continue;
+            }
+            let (mut columns, files) = self
+                .read(off, &idx, std::slice::from_ref(&fc.field), &fc.samples)
+                .await?;
+            fc.values = columns.pop().unwrap_or_default();
+            held.extend(files);
+        }
+        drop(idx);
+        reclaim(held).await;
+        Ok(cells)
     }
 
     async fn update(&self, req: UnitUpdate, merge: &MergeOp) -> Result<UnitUpdateReply> {

@@ -938,3 +938,130 @@ async fn samples_given_back_over_the_network_are_fetched_again() {
         "no sample is held under that lease"
     );
 }
+
+/// A checkpoint of a deployment whose payloads live in storage-unit processes (one of them
+/// offloading to SSD): saved with `tq checkpoint save` while 50 of 200 samples are consumed,
+/// then every process is killed (the payloads die with them), a new controller and new unit
+/// processes start, `tq checkpoint load` puts the state and the cells back, and a consumer
+/// finishes the job: every sample consumed exactly once, with its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_carries_storage_unit_payloads_to_new_processes() {
+    let dir = tempdir("unit-checkpoint");
+    let checkpoint = dir.join("checkpoint");
+    let ssd = dir.join("ssd");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("tcp://127.0.0.1:{port}");
+    let start = |generation: &str| {
+        let mut controller = Tq::spawn(&["controller", "--listen", &listen, "--units", "2"]);
+        controller.listening(1);
+        let ssd_path = ssd.join(generation);
+        let units: Vec<Tq> = (0..2)
+            .map(|i| {
+                let id = format!("unit-{i}");
+                let mut args = vec!["storage-unit", "--controller", &listen, "--id", &id];
+                let path = ssd_path.display().to_string();
+                if i == 1 {
+                    args.extend(["--ssd-path", &path, "--ssd-threshold", "16"]);
+                }
+                let mut u = Tq::spawn(&args);
+                u.listening(1);
+                u
+            })
+            .collect();
+        (controller, units)
+    };
+    let (mut controller, mut units) = start("a");
+    let produce = Tq::spawn(&[
+        "produce",
+        "--connect",
+        &listen,
+        "--count",
+        "200",
+        "--batch",
+        "20",
+    ]);
+    let (status, stderr) = produce.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "{stderr}");
+    let tq = Client::connect_with(&listen, config(10_000)).await.unwrap();
+    let mut first: Vec<i64> = Vec::new();
+    while first.len() < 50 {
+        let meta = tq
+            .get_meta(
+                GetMetaRequest::fetch("work", &["x"], "consume", 10, Wait::NoWait)
+                    .with_lease(Duration::from_secs(60)),
+            )
+            .await
+            .unwrap();
+        tq.get_data(&meta).await.unwrap();
+        tq.ack("consume", &meta).await.unwrap();
+        first.extend(meta.tags().iter().map(|t| match t["id"] {
+            tq_core::TagValue::Int(id) => id,
+            _ => panic!("id tag"),
+        }));
+    }
+    let saved = Tq::spawn(&[
+        "checkpoint",
+        "save",
+        &format!("file://{}", checkpoint.display()),
+        "--controller",
+        &listen,
+    ]);
+    let (status, stderr) = saved.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    let cells_files = std::fs::read_dir(&checkpoint)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "cells")
+        })
+        .count();
+    assert!(cells_files >= 2, "each unit's cells are in the checkpoint");
+
+    controller.kill();
+    for u in &mut units {
+        u.kill();
+    }
+    let (mut controller, mut units) = start("b");
+    let loaded = Tq::spawn(&[
+        "checkpoint",
+        "load",
+        checkpoint.to_str().unwrap(),
+        "--controller",
+        &listen,
+    ]);
+    let (status, stderr) = loaded.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    let mut consumer = Tq::spawn(&["consume", "--connect", &listen, "--batch", "7"]);
+    let done = Tq::spawn(&[
+        "produce",
+        "--connect",
+        &listen,
+        "--count",
+        "0",
+        "--complete",
+    ]);
+    let (status, stderr) = done.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    let rest = common::acked_ids(&consumer.rest_of_output(Duration::from_secs(60)));
+    let (status, stderr) = consumer.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "consumer after the load: {stderr}");
+    let mut all: Vec<i64> = first.iter().chain(&rest).copied().collect();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..200).collect::<Vec<i64>>(),
+        "each sample exactly once"
+    );
+    let _ = controller.terminate(Duration::from_secs(5));
+    for u in &mut units {
+        u.kill();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

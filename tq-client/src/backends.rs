@@ -51,7 +51,9 @@ fn simple(config: &Config, merges: MergeRegistry) -> Result<Arc<dyn StorageManag
                     },
                     s.ssd.clone(),
                 )?;
-                Ok(tq_unit::MeteredUnit::wrap(Arc::new(unit)))
+                Ok(tq_unit::MeteredUnit::wrap(tq_unit::GatedUnit::wrap(
+                    Arc::new(unit),
+                )))
             })
             .collect::<Result<Vec<_>>>()?;
         return Ok(Arc::new(tq_backend_simple::SimpleStorage::new(units)?));

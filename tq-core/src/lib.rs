@@ -10,6 +10,7 @@
 //! This crate does no I/O ([`buffer`] only advises the kernel how to back large buffers).
 
 pub mod buffer;
+pub mod cells;
 mod column;
 mod dtype;
 mod epoch;

@@ -131,6 +131,14 @@ pub trait StorageManager: Send + Sync + 'static {
         let _ = epoch;
     }
 
+    /// The copy of this backend's own payloads that a checkpoint takes, for backends that
+    /// keep them in units of their own (in memory, on a local SSD) which die with their
+    /// processes. `None` (the default) for storage that outlives the job (a KV store): a
+    /// checkpoint then records only the controller state, and the data stays where it is.
+    fn payload_checkpoint(&self) -> Option<&dyn crate::cells::PayloadCheckpoint> {
+        None
+    }
+
     /// What each storage unit holds, for `tq stats` and the `tq_storage_*` gauges. Backends
     /// without units of their own (a KV store, which has its own monitoring) report none: the
     /// default.

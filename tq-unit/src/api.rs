@@ -4,6 +4,8 @@ use async_trait::async_trait;
 use bytes::BytesMut;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::time::Duration;
+use tq_core::cells::{CaptureInfo, CellPage, FieldCells};
 use tq_core::{
     DType, Error, FieldFilter, FieldName, MergeOp, MergeRegistry, Result, SampleId, Tensor, Value,
 };
@@ -224,6 +226,56 @@ pub trait StorageUnit: Send + Sync + 'static {
 
     /// The unit's counters.
     async fn stats(&self) -> Result<UnitStats>;
+
+    /// Every cell, in (field, sample index) order, for a checkpoint's capture. In-memory cells
+    /// are reference-counted, so this need not copy payloads. Units that cannot list their
+    /// cells answer `Unsupported` (the default).
+    async fn all_cells(&self) -> Result<Vec<FieldCells>> {
+        Err(Error::unsupported(
+            "copying cells into a checkpoint",
+            self.id(),
+        ))
+    }
+
+    /// Checkpoint step 1 (see [`tq_core::cells`]): new puts and clears wait until the capture,
+    /// or for `ttl`. Answered by a [`crate::GatedUnit`] and forwarded to one by wrappers and
+    /// remote stubs; `Unsupported` elsewhere (the default).
+    async fn hold_writes(&self, ttl: Duration) -> Result<()> {
+        let _ = ttl;
+        Err(not_gated(self.id()))
+    }
+
+    /// Checkpoint step 2: captures every cell and lifts the hold.
+    async fn capture_cells(&self) -> Result<CaptureInfo> {
+        Err(not_gated(self.id()))
+    }
+
+    /// Checkpoint step 3: cells of capture `capture` from cell `offset` on, about `max_bytes`.
+    async fn capture_page(&self, capture: u64, offset: u64, max_bytes: u64) -> Result<CellPage> {
+        let _ = (capture, offset, max_bytes);
+        Err(not_gated(self.id()))
+    }
+
+    /// Forgets capture `capture` (`None`: lifts a hold not followed by a capture).
+    async fn release_capture(&self, capture: Option<u64>) -> Result<()> {
+        let _ = capture;
+        Err(not_gated(self.id()))
+    }
+
+    /// The controller moved to `epoch` (a checkpoint was loaded into it). A unit in another
+    /// process follows, so that it accepts the checkpoint's cells and requests of that epoch;
+    /// in-process units do not check epochs: nothing to do (the default).
+    async fn enter_epoch(&self, epoch: u64) -> Result<()> {
+        let _ = epoch;
+        Ok(())
+    }
+}
+
+fn not_gated(unit: &str) -> Error {
+    Error::unsupported(
+        "checkpoint holds and captures (the unit is not wrapped in a GatedUnit)",
+        unit,
+    )
 }
 
 /// Configuration of a [`crate::MemoryUnit`].

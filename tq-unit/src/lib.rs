@@ -9,6 +9,8 @@
 //!   replies ([`UnitPut`], [`UnitUpdate`], [`UnitUpdateReply`], [`UnitStats`]) are plain data, so
 //!   an in-process unit and a remote stub are interchangeable.
 //! - [`MemoryUnit`] is the in-process unit.
+//! - [`GatedUnit`] wraps a unit where it is owned, so that a checkpoint can hold its writes for
+//!   a moment and capture its cells (see [`tq_core::cells`]).
 //!
 //! # Safety rules a unit enforces
 //!
@@ -57,6 +59,7 @@
 
 mod api;
 mod block;
+mod gate;
 mod index;
 mod memory;
 mod metered;
@@ -65,6 +68,7 @@ pub use api::{
     check_threshold, CellShape, Fetched, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats,
     UnitUpdate, UnitUpdateReply, DEFAULT_COMPACTION_THRESHOLD,
 };
+pub use gate::GatedUnit;
 pub use index::{IndexHasher, IndexMap, IndexSet};
 pub use memory::MemoryUnit;
 pub use metered::MeteredUnit;

@@ -6,6 +6,8 @@ use crate::api::{Fetched, StorageUnit, UnitPut, UnitStats, UnitUpdate, UnitUpdat
 use async_trait::async_trait;
 use bytes::BytesMut;
 use std::sync::Arc;
+use std::time::Duration;
+use tq_core::cells::{CaptureInfo, CellPage, FieldCells};
 use tq_core::telemetry::{RequestMeter, UnitStatus};
 use tq_core::{FieldFilter, FieldName, MergeOp, Result, SampleId, Value};
 
@@ -83,6 +85,30 @@ impl StorageUnit for MeteredUnit {
         let rows = samples.len() as u64;
         let work = self.inner.clear(samples, fields);
         self.meter.measure(CLEAR, |_| rows, work).await
+    }
+
+    async fn all_cells(&self) -> Result<Vec<FieldCells>> {
+        self.inner.all_cells().await
+    }
+
+    async fn hold_writes(&self, ttl: Duration) -> Result<()> {
+        self.inner.hold_writes(ttl).await
+    }
+
+    async fn capture_cells(&self) -> Result<CaptureInfo> {
+        self.inner.capture_cells().await
+    }
+
+    async fn capture_page(&self, capture: u64, offset: u64, max_bytes: u64) -> Result<CellPage> {
+        self.inner.capture_page(capture, offset, max_bytes).await
+    }
+
+    async fn release_capture(&self, capture: Option<u64>) -> Result<()> {
+        self.inner.release_capture(capture).await
+    }
+
+    async fn enter_epoch(&self, epoch: u64) -> Result<()> {
+        self.inner.enter_epoch(epoch).await
     }
 
     /// The unit's stats, with the resident memory of this process (the one hosting the unit).

@@ -2,6 +2,7 @@
 //! it under the unit's lock (or computes outside it and re-checks, for updates).
 
 use super::*;
+use tq_core::cells::FieldCells;
 
 #[async_trait]
 impl StorageUnit for MemoryUnit {
@@ -94,6 +95,33 @@ impl StorageUnit for MemoryUnit {
         }
         self.after_mutation();
         Ok(())
+    }
+
+    /// Clones every cell under the lock: values are reference-counted buffers, so this walks
+    /// the maps without copying payload bytes.
+    async fn all_cells(&self) -> Result<Vec<FieldCells>> {
+        let st = self.lock()?;
+        let mut names: Vec<&FieldName> = st.fields.keys().collect();
+        names.sort();
+        Ok(names
+            .into_iter()
+            .map(|name| {
+                let map = &st.fields[name];
+                let mut indexes: Vec<u32> = map.keys().copied().collect();
+                indexes.sort_unstable();
+                let mut cells = FieldCells {
+                    field: name.clone(),
+                    samples: Vec::with_capacity(indexes.len()),
+                    values: Vec::with_capacity(indexes.len()),
+                };
+                for index in indexes {
+                    let cell = &map[&index];
+                    cells.samples.push(SampleId::new(index, cell.generation));
+                    cells.values.push(cell.value.clone());
+                }
+                cells
+            })
+            .collect())
     }
 
     async fn stats(&self) -> Result<UnitStats> {

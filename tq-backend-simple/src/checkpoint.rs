@@ -1,0 +1,130 @@
+//! [`PayloadCheckpoint`] for [`SimpleStorage`]: a checkpoint copies the cells of every unit
+//! (in-process, SSD or remote), each unit holding its writes through its [`tq_unit::GatedUnit`].
+
+use crate::SimpleStorage;
+use async_trait::async_trait;
+use futures::future::join_all;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tq_core::cells::{CaptureInfo, CellPage, FieldCells, PayloadCheckpoint};
+use tq_core::{Error, Result};
+use tq_unit::{StorageUnit, UnitPut, UnitRows};
+
+/// The first error of per-unit results, naming its unit; or every unit's answer.
+fn all_ok<T>(units: &[std::sync::Arc<dyn StorageUnit>], results: Vec<Result<T>>) -> Result<Vec<T>> {
+    results
+        .into_iter()
+        .zip(units)
+        .map(|(r, u)| r.map_err(|e| e.context(format!("storage unit `{}`", u.id()))))
+        .collect()
+}
+
+impl SimpleStorage {
+    fn part(&self, part: usize) -> Result<&std::sync::Arc<dyn StorageUnit>> {
+        self.units().get(part).ok_or_else(|| {
+            Error::invalid(format!(
+                "storage unit {part} does not exist (this deployment has {})",
+                self.units().len()
+            ))
+        })
+    }
+}
+
+#[async_trait]
+impl PayloadCheckpoint for SimpleStorage {
+    fn parts(&self) -> usize {
+        self.units().len()
+    }
+
+    async fn hold(&self, ttl: Duration) -> Result<()> {
+        let units = self.units();
+        let results = join_all(units.iter().map(|u| u.hold_writes(ttl))).await;
+        if let Err(e) = all_ok(units, results) {
+            // Lift the holds that were taken: writers should not wait out the ttl.
+            join_all(units.iter().map(|u| u.release_capture(None))).await;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    async fn capture(&self) -> Result<Vec<CaptureInfo>> {
+        let units = self.units();
+        let results = join_all(units.iter().map(|u| u.capture_cells())).await;
+        let captured: Vec<_> = results
+            .iter()
+            .filter_map(|r| r.as_ref().ok().copied())
+            .collect();
+        match all_ok(units, results) {
+            Ok(infos) => Ok(infos),
+            Err(e) => {
+                self.release(&captured).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn page(
+        &self,
+        part: usize,
+        capture: u64,
+        offset: u64,
+        max_bytes: u64,
+    ) -> Result<CellPage> {
+        let unit = self.part(part)?;
+        unit.capture_page(capture, offset, max_bytes)
+            .await
+            .map_err(|e| e.context(format!("storage unit `{}`", unit.id())))
+    }
+
+    async fn release(&self, captures: &[CaptureInfo]) {
+        let units = self.units();
+        let calls = units.iter().enumerate().map(|(i, u)| async move {
+            let id = captures.get(i).map(|c| c.id);
+            let lifted = u.release_capture(None).await;
+            let released = match id {
+                Some(id) => u.release_capture(Some(id)).await,
+                None => Ok(()),
+            };
+            if let Err(e) = lifted.and(released) {
+                tracing::warn!(unit = %u.id(), error = %e, "could not release a checkpoint capture; it is dropped when idle");
+            }
+        });
+        join_all(calls).await;
+    }
+
+    async fn stored_cells(&self) -> Result<Vec<u64>> {
+        Ok(self.stats().await?.iter().map(|s| s.cells as u64).collect())
+    }
+
+    async fn enter_epoch(&self, epoch: u64) -> Result<()> {
+        let units = self.units();
+        let results = join_all(units.iter().map(|u| u.enter_epoch(epoch))).await;
+        all_ok(units, results).map(|_| ())
+    }
+
+    async fn load(&self, part: usize, cells: Vec<FieldCells>) -> Result<()> {
+        let unit = self.part(part)?;
+        for fc in cells {
+            if let Some(s) = fc.samples.iter().find(|s| self.unit_for(s.index) != part) {
+                return Err(Error::corrupted(format!(
+                    "checkpoint cells of storage unit {part} include sample {s} of field `{}`, \
+                     which unit {} holds",
+                    fc.field,
+                    self.unit_for(s.index)
+                )));
+            }
+            let field = fc.field.clone();
+            let put = UnitPut {
+                samples: fc.samples,
+                fields: BTreeMap::from([(fc.field, UnitRows::shared(fc.values))]),
+            };
+            unit.put(put).await.map_err(|e| {
+                e.context(format!(
+                    "loading field `{field}` into storage unit `{}`",
+                    unit.id()
+                ))
+            })?;
+        }
+        Ok(())
+    }
+}

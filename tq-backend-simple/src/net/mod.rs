@@ -1,0 +1,14 @@
+//! Storage units over the network (feature `net`): [`UnitServer`] serves any [`StorageUnit`]
+//! on a tq-net endpoint and [`RemoteUnit`] is the stub the manager uses to reach it.
+//!
+//! A request is one postcard header describing every cell (kind, dtype, shape) plus one body
+//! frame per cell carrying its raw bytes. Payloads never pass through the encoder: they go out
+//! as vectored writes of the stored `Bytes` and arrive as slices of the one receive buffer, which
+//! the receiving unit stores directly (zero copy, tracked as one shared allocation per field).
+
+mod remote;
+mod server;
+mod wire;
+
+pub use remote::RemoteUnit;
+pub use server::{UnitFactory, UnitServer};

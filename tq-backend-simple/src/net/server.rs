@@ -1,0 +1,209 @@
+//! [`UnitServer`]: serves one storage unit on a tq-net endpoint.
+
+use super::wire::*;
+use async_trait::async_trait;
+use std::sync::Arc;
+use tq_core::{Error, Result};
+use tq_net::{Handler, Message};
+use tq_unit::{StorageUnit, UnitPut, UnitUpdate};
+
+/// Makes an empty unit in place of one whose controller restarted without its state.
+pub type UnitFactory = Box<dyn Fn() -> Result<Arc<dyn StorageUnit>> + Send + Sync>;
+
+/// Serves one storage unit on the network.
+///
+/// The unit belongs to one controller epoch at a time: requests made from metadata of another
+/// epoch are refused, and when the controller it registers with turns out to have restarted
+/// without its state ([`UnitServer::adopt_epoch`]), the cells of the earlier epoch are dropped
+/// (the unit is made anew by its factory), since no metadata can name them any more and the
+/// new epoch reuses their indexes.
+pub struct UnitServer {
+    id: String,
+    /// `None` while the unit is being made anew.
+    unit: std::sync::RwLock<Option<Arc<dyn StorageUnit>>>,
+    epoch: std::sync::atomic::AtomicU64,
+    fresh: Option<UnitFactory>,
+}
+
+impl UnitServer {
+    /// Serves `unit`, recording the storage role's request metrics for it (see
+    /// [`tq_unit::MeteredUnit`]) and letting checkpoints hold its writes
+    /// ([`tq_unit::GatedUnit`]).
+    pub fn new(unit: Arc<dyn StorageUnit>) -> Self {
+        UnitServer {
+            id: unit.id().to_string(),
+            unit: std::sync::RwLock::new(Some(owned(unit))),
+            epoch: std::sync::atomic::AtomicU64::new(0),
+            fresh: None,
+        }
+    }
+
+    /// In `epoch` from the start (a unit in its controller's process).
+    pub fn with_epoch(self, epoch: u64) -> Self {
+        self.epoch
+            .store(epoch, std::sync::atomic::Ordering::Relaxed);
+        self
+    }
+
+    /// How to make an empty unit when the controller's epoch changes. Without one, the
+    /// earlier epoch's cells stay (unreachable) until the process restarts.
+    pub fn with_factory(mut self, fresh: UnitFactory) -> Self {
+        self.fresh = Some(fresh);
+        self
+    }
+
+    /// The epoch this unit serves (0: none yet).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Takes the controller's epoch, as a registration answered it. A first epoch is simply
+    /// adopted; a different one means the controller restarted without its state: the unit is
+    /// made anew (its cells belong to metadata that no longer exists). Returns whether it was.
+    /// If the new unit cannot be made yet (the old one's files are still in use by requests
+    /// in flight), requests are refused as unavailable and the next registration tries again.
+    pub fn adopt_epoch(&self, epoch: u64) -> Result<bool> {
+        use std::sync::atomic::Ordering;
+        let before = self.epoch();
+        let missing = self.current().is_none();
+        if before == epoch && !missing {
+            return Ok(false);
+        }
+        if before == 0 {
+            self.epoch.store(epoch, Ordering::Relaxed);
+            return Ok(false);
+        }
+        let Some(fresh) = &self.fresh else {
+            tracing::warn!(unit = %self.id, "the controller restarted without its state; this unit keeps the earlier epoch's cells until it restarts");
+            self.epoch.store(epoch, Ordering::Relaxed);
+            return Ok(false);
+        };
+        if before != epoch {
+            tracing::warn!(
+                unit = %self.id,
+                old_epoch = %format_args!("{before:016x}"),
+                new_epoch = %format_args!("{epoch:016x}"),
+                "the controller restarted without its state; dropping the earlier epoch's cells"
+            );
+        }
+        // The epoch changes first: from here on, requests of the earlier epoch are refused.
+        self.epoch.store(epoch, Ordering::Relaxed);
+        let old = self.unit.write().unwrap_or_else(|p| p.into_inner()).take();
+        drop(old);
+        let unit = owned(fresh()?);
+        *self.unit.write().unwrap_or_else(|p| p.into_inner()) = Some(unit);
+        Ok(true)
+    }
+
+    /// The unit's counters (with the memory of this process), for a metrics endpoint.
+    /// `Unavailable` while the unit is being made anew.
+    pub async fn stats(&self) -> Result<tq_unit::UnitStats> {
+        let Some(unit) = self.current() else {
+            return Err(Error::unavailable(format!(
+                "storage unit `{}` is dropping the cells of an earlier controller epoch",
+                self.id
+            )));
+        };
+        unit.stats().await
+    }
+
+    fn current(&self) -> Option<Arc<dyn StorageUnit>> {
+        self.unit.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[async_trait]
+impl Handler for UnitServer {
+    async fn handle(&self, request: Message) -> Result<Message> {
+        let envelope: UnitEnvelope<UnitRequest> = request.decode()?;
+        let op = envelope.request.op();
+        tracing::debug!(unit = %self.id, op, "storage request");
+        if let UnitRequest::EnterEpoch = envelope.request {
+            self.adopt_epoch(envelope.epoch)?;
+            return Message::encode(&UnitResponse::Done, Vec::new());
+        }
+        let ours = self.epoch();
+        if envelope.epoch != 0 && ours != 0 && envelope.epoch != ours {
+            // Refused before the unit sees it, so its meter does not: count it here.
+            metrics::counter!("tq_storage_request_total", "op_type" => op).increment(1);
+            metrics::counter!("tq_storage_request_errors_total", "op_type" => op).increment(1);
+            return Err(tq_core::epoch_mismatch(
+                &format!("storage unit `{}`", self.id),
+                envelope.epoch,
+                ours,
+            ));
+        }
+        let Some(unit) = self.current() else {
+            return Err(Error::unavailable(format!(
+                "storage unit `{}` is dropping the cells of an earlier controller epoch",
+                self.id
+            )));
+        };
+        let req = envelope.request;
+        let peer = format!("request to unit `{}`", unit.id());
+        let mut reader = FrameReader {
+            frames: request.frames.iter(),
+            peer: &peer,
+        };
+        let response = match req {
+            UnitRequest::Put { samples, fields } => {
+                let fields = reader.fields(fields)?;
+                reader.finish()?;
+                unit.put(UnitPut { samples, fields }).await?;
+                return Message::encode(&UnitResponse::Done, Vec::new());
+            }
+            UnitRequest::Update {
+                samples,
+                fields,
+                merge,
+            } => {
+                let fields = reader.fields(fields)?;
+                reader.finish()?;
+                let reply = unit
+                    .update(UnitUpdate { samples, fields }, &merge.into_op())
+                    .await?;
+                UnitResponse::Updated(reply)
+            }
+            UnitRequest::Get { fields, samples } => {
+                reader.finish()?;
+                let columns = unit.get(&fields, &samples).await?;
+                let mut frames = Vec::with_capacity(columns.iter().map(Vec::len).sum());
+                let descs = columns.iter().map(|c| describe(c, &mut frames)).collect();
+                return Message::encode(&UnitResponse::Got(descs), frames);
+            }
+            UnitRequest::Clear { samples, filter } => {
+                reader.finish()?;
+                unit.clear(&samples, &filter).await?;
+                UnitResponse::Done
+            }
+            UnitRequest::Stats => UnitResponse::Stats(unit.stats().await?),
+            UnitRequest::Hold { ttl_ms } => {
+                unit.hold_writes(std::time::Duration::from_millis(ttl_ms))
+                    .await?;
+                UnitResponse::Done
+            }
+            UnitRequest::Capture => UnitResponse::Captured(unit.capture_cells().await?),
+            UnitRequest::Page {
+                capture,
+                offset,
+                max_bytes,
+            } => {
+                let page = unit.capture_page(capture, offset, max_bytes).await?;
+                let (response, frames) = encode_page(page);
+                return Message::encode(&response, frames);
+            }
+            UnitRequest::Release { capture } => {
+                unit.release_capture(capture).await?;
+                UnitResponse::Done
+            }
+            UnitRequest::EnterEpoch => UnitResponse::Done,
+        };
+        Message::encode(&response, Vec::new())
+    }
+}
+
+/// A unit as its server keeps it: metered, behind the gate through which checkpoints hold
+/// its writes.
+fn owned(unit: Arc<dyn StorageUnit>) -> Arc<dyn StorageUnit> {
+    tq_unit::MeteredUnit::wrap(tq_unit::GatedUnit::wrap(unit))
+}

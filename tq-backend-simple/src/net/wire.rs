@@ -1,0 +1,285 @@
+//! What crosses the network between a [`super::RemoteUnit`] and a [`super::UnitServer`].
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use tq_core::cells::{CaptureInfo, CellPage, FieldCells};
+use tq_core::{DType, Error, FieldFilter, FieldName, MergeOp, Result, SampleId, Tensor, Value};
+use tq_unit::{UnitRows, UnitStats, UnitUpdateReply};
+
+/// How one cell's frame is to be read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) enum CellDesc {
+    Tensor { dtype: DType, shape: Vec<usize> },
+    Object,
+}
+
+/// The rows of one field on the wire; the cells' bytes are the next frames in order.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct WireRows {
+    pub(super) field: FieldName,
+    pub(super) shared: bool,
+    pub(super) cells: Vec<CellDesc>,
+}
+
+/// The merge operations that can cross the network (closures cannot).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) enum WireMerge {
+    Replace,
+    Add,
+    Max,
+    Concat { dim: usize },
+    Named(String),
+}
+
+impl WireMerge {
+    pub(super) fn from_op(op: &MergeOp, unit: &str) -> Result<WireMerge> {
+        Ok(match op {
+            MergeOp::Replace => WireMerge::Replace,
+            MergeOp::Add => WireMerge::Add,
+            MergeOp::Max => WireMerge::Max,
+            MergeOp::Concat { dim } => WireMerge::Concat { dim: *dim },
+            MergeOp::Named(n) => WireMerge::Named(n.clone()),
+            MergeOp::Custom(_) => {
+                return Err(Error::unsupported(
+                    "update with a closure merge",
+                    format!("remote storage unit `{unit}` (register a named merge function on the unit instead)"),
+                ))
+            }
+        })
+    }
+
+    pub(super) fn into_op(self) -> MergeOp {
+        match self {
+            WireMerge::Replace => MergeOp::Replace,
+            WireMerge::Add => MergeOp::Add,
+            WireMerge::Max => MergeOp::Max,
+            WireMerge::Concat { dim } => MergeOp::Concat { dim },
+            WireMerge::Named(n) => MergeOp::Named(n),
+        }
+    }
+}
+
+/// Every unit request, with the controller epoch of the metadata it was made from (0: the
+/// sender does not know one).
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct UnitEnvelope<R> {
+    pub(super) epoch: u64,
+    pub(super) request: R,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum UnitRequest {
+    Put {
+        samples: Vec<SampleId>,
+        fields: Vec<WireRows>,
+    },
+    Get {
+        fields: Vec<FieldName>,
+        samples: Vec<SampleId>,
+    },
+    Update {
+        samples: Vec<SampleId>,
+        fields: Vec<WireRows>,
+        merge: WireMerge,
+    },
+    Clear {
+        samples: Vec<SampleId>,
+        filter: FieldFilter,
+    },
+    Stats,
+    /// Checkpoint steps (see `tq_core::cells`).
+    Hold {
+        ttl_ms: u64,
+    },
+    Capture,
+    Page {
+        capture: u64,
+        offset: u64,
+        max_bytes: u64,
+    },
+    Release {
+        capture: Option<u64>,
+    },
+    /// The controller moved to the envelope's epoch (a checkpoint was loaded into it).
+    EnterEpoch,
+}
+
+impl UnitRequest {
+    /// The operation's name in logs and the `op_type` label.
+    pub(super) fn op(&self) -> &'static str {
+        match self {
+            UnitRequest::Put { .. } => "PUT_DATA",
+            UnitRequest::Update { .. } => "UPDATE_DATA",
+            UnitRequest::Get { .. } => "GET_DATA",
+            UnitRequest::Clear { .. } => "CLEAR_DATA",
+            UnitRequest::Stats => "STATS",
+            UnitRequest::Hold { .. } => "CHECKPOINT_HOLD",
+            UnitRequest::Capture => "CHECKPOINT_CAPTURE",
+            UnitRequest::Page { .. } => "CHECKPOINT_PAGE",
+            UnitRequest::Release { .. } => "CHECKPOINT_RELEASE",
+            UnitRequest::EnterEpoch => "ENTER_EPOCH",
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum UnitResponse {
+    Done,
+    /// Per requested field, the cells in sample order; their bytes are the frames in order.
+    Got(Vec<Vec<CellDesc>>),
+    Updated(UnitUpdateReply),
+    Stats(UnitStats),
+    Captured(CaptureInfo),
+    /// A page of a capture: per field, its samples and cells; the bytes are the frames in order.
+    Page {
+        fields: Vec<(FieldName, Vec<SampleId>, Vec<CellDesc>)>,
+        next: Option<u64>,
+    },
+}
+
+/// A capture page as a response and its frames.
+pub(super) fn encode_page(page: CellPage) -> (UnitResponse, Vec<Bytes>) {
+    let mut frames = Vec::new();
+    let fields = page
+        .fields
+        .into_iter()
+        .map(|fc| {
+            let descs = describe(&fc.values, &mut frames);
+            (fc.field, fc.samples, descs)
+        })
+        .collect();
+    (
+        UnitResponse::Page {
+            fields,
+            next: page.next,
+        },
+        frames,
+    )
+}
+
+impl FrameReader<'_> {
+    /// The page a [`UnitResponse::Page`] describes, over this reader's frames.
+    pub(super) fn page(
+        mut self,
+        fields: Vec<(FieldName, Vec<SampleId>, Vec<CellDesc>)>,
+        next: Option<u64>,
+    ) -> Result<CellPage> {
+        let mut page = CellPage {
+            fields: Vec::with_capacity(fields.len()),
+            next,
+        };
+        for (field, samples, descs) in fields {
+            if samples.len() != descs.len() {
+                return Err(Error::corrupted(format!(
+                    "{}: a page of field `{field}` lists {} samples and {} cells",
+                    self.peer,
+                    samples.len(),
+                    descs.len()
+                )));
+            }
+            let values = self.cells(descs)?;
+            page.fields.push(FieldCells {
+                field,
+                samples,
+                values,
+            });
+        }
+        self.finish()?;
+        Ok(page)
+    }
+}
+
+pub(super) fn describe(values: &[Value], frames: &mut Vec<Bytes>) -> Vec<CellDesc> {
+    values
+        .iter()
+        .map(|v| {
+            frames.push(v.bytes().clone());
+            match v {
+                Value::Tensor(t) => CellDesc::Tensor {
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                },
+                Value::Object(_) => CellDesc::Object,
+            }
+        })
+        .collect()
+}
+
+pub(super) fn encode_fields(
+    fields: BTreeMap<FieldName, UnitRows>,
+    frames: &mut Vec<Bytes>,
+) -> Vec<WireRows> {
+    fields
+        .into_iter()
+        .map(|(field, rows)| WireRows {
+            cells: describe(&rows.values, frames),
+            shared: rows.shared_allocation,
+            field,
+        })
+        .collect()
+}
+
+/// Rebuilds cells from their descriptions and the message's frames, in order.
+pub(super) struct FrameReader<'a> {
+    pub(super) frames: std::slice::Iter<'a, Bytes>,
+    pub(super) peer: &'a str,
+}
+
+impl FrameReader<'_> {
+    /// The next frame; a message with fewer frames than cells is corrupted.
+    pub(super) fn next_frame(&mut self) -> Result<Bytes> {
+        self.frames.next().cloned().ok_or_else(|| {
+            Error::corrupted(format!(
+                "{}: message has fewer frames than cells",
+                self.peer
+            ))
+        })
+    }
+
+    /// The cell `desc` describes, over `bytes`.
+    pub(super) fn cell(&self, desc: CellDesc, bytes: Bytes) -> Result<Value> {
+        Ok(match desc {
+            CellDesc::Object => Value::Object(bytes),
+            CellDesc::Tensor { dtype, shape } => Value::Tensor(
+                Tensor::new(dtype, shape, bytes)
+                    .map_err(|e| Error::corrupted(format!("{}: {}", self.peer, e.message())))?,
+            ),
+        })
+    }
+
+    pub(super) fn cells(&mut self, descs: Vec<CellDesc>) -> Result<Vec<Value>> {
+        descs
+            .into_iter()
+            .map(|d| {
+                let bytes = self.next_frame()?;
+                self.cell(d, bytes)
+            })
+            .collect()
+    }
+
+    pub(super) fn fields(&mut self, wire: Vec<WireRows>) -> Result<BTreeMap<FieldName, UnitRows>> {
+        let mut out = BTreeMap::new();
+        for w in wire {
+            let values = self.cells(w.cells)?;
+            out.insert(
+                w.field,
+                UnitRows {
+                    values,
+                    shared_allocation: w.shared,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    pub(super) fn finish(mut self) -> Result<()> {
+        match self.frames.next() {
+            None => Ok(()),
+            Some(_) => Err(Error::corrupted(format!(
+                "{}: message has more frames than cells",
+                self.peer
+            ))),
+        }
+    }
+}
