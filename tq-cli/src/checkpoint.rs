@@ -1,5 +1,6 @@
-//! `tq checkpoint save|load DIR --controller URL`: checkpoints of a running deployment whose
-//! payloads stay in a shared store (see `tq_client`'s checkpoint module).
+//! `tq checkpoint save|load DIR --controller URL`: checkpoints of a running deployment: the
+//! controller's state, with the cells of its storage units copied, or KV payloads left in their
+//! store (see `tq_client`'s checkpoint module).
 
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
@@ -14,9 +15,10 @@ pub struct CheckpointArgs {
 
 #[derive(Subcommand, Debug)]
 enum Action {
-    /// Save the controller's whole state (to `DIR`, `file://DIR` or `s3://bucket/prefix`).
+    /// Save the controller's whole state and the storage units' cells (to `DIR`, `file://DIR`
+    /// or `s3://bucket/prefix`).
     Save(Target),
-    /// Restore a checkpoint into a controller that holds nothing yet.
+    /// Restore a checkpoint into a controller that holds nothing yet (and empty storage units).
     Load(Target),
 }
 
@@ -44,6 +46,14 @@ fn report(what: &str, m: &CheckpointManifest) {
         "{what} checkpoint: epoch {}, {} partitions, {} samples, {} keys, {} leases; storage {}",
         m.epoch, m.counts.partitions, m.counts.samples, m.counts.keys, m.counts.leases, m.storage
     );
+    if !m.units.is_empty() {
+        println!(
+            "  cells of {} storage units: {} cells, {} bytes",
+            m.units.len(),
+            m.units.iter().map(|u| u.cells).sum::<u64>(),
+            m.units.iter().map(|u| u.bytes).sum::<u64>()
+        );
+    }
 }
 
 pub async fn run(args: CheckpointArgs) -> Result<()> {

@@ -1,0 +1,130 @@
+//! Criterion: a checkpoint of a 1 GiB batch (simple-large, 1024 samples x 4 fields of 256 KiB)
+//! held by in-memory storage units — save (hold, controller state, capture, `.cells` files
+//! written and fsynced) and load (read, CRC, decode, cells into empty units, restore) — next to
+//! writing (with fsync) and reading the same bytes as files of the same size with std::fs.
+//! Run: `cargo bench -p tq-bench --bench checkpoint`
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use std::io::Write;
+use std::time::Duration;
+use tq::{Client, Config};
+use tq_bench::workloads;
+
+const ROWS: usize = 1024;
+/// The size of a `.cells` file (the checkpoint's page), for the baseline's files.
+const FILE_BYTES: usize = 64 << 20;
+
+fn embedded() -> Client {
+    let mut config = Config::default();
+    config.storage.num_units = 2;
+    Client::embedded(config).unwrap()
+}
+
+/// The baseline's write: the bytes as files of `FILE_BYTES`, each written, fsynced and
+/// renamed into place, then the previous round's files removed (as a save does).
+fn write_files(dir: &std::path::Path, round: usize, parts: &[tq::Bytes]) {
+    let mut file_no = 0;
+    let mut i = 0;
+    while i < parts.len() {
+        let path = dir.join(format!("raw-{round}-{file_no}.bin"));
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp).unwrap();
+        let mut written = 0;
+        while i < parts.len() && (written == 0 || written + parts[i].len() <= FILE_BYTES) {
+            f.write_all(&parts[i]).unwrap();
+            written += parts[i].len();
+            i += 1;
+        }
+        f.sync_all().unwrap();
+        drop(f);
+        std::fs::rename(&tmp, &path).unwrap();
+        file_no += 1;
+    }
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        if name.starts_with("raw-") && !name.starts_with(&format!("raw-{round}-")) {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+}
+
+fn read_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap().len())
+        .sum()
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let batch = workloads::by_name("simple-large", ROWS).unwrap();
+    let keys = workloads::keys(ROWS);
+    let source = embedded();
+    rt.block_on(source.partition("p").kv_batch_put(&keys, &batch, None))
+        .unwrap();
+    // The baseline writes the same bytes, cell by cell, as the save does.
+    let parts: Vec<tq::Bytes> = batch
+        .columns()
+        .values()
+        .flat_map(|c| match c {
+            tq::Column::Dense(t) => (0..t.rows())
+                .map(|r| t.row(r).data().clone())
+                .collect::<Vec<_>>(),
+            _ => unreachable!("simple-large is dense"),
+        })
+        .collect();
+    let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    eprintln!(
+        "checkpoint of {ROWS} samples: {:.1} MiB of cells",
+        total as f64 / (1 << 20) as f64
+    );
+
+    let root = std::env::temp_dir().join(format!("tq-bench-checkpoint-{}", std::process::id()));
+    let ckpt = root.join("checkpoint");
+    let raw = root.join("raw");
+    std::fs::create_dir_all(&raw).unwrap();
+
+    let mut g = c.benchmark_group("checkpoint 1 GiB (simple-large x 1024)");
+    g.sample_size(10);
+    g.warm_up_time(Duration::from_secs(1));
+    g.measurement_time(Duration::from_secs(20));
+    g.throughput(Throughput::Bytes(total));
+    g.bench_function(
+        "save (hold + state + capture + .cells written, fsynced)",
+        |b| b.iter(|| rt.block_on(source.save_checkpoint(&ckpt)).unwrap()),
+    );
+    let mut round = 0;
+    g.bench_function("baseline: std::fs write + fsync, 64 MiB files", |b| {
+        b.iter(|| {
+            round += 1;
+            write_files(&raw, round, &parts)
+        })
+    });
+    g.bench_function(
+        "load (read + CRC + decode + cells into units + restore)",
+        |b| {
+            b.iter_batched(
+                embedded,
+                |fresh| {
+                    rt.block_on(fresh.load_checkpoint(&ckpt)).unwrap();
+                    // Dropped after the timing: freeing 1 GiB is not part of a load.
+                    fresh
+                },
+                BatchSize::PerIteration,
+            )
+        },
+    );
+    g.bench_function("baseline: std::fs read, 64 MiB files", |b| {
+        b.iter(|| assert_eq!(read_files(&raw) as u64, total))
+    });
+    g.finish();
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
