@@ -38,6 +38,7 @@ mod checkpoint;
 mod clear;
 mod client;
 mod config;
+mod dump;
 mod key_cache;
 mod kv;
 mod partition;
@@ -55,6 +56,7 @@ pub use client::{Client, KvBatchMeta};
 pub use config::{
     Backend, Config, ControllerSection, KvSection, NetSection, NotBuilt, SsdSection, StorageSection,
 };
+pub use dump::{DumpManifest, DumpOptions, DUMP_FORMAT};
 pub use key_cache::KeyCacheStats;
 pub use partition::Partition;
 #[cfg(feature = "remote")]

@@ -19,7 +19,7 @@ use tq_core::{Bytes, DType, Error, FieldName, Result, SampleId, Tensor, Value};
 const MAGIC: &[u8; 8] = b"TQCELLS1";
 
 /// How much of a unit's cells one file holds (about; a larger cell gets a file of its own).
-pub(super) const PAGE_BYTES: u64 = 64 << 20;
+pub(crate) const PAGE_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Serialize, Deserialize)]
 enum FileCell {
@@ -41,7 +41,7 @@ struct FileField {
 }
 
 /// A page of cells as the parts of one file.
-fn encode(fields: Vec<FieldCells>) -> Result<Vec<Bytes>> {
+pub(crate) fn encode(fields: Vec<FieldCells>) -> Result<Vec<Bytes>> {
     let mut payload = Vec::new();
     let header: Vec<FileField> = fields
         .into_iter()
@@ -82,7 +82,7 @@ fn encode(fields: Vec<FieldCells>) -> Result<Vec<Bytes>> {
 
 /// The cells of a `.cells` file (already checked against its size and CRC-32); `what` names
 /// the file in errors.
-pub(super) fn decode(file: Bytes, what: &str) -> Result<Vec<FieldCells>> {
+pub(crate) fn decode(file: Bytes, what: &str) -> Result<Vec<FieldCells>> {
     let bad = |why: String| Error::corrupted(format!("checkpoint: `{what}` {why}"));
     if file.len() < 16 || &file[..8] != MAGIC {
         return Err(bad("is not a tq cells file".into()));

@@ -39,7 +39,7 @@ use tq_core::{Error, Result};
 /// Format 2 added the cells of storage units (`units`).
 pub const CHECKPOINT_FORMAT: u32 = 2;
 
-const MANIFEST: &str = "MANIFEST.toml";
+pub(crate) const MANIFEST: &str = "MANIFEST.toml";
 const CRC_LINE: &str = "# crc32 ";
 
 /// One file of a checkpoint.
@@ -78,50 +78,71 @@ pub struct UnitCells {
     pub files: Vec<CheckpointFile>,
 }
 
-mod cells;
-mod place;
+pub(crate) mod cells;
+pub(crate) mod place;
 
 use place::Place;
 
-fn crc_hex(bytes: &[u8]) -> String {
+pub(crate) fn crc_hex(bytes: &[u8]) -> String {
     format!("{:08x}", crc32fast::hash(bytes))
+}
+
+/// A data file of some checkpoint (controller states and unit cells).
+fn is_checkpoint_file(name: &str) -> bool {
+    (name.starts_with("controller-") && name.ends_with(".state"))
+        || (name.starts_with("unit-") && name.ends_with(".cells"))
+}
+
+/// A TOML manifest with its own CRC-32 as the last line.
+pub(crate) fn seal<T: Serialize>(manifest: &T, what: &str) -> Result<String> {
+    let body = toml::to_string(manifest)
+        .map_err(|e| Error::internal(format!("{what}: cannot encode the manifest: {e}")))?;
+    Ok(format!("{body}{CRC_LINE}{}\n", crc_hex(body.as_bytes())))
+}
+
+/// The manifest in `text` (the file `path`), checked: its CRC-32 line, then its `format`
+/// (newer than `newest` is refused), then the whole of it.
+pub(crate) fn unseal<T: serde::de::DeserializeOwned>(
+    text: &str,
+    path: &str,
+    what: &str,
+    newest: u32,
+) -> Result<T> {
+    let bad = |why: String| Error::corrupted(format!("{what}: `{path}` {why}"));
+    let at = text
+        .rfind(CRC_LINE)
+        .ok_or_else(|| bad("has no checksum line".into()))?;
+    let (body, line) = text.split_at(at);
+    let want = line[CRC_LINE.len()..].trim();
+    if want != crc_hex(body.as_bytes()) {
+        return Err(bad(format!(
+            "is damaged (checksum {} in the file, {} computed)",
+            want,
+            crc_hex(body.as_bytes())
+        )));
+    }
+    #[derive(Deserialize)]
+    struct Format {
+        format: u32,
+    }
+    let format: Format = toml::from_str(body).map_err(|e| bad(format!("does not parse: {e}")))?;
+    if format.format > newest {
+        return Err(Error::invalid(format!(
+            "{what}: `{path}` is format {}, newer than this build reads (up to {newest}); load \
+             it with a newer tq",
+            format.format
+        )));
+    }
+    toml::from_str(body).map_err(|e| bad(format!("does not parse: {e}")))
 }
 
 impl CheckpointManifest {
     fn encode(&self) -> Result<String> {
-        let body = toml::to_string(self)
-            .map_err(|e| Error::internal(format!("checkpoint: cannot encode the manifest: {e}")))?;
-        Ok(format!("{body}{CRC_LINE}{}\n", crc_hex(body.as_bytes())))
+        seal(self, "checkpoint")
     }
 
     fn decode(text: &str, path: &str) -> Result<CheckpointManifest> {
-        let bad = |why: String| Error::corrupted(format!("checkpoint: `{path}` {why}"));
-        let at = text
-            .rfind(CRC_LINE)
-            .ok_or_else(|| bad("has no checksum line".into()))?;
-        let (body, line) = text.split_at(at);
-        let want = line[CRC_LINE.len()..].trim();
-        if want != crc_hex(body.as_bytes()) {
-            return Err(bad(format!(
-                "is damaged (checksum {} in the file, {} computed)",
-                want,
-                crc_hex(body.as_bytes())
-            )));
-        }
-        #[derive(Deserialize)]
-        struct Format {
-            format: u32,
-        }
-        let format: Format =
-            toml::from_str(body).map_err(|e| bad(format!("does not parse: {e}")))?;
-        if format.format > CHECKPOINT_FORMAT {
-            return Err(Error::invalid(format!(
-                "checkpoint: `{path}` is format {}, newer than this build reads (up to \
-                 {CHECKPOINT_FORMAT}); load it with a newer tq",
-                format.format
-            )));
-        }
-        toml::from_str(body).map_err(|e| bad(format!("does not parse: {e}")))
+        unseal(text, path, "checkpoint", CHECKPOINT_FORMAT)
     }
 }
 
@@ -216,7 +237,7 @@ impl Client {
         place.put(MANIFEST, manifest.encode()?.into_bytes()).await?;
         let ours: std::collections::HashSet<&str> =
             manifest.all_files().map(|f| f.name.as_str()).collect();
-        for old in place.data_files().await? {
+        for old in place.files_matching(is_checkpoint_file).await? {
             if !ours.contains(old.as_str()) {
                 if let Err(e) = place.remove(&old).await {
                     tracing::warn!(file = %place.describe(&old), error = %e, "could not remove an earlier checkpoint's file");
@@ -290,12 +311,12 @@ impl Client {
             )));
         }
         // Read and check everything before changing anything.
-        let state = read_checked(&place, file).await?;
+        let state = read_checked(&place, file, MANIFEST).await?;
         let mut unit_cells = Vec::with_capacity(parts);
         for (part, unit) in manifest.units.iter().enumerate() {
             let mut cells = Vec::new();
             for f in &unit.files {
-                let bytes = read_checked(&place, f).await?;
+                let bytes = read_checked(&place, f, MANIFEST).await?;
                 cells.extend(cells::decode(bytes.into(), &place.describe(&f.name))?);
             }
             let (n, b) = cells.iter().fold((0u64, 0u64), |(n, b), fc| {
@@ -395,19 +416,22 @@ impl CheckpointManifest {
 }
 
 /// Reads `file` of a checkpoint and checks its name, size and CRC-32 against the manifest.
-async fn read_checked(place: &Place, file: &CheckpointFile) -> Result<Vec<u8>> {
+pub(crate) async fn read_checked(
+    place: &Place,
+    file: &CheckpointFile,
+    manifest: &str,
+) -> Result<Vec<u8>> {
     if file.name.contains(['/', '\\']) || file.name.starts_with('.') {
         return Err(Error::corrupted(format!(
-            "checkpoint: `{}` names the file `{}` outside its directory",
-            place.describe(MANIFEST),
+            "`{}` names the file `{}` outside its directory",
+            place.describe(manifest),
             file.name
         )));
     }
     let bytes = place.get(&file.name).await?;
     if bytes.len() as u64 != file.bytes || crc_hex(&bytes) != file.crc32 {
         return Err(Error::corrupted(format!(
-            "checkpoint: `{}` is damaged: {} bytes with CRC-32 {}, the manifest says {} \
-             bytes with {}",
+            "`{}` is damaged: {} bytes with CRC-32 {}, the manifest says {} bytes with {}",
             place.describe(&file.name),
             bytes.len(),
             crc_hex(&bytes),

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use tq_core::{Bytes, Error, Result};
 
-pub(super) fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
+pub(crate) fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
     let kind = if e.kind() == std::io::ErrorKind::NotFound {
         tq_core::ErrorKind::NotFound
     } else {
@@ -18,7 +18,7 @@ pub(super) fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
 }
 
 /// Where a checkpoint's files live.
-pub(super) enum Place {
+pub(crate) enum Place {
     Dir(PathBuf),
     #[cfg(feature = "object-store")]
     Store {
@@ -31,7 +31,7 @@ pub(super) enum Place {
 
 impl Place {
     /// A directory (a path or `file://` URL), or (feature `s3`) `s3://bucket/prefix`.
-    pub(super) fn parse(url: &str) -> Result<Place> {
+    pub(crate) fn parse(url: &str) -> Result<Place> {
         if let Some(path) = url.strip_prefix("file://") {
             return Ok(Place::Dir(PathBuf::from(path)));
         }
@@ -66,7 +66,7 @@ impl Place {
         Ok(Place::Dir(PathBuf::from(url)))
     }
 
-    pub(super) fn describe(&self, name: &str) -> String {
+    pub(crate) fn describe(&self, name: &str) -> String {
         match self {
             Place::Dir(dir) => dir.join(name).display().to_string(),
             #[cfg(feature = "object-store")]
@@ -96,7 +96,7 @@ impl Place {
         .with_source(e)
     }
 
-    pub(super) fn prepare(&self) -> Result<()> {
+    pub(crate) fn prepare(&self) -> Result<()> {
         match self {
             Place::Dir(dir) => std::fs::create_dir_all(dir).map_err(|e| io_error("create", dir, e)),
             #[cfg(feature = "object-store")]
@@ -105,7 +105,7 @@ impl Place {
     }
 
     /// Writes a whole file; readers see the old one or the new one, never a part.
-    pub(super) async fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
+    pub(crate) async fn put(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
         match self {
             Place::Dir(dir) => write_atomically(&dir.join(name), &bytes),
             #[cfg(feature = "object-store")]
@@ -121,7 +121,7 @@ impl Place {
         }
     }
 
-    pub(super) async fn get(&self, name: &str) -> Result<Vec<u8>> {
+    pub(crate) async fn get(&self, name: &str) -> Result<Vec<u8>> {
         match self {
             Place::Dir(dir) => {
                 let path = dir.join(name);
@@ -145,7 +145,7 @@ impl Place {
 
     /// Writes a whole file made of `parts` (written as they are, not joined first); returns
     /// its size and CRC-32. Readers see the old file or the new one, never a part.
-    pub(super) async fn put_parts(&self, name: &str, parts: Vec<Bytes>) -> Result<(u64, u32)> {
+    pub(crate) async fn put_parts(&self, name: &str, parts: Vec<Bytes>) -> Result<(u64, u32)> {
         let mut crc = crc32fast::Hasher::new();
         let mut len = 0u64;
         for p in &parts {
@@ -179,13 +179,8 @@ impl Place {
         Ok((len, crc.finalize()))
     }
 
-    /// The names of the checkpoint data files present (controller states and unit cells),
-    /// whichever checkpoint they belong to.
-    pub(super) async fn data_files(&self) -> Result<Vec<String>> {
-        let is_state = |n: &str| {
-            (n.starts_with("controller-") && n.ends_with(".state"))
-                || (n.starts_with("unit-") && n.ends_with(".cells"))
-        };
+    /// The names of the files present for which `is_state` holds.
+    pub(crate) async fn files_matching(&self, is_state: fn(&str) -> bool) -> Result<Vec<String>> {
         match self {
             Place::Dir(dir) => {
                 let entries = std::fs::read_dir(dir).map_err(|e| io_error("list", dir, e))?;
@@ -214,7 +209,7 @@ impl Place {
         }
     }
 
-    pub(super) async fn remove(&self, name: &str) -> Result<()> {
+    pub(crate) async fn remove(&self, name: &str) -> Result<()> {
         match self {
             Place::Dir(dir) => {
                 let path = dir.join(name);
