@@ -459,21 +459,10 @@ impl StorageManager for KvStorageManager {
             });
         }
         let ks = self.keys(meta.partition());
-        let gens = self
-            .generations(&ks, meta.samples())
-            .await
-            .map_err(|e| e.context(self.ctx(meta)))?;
-        for (s, g) in meta.samples().iter().zip(&gens) {
-            if let Some(g) = g.filter(|g| *g > s.generation) {
-                return Err(Error::conflict(format!(
-                    "{}: put of sample index {} with generation {} is stale; the store holds \
-                     generation {g}",
-                    self.ctx(meta),
-                    s.index,
-                    s.generation
-                )));
-            }
-        }
+        // No read of the generation keys first: a stale put is caught by the compare-and-set
+        // that raises them after the cells are written (its cells, keyed by its own older
+        // generation, are never readable and are removed then). Reading first would only
+        // refuse that rare put earlier, at the price of one more store round trip on every put.
         let n = meta.len();
         let mut per_store: Vec<Vec<(String, KvValue)>> = vec![Vec::new(); self.stores.len()];
         per_store[0].reserve(n);
@@ -532,10 +521,8 @@ impl StorageManager for KvStorageManager {
         let raise: Vec<(usize, (String, u32))> = meta
             .samples()
             .iter()
-            .zip(&gens)
             .enumerate()
-            .filter(|(_, (s, g))| **g != Some(s.generation) || self.options.data_ttl.is_some())
-            .map(|(r, (s, _))| (r, (ks.generation(s.index), s.generation)))
+            .map(|(r, s)| (r, (ks.generation(s.index), s.generation)))
             .collect();
         let written: Vec<&str> = batch.field_names().collect();
         let rearm = self.rearm_plan(meta, &written)?;

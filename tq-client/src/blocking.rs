@@ -282,6 +282,18 @@ impl BlockingPartition {
         self.runtime
             .block_on(self.partition.kv_link(keys, public_keys, fields, options))
     }
+    pub fn kv_dump(
+        &self,
+        url: &str,
+        keys: Option<&[&str]>,
+        options: &crate::DumpOptions,
+    ) -> Result<crate::DumpManifest> {
+        self.runtime
+            .block_on(self.partition.kv_dump(url, keys, options))
+    }
+    pub fn kv_load(&self, url: &str) -> Result<crate::DumpManifest> {
+        self.runtime.block_on(self.partition.kv_load(url))
+    }
     pub fn kv_unlink<K: AsRef<str>>(&self, keys: &[K], fields: &[&str]) -> Result<usize> {
         self.runtime
             .block_on(self.partition.kv_unlink(keys, fields))

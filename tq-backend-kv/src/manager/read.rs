@@ -1,22 +1,8 @@
-//! Reading cells: generation keys first, then every cell with the store each came from.
+//! Reading cells: every cell, with its sample's generation key, and the store each came from.
 
 use super::*;
 
 impl KvStorageManager {
-    /// Reads the generation keys of `samples` (primary store).
-    pub(super) async fn generations(
-        &self,
-        ks: &KeyScheme,
-        samples: &[SampleId],
-    ) -> Result<Vec<Option<u32>>> {
-        let keys: Vec<String> = samples.iter().map(|s| ks.generation(s.index)).collect();
-        let raw = self.stores[0].store.mget_all(&keys).await?;
-        keys.iter()
-            .zip(raw)
-            .map(|(k, v)| v.map(|v| decode_generation(k, &v)).transpose())
-            .collect()
-    }
-
     /// Reads the cells of `fields` for every sample of `meta`: values in field-major order
     /// (`f * n + row`) and the store each came from. `on_cell(position, value)` sees every value
     /// as its call completes, while later calls are still in flight (get packs columns there);
