@@ -39,9 +39,16 @@ impl PayloadCheckpoint for SimpleStorage {
     async fn hold(&self, ttl: Duration) -> Result<()> {
         let units = self.units();
         let results = join_all(units.iter().map(|u| u.hold_writes(ttl))).await;
+        let taken: Vec<bool> = results.iter().map(Result::is_ok).collect();
         if let Err(e) = all_ok(units, results) {
-            // Lift the holds that were taken: writers should not wait out the ttl.
-            join_all(units.iter().map(|u| u.release_capture(None))).await;
+            // Lift the holds this call took (writers should not wait out the ttl), and only
+            // those: a unit that refused is held by another checkpoint.
+            let lifts = units
+                .iter()
+                .zip(taken)
+                .filter(|(_, taken)| *taken)
+                .map(|(u, _)| u.release_capture(None));
+            join_all(lifts).await;
             return Err(e);
         }
         Ok(())
@@ -50,14 +57,19 @@ impl PayloadCheckpoint for SimpleStorage {
     async fn capture(&self) -> Result<Vec<CaptureInfo>> {
         let units = self.units();
         let results = join_all(units.iter().map(|u| u.capture_cells())).await;
-        let captured: Vec<_> = results
+        let captured: Vec<Option<u64>> = results
             .iter()
-            .filter_map(|r| r.as_ref().ok().copied())
+            .map(|r| r.as_ref().ok().map(|c| c.id))
             .collect();
         match all_ok(units, results) {
             Ok(infos) => Ok(infos),
             Err(e) => {
-                self.release(&captured).await;
+                // Forget the captures taken; a unit whose capture failed lifted its hold anyway.
+                let drops = units
+                    .iter()
+                    .zip(captured)
+                    .filter_map(|(u, id)| id.map(|id| u.release_capture(Some(id))));
+                join_all(drops).await;
                 Err(e)
             }
         }
@@ -79,13 +91,13 @@ impl PayloadCheckpoint for SimpleStorage {
     async fn release(&self, captures: &[CaptureInfo]) {
         let units = self.units();
         let calls = units.iter().enumerate().map(|(i, u)| async move {
-            let id = captures.get(i).map(|c| c.id);
-            let lifted = u.release_capture(None).await;
-            let released = match id {
-                Some(id) => u.release_capture(Some(id)).await,
-                None => Ok(()),
+            // A unit that captured lifted its hold then; lifting again could lift the hold of
+            // a checkpoint that started since. Only a unit without a capture still holds ours.
+            let released = match captures.get(i) {
+                Some(c) => u.release_capture(Some(c.id)).await,
+                None => u.release_capture(None).await,
             };
-            if let Err(e) = lifted.and(released) {
+            if let Err(e) = released {
                 tracing::warn!(unit = %u.id(), error = %e, "could not release a checkpoint capture; it is dropped when idle");
             }
         });
