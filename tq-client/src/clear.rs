@@ -1,25 +1,14 @@
-//! Clears (hide → delete and release) and the clears whose storage step failed.
+//! Clears (hide → delete → release) and the clears whose storage step failed.
 //!
-//! A whole-sample clear first hides its samples at the controller, then deletes their cells in
-//! storage and releases the indexes, those two at once. Releasing before the cells are gone is
-//! safe because every backend honours generations: the index's next sample has a newer
-//! generation, which this clear's delete never touches (units keep cells newer than the
-//! clear's generation; KV cells are keyed by generation and the generation key is deleted only
-//! if it names no newer one). Overlapping the two saves a controller round trip per clear.
-//!
-//! When the storage step fails (a unit or Redis is down) and the release went through, the
-//! samples are gone and their leftover cells are unreachable (no metadata names them); the
-//! delete is retried in the background to reclaim them. When the release failed too, the
-//! samples stay hidden (nothing reads half-deleted data) and their keys cannot be written
+//! A clear first hides its samples at the controller, then deletes their cells in storage,
+//! then releases the indexes. When the storage step fails (a unit or Redis is down), the
+//! samples stay hidden — nothing reads half-deleted data — but their keys cannot be written
 //! again until the clear is finished. Three things finish it, so a key is never stuck:
 //! - the client retries every unfinished clear in the background, with backoff
 //!   ([`Client::retry_unfinished_clears`] runs them at once);
 //! - the next `kv_clear` of the key marks samples already being cleared again and finishes them;
 //! - the next `kv_put` of the key finishes its clear first (the controller reports such keys
 //!   instead of refusing them).
-//!
-//! A field-level clear stays in sequence (delete, then let the fields be written again): a
-//! new write of the field has the same generation, so it must not land before the delete.
 
 use crate::client::{owned_fields, owned_keys};
 use crate::Client;
@@ -33,8 +22,6 @@ use tq_core::{BatchMeta, Error, FieldFilter, FieldName, Result, SampleId};
 enum Unfinished {
     /// Whole samples, marked clearing: delete every cell, then release.
     Samples(BatchMeta),
-    /// Whole samples already released: only their leftover cells to delete.
-    Cells(BatchMeta),
     /// A field-level clear: delete the cells of `fields`, then unblock them.
     Fields {
         meta: BatchMeta,
@@ -109,29 +96,14 @@ impl Client {
         if marked.is_empty() {
             return Ok(());
         }
-        // Delete and release at once (see the module docs for why that is safe).
-        let (deleted, released) = tokio::join!(
-            self.storage().clear(&marked, &FieldFilter::All),
-            self.control().release(partition, marked.samples())
-        );
-        match (deleted, released) {
-            (Ok(()), released) => released,
-            (Err(e), Ok(())) => {
-                self.defer(Unfinished::Cells(marked));
-                Err(e.context(format!(
-                    "partition `{partition}`: the samples are cleared, but deleting their cells \
-                     failed; the leftover cells (which nothing can read) are deleted in the \
-                     background"
-                )))
-            }
-            (Err(e), Err(_)) => {
-                self.defer(Unfinished::Samples(marked));
-                Err(e.context(format!(
-                    "partition `{partition}`: storage clear failed; the samples stay hidden and \
-                     the clear is retried in the background (or by clearing them again)"
-                )))
-            }
+        if let Err(e) = self.storage().clear(&marked, &FieldFilter::All).await {
+            self.defer(Unfinished::Samples(marked));
+            return Err(e.context(format!(
+                "partition `{partition}`: storage clear failed; the samples stay hidden and the \
+                 clear is retried in the background (or by clearing them again)"
+            )));
         }
+        self.control().release(partition, marked.samples()).await
     }
 
     /// Clears keys. Without `fields` the keys disappear; with `fields` only those cells are
@@ -208,7 +180,6 @@ impl Client {
                         Err(e) => Err(e),
                     }
                 }
-                Unfinished::Cells(meta) => self.storage().clear(meta, &FieldFilter::All).await,
                 Unfinished::Fields {
                     meta,
                     samples,
