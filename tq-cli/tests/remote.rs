@@ -987,31 +987,8 @@ async fn a_checkpoint_carries_storage_unit_payloads_to_new_processes() {
     let (status, stderr) = produce.wait_exit(Duration::from_secs(60));
     assert!(status.success(), "{stderr}");
     let tq = Client::connect_with(&listen, config(10_000)).await.unwrap();
-    let mut first: Vec<i64> = Vec::new();
-    while first.len() < 50 {
-        let meta = tq
-            .get_meta(
-                GetMetaRequest::fetch("work", &["x"], "consume", 10, Wait::NoWait)
-                    .with_lease(Duration::from_secs(60)),
-            )
-            .await
-            .unwrap();
-        tq.get_data(&meta).await.unwrap();
-        tq.ack("consume", &meta).await.unwrap();
-        first.extend(meta.tags().iter().map(|t| match t["id"] {
-            tq_core::TagValue::Int(id) => id,
-            _ => panic!("id tag"),
-        }));
-    }
-    let saved = Tq::spawn(&[
-        "checkpoint",
-        "save",
-        &format!("file://{}", checkpoint.display()),
-        "--controller",
-        &listen,
-    ]);
-    let (status, stderr) = saved.wait_exit(Duration::from_secs(30));
-    assert!(status.success(), "{stderr}");
+    let first = common::consume_acked(&tq, 50).await;
+    common::checkpoint("save", &format!("file://{}", checkpoint.display()), &listen);
     let cells_files = std::fs::read_dir(&checkpoint)
         .unwrap()
         .filter(|e| {
@@ -1029,36 +1006,8 @@ async fn a_checkpoint_carries_storage_unit_payloads_to_new_processes() {
         u.kill();
     }
     let (mut controller, mut units) = start("b");
-    let loaded = Tq::spawn(&[
-        "checkpoint",
-        "load",
-        checkpoint.to_str().unwrap(),
-        "--controller",
-        &listen,
-    ]);
-    let (status, stderr) = loaded.wait_exit(Duration::from_secs(30));
-    assert!(status.success(), "{stderr}");
-    let mut consumer = Tq::spawn(&["consume", "--connect", &listen, "--batch", "7"]);
-    let done = Tq::spawn(&[
-        "produce",
-        "--connect",
-        &listen,
-        "--count",
-        "0",
-        "--complete",
-    ]);
-    let (status, stderr) = done.wait_exit(Duration::from_secs(30));
-    assert!(status.success(), "{stderr}");
-    let rest = common::acked_ids(&consumer.rest_of_output(Duration::from_secs(60)));
-    let (status, stderr) = consumer.wait_exit(Duration::from_secs(10));
-    assert!(status.success(), "consumer after the load: {stderr}");
-    let mut all: Vec<i64> = first.iter().chain(&rest).copied().collect();
-    all.sort_unstable();
-    assert_eq!(
-        all,
-        (0..200).collect::<Vec<i64>>(),
-        "each sample exactly once"
-    );
+    common::checkpoint("load", checkpoint.to_str().unwrap(), &listen);
+    common::finish_job(&listen, &first, 200);
     let _ = controller.terminate(Duration::from_secs(5));
     for u in &mut units {
         u.kill();

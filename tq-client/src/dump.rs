@@ -106,11 +106,6 @@ fn is_dump_file(name: &str) -> bool {
         || (name.starts_with("dump-") && name.ends_with(".cells"))
 }
 
-/// The rows of `column` as values.
-fn values_of(column: &Column) -> Vec<Value> {
-    column.values()
-}
-
 impl Partition {
     /// Dumps `keys` of this partition (`None`: every key) to `url` (a directory, `file://DIR`,
     /// or `s3://bucket/prefix` with feature `s3`): tags, the cells each key holds, and its
@@ -257,7 +252,7 @@ impl Partition {
                         .iter()
                         .map(|r| SampleId::new(*r as u32, 0))
                         .collect(),
-                    values: values_of(column),
+                    values: column.values(),
                 });
             }
         }
@@ -552,6 +547,6 @@ async fn read_field(partition: &Partition, keys: &[&str], field: &str) -> Result
     let column = batch
         .column(field)
         .ok_or_else(|| Error::internal(format!("the read of `{field}` came back without it")))?;
-    let by_key: HashMap<&str, Value> = unique.into_iter().zip(values_of(column)).collect();
+    let by_key: HashMap<&str, Value> = unique.into_iter().zip(column.values()).collect();
     Ok(keys.iter().map(|k| by_key[k].clone()).collect())
 }

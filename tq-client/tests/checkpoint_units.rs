@@ -11,28 +11,10 @@ use tq_client::*;
 use tq_controller::PUBLIC_PARTITION;
 use tq_core::{Batch, Bytes, Column, ErrorKind, TagValue, Tags, Tensor};
 
-struct TempDir(std::path::PathBuf);
+#[path = "../../tq-backend-kv/tests/common/mod.rs"]
+mod common;
 
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "tq-ckpt-units-{name}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::TempDir;
 
 /// Rows of every column kind: dense, ragged (one tensor per row, lengths differ) and objects.
 fn every_kind(rows: usize, base: i64) -> Batch {
@@ -138,7 +120,7 @@ fn files_with(dir: &TempDir, ext: &str) -> Vec<std::path::PathBuf> {
 
 #[tokio::test]
 async fn in_memory_units_round_trip_through_a_checkpoint() {
-    let dir = TempDir::new("memory");
+    let dir = TempDir::new();
     let first = in_memory(3);
     fill(&first).await;
     let saved = first.save_checkpoint(&dir.0).await.unwrap();
@@ -192,7 +174,7 @@ async fn in_memory_units_round_trip_through_a_checkpoint() {
 
 #[tokio::test]
 async fn damaged_cells_and_other_deployments_are_refused_before_anything_changes() {
-    let dir = TempDir::new("damage");
+    let dir = TempDir::new();
     let first = in_memory(2);
     fill(&first).await;
     first.save_checkpoint(&dir.0).await.unwrap();
@@ -234,8 +216,8 @@ async fn damaged_cells_and_other_deployments_are_refused_before_anything_changes
 #[cfg(feature = "ssd")]
 #[tokio::test]
 async fn ssd_units_round_trip_through_a_checkpoint() {
-    let disk = TempDir::new("ssd-disk");
-    let dir = TempDir::new("ssd");
+    let disk = TempDir::new();
+    let dir = TempDir::new();
     let ssd = |sub: &str| {
         let mut config = Config::default();
         config.storage.num_units = 2;
@@ -294,7 +276,7 @@ async fn checkpoints_taken_while_writers_run_restore_every_listed_sample() {
         })
         .collect();
     for i in 0..5 {
-        let dir = TempDir::new(&format!("live-{i}"));
+        let dir = TempDir::new();
         let saved = tq.save_checkpoint(&dir.0).await.unwrap();
         let fresh = in_memory(2);
         fresh.load_checkpoint(&dir.0).await.unwrap();

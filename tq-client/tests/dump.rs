@@ -9,29 +9,13 @@
 use tq_client::*;
 use tq_core::{Batch, Bytes, Column, ErrorKind, TagValue, Tags, Tensor};
 
-struct TempDir(std::path::PathBuf);
+#[path = "../../tq-backend-kv/tests/common/mod.rs"]
+mod common;
 
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "tq-dump-{name}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        TempDir(dir)
-    }
-    fn url(&self) -> String {
-        format!("file://{}", self.0.display())
-    }
-}
+use common::TempDir;
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+fn url(dir: &TempDir) -> String {
+    format!("file://{}", dir.0.display())
 }
 
 fn every_kind(rows: usize, base: i64) -> Batch {
@@ -104,17 +88,17 @@ async fn assert_job(p: &Partition) {
 async fn a_dump_round_trips_with_links_that_stay_links() {
     let tq = Client::embedded(Config::default()).unwrap();
     job(&tq).await;
-    let dir = TempDir::new("round-trip");
+    let dir = TempDir::new();
     let m = tq
         .partition("train")
-        .kv_dump(&dir.url(), None, &DumpOptions::default())
+        .kv_dump(&url(&dir), None, &DumpOptions::default())
         .await
         .unwrap();
     assert_eq!((m.keys, m.cells, m.links), (4, 12, 4));
     assert_eq!(m.format, DUMP_FORMAT);
 
     let restored = tq.partition("restored");
-    restored.kv_load(&dir.url()).await.unwrap();
+    restored.kv_load(&url(&dir)).await.unwrap();
     assert_job(&restored).await;
     // The prompt is a link again, not a copy: the restored keys' links point at v0.
     let meta = restored.kv_meta(&KEYS).await.unwrap();
@@ -127,7 +111,7 @@ async fn a_dump_round_trips_with_links_that_stay_links() {
     assert!(meta.links().iter().all(|l| l.get("prompt") == Some(&v0)));
 
     // Loading again into the same keys is refused and changes nothing.
-    let e = restored.kv_load(&dir.url()).await.unwrap_err();
+    let e = restored.kv_load(&url(&dir)).await.unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Conflict, "{e}");
     assert_job(&restored).await;
 }
@@ -139,16 +123,16 @@ async fn a_dump_round_trips_with_links_that_stay_links() {
 async fn a_stale_link_is_refused_and_a_dereferenced_dump_keeps_the_original_values() {
     let tq = Client::embedded(Config::default()).unwrap();
     job(&tq).await;
-    let linked = TempDir::new("stale");
-    let copied = TempDir::new("deref");
+    let linked = TempDir::new();
+    let copied = TempDir::new();
     let train = tq.partition("train");
     train
-        .kv_dump(&linked.url(), None, &DumpOptions::default())
+        .kv_dump(&url(&linked), None, &DumpOptions::default())
         .await
         .unwrap();
     let m = train
         .kv_dump(
-            &copied.url(),
+            &url(&copied),
             Some(&KEYS),
             &DumpOptions {
                 dereference_links: true,
@@ -167,7 +151,7 @@ async fn a_stale_link_is_refused_and_a_dereferenced_dump_keeps_the_original_valu
     public.kv_clear(&["v0"]).await.unwrap();
     public.kv_put("v0", &prompt(1, 9), None).await.unwrap();
 
-    let e = train.kv_load(&linked.url()).await.unwrap_err();
+    let e = train.kv_load(&url(&linked)).await.unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Conflict, "{e}");
     assert!(e.message().contains("changed since the dump"), "{e}");
     assert!(e.message().contains("`v0`"), "{e}");
@@ -176,7 +160,7 @@ async fn a_stale_link_is_refused_and_a_dereferenced_dump_keeps_the_original_valu
         "nothing was loaded"
     );
 
-    train.kv_load(&copied.url()).await.unwrap();
+    train.kv_load(&url(&copied)).await.unwrap();
     assert_job(&train).await;
     // The restored prompts are the keys' own cells now.
     assert!(train
@@ -192,7 +176,7 @@ async fn a_stale_link_is_refused_and_a_dereferenced_dump_keeps_the_original_valu
     train.kv_clear(&KEYS).await.unwrap();
     public.kv_clear(&["v0"]).await.unwrap();
     public.kv_put("v0", &prompt(1, 5), None).await.unwrap();
-    train.kv_load(&linked.url()).await.unwrap();
+    train.kv_load(&url(&linked)).await.unwrap();
     assert_job(&train).await;
 }
 
@@ -200,9 +184,9 @@ async fn a_stale_link_is_refused_and_a_dereferenced_dump_keeps_the_original_valu
 async fn damage_newer_formats_and_incompatible_schemas_are_refused_before_writing() {
     let tq = Client::embedded(Config::default()).unwrap();
     job(&tq).await;
-    let dir = TempDir::new("damage");
+    let dir = TempDir::new();
     tq.partition("train")
-        .kv_dump(&dir.url(), None, &DumpOptions::default())
+        .kv_dump(&url(&dir), None, &DumpOptions::default())
         .await
         .unwrap();
     let target = tq.partition("target");
@@ -219,7 +203,7 @@ async fn damage_newer_formats_and_incompatible_schemas_are_refused_before_writin
         let mut bad = good.clone();
         bad[good.len() / 2] ^= 4;
         std::fs::write(f, &bad).unwrap();
-        let e = target.kv_load(&dir.url()).await.unwrap_err();
+        let e = target.kv_load(&url(&dir)).await.unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Corrupted, "{e}");
         assert!(e.message().contains(f.to_str().unwrap()), "{e}");
         std::fs::write(f, &good).unwrap();
@@ -237,7 +221,7 @@ async fn damage_newer_formats_and_incompatible_schemas_are_refused_before_writin
         format!("{body}# crc32 {:08x}\n", crc32fast::hash(body.as_bytes())),
     )
     .unwrap();
-    let e = target.kv_load(&dir.url()).await.unwrap_err();
+    let e = target.kv_load(&url(&dir)).await.unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Invalid, "{e}");
     assert!(e.message().contains("newer"), "{e}");
     std::fs::write(&manifest, &text).unwrap();
@@ -254,7 +238,7 @@ async fn damage_newer_formats_and_incompatible_schemas_are_refused_before_writin
         )
         .await
         .unwrap();
-    let e = target.kv_load(&dir.url()).await.unwrap_err();
+    let e = target.kv_load(&url(&dir)).await.unwrap_err();
     assert!(e.message().contains("prompt"), "{e}");
     let listed: Vec<String> = target
         .kv_list()

@@ -297,3 +297,59 @@ pub async fn a_job_across_a_controller_kill(
     assert!(total - printed <= 12, "{printed} of {total} printed");
     controller
 }
+
+/// Fetches, reads and acknowledges batches of 10 of partition `work` for task `consume`
+/// (the partition and task of `tq produce` / `tq consume`) until at least `n` samples are
+/// consumed; returns their `id` tags.
+pub async fn consume_acked(tq: &tq_client::Client, n: usize) -> Vec<i64> {
+    let mut ids: Vec<i64> = Vec::new();
+    while ids.len() < n {
+        let meta = tq
+            .get_meta(
+                tq_client::GetMetaRequest::fetch(
+                    "work",
+                    &["x"],
+                    "consume",
+                    10,
+                    tq_client::Wait::NoWait,
+                )
+                .with_lease(Duration::from_secs(60)),
+            )
+            .await
+            .unwrap();
+        tq.get_data(&meta).await.unwrap();
+        tq.ack("consume", &meta).await.unwrap();
+        ids.extend(meta.tags().iter().map(|t| match t["id"] {
+            tq_core::TagValue::Int(id) => id,
+            _ => panic!("id tag"),
+        }));
+    }
+    ids
+}
+
+/// `tq checkpoint <action> <dir> --controller <listen>`, which must succeed.
+pub fn checkpoint(action: &str, dir: &str, listen: &str) {
+    let run = Tq::spawn(&["checkpoint", action, dir, "--controller", listen]);
+    let (status, stderr) = run.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "checkpoint {action}: {stderr}");
+}
+
+/// Finishes a `tq produce` job of `total` samples (ids `0..total`) at `listen` of which
+/// `first` were consumed already: marks production complete, consumes the rest with `tq
+/// consume`, and checks that every sample was consumed exactly once.
+pub fn finish_job(listen: &str, first: &[i64], total: i64) {
+    let mut consumer = Tq::spawn(&["consume", "--connect", listen, "--batch", "7"]);
+    let done = Tq::spawn(&["produce", "--connect", listen, "--count", "0", "--complete"]);
+    let (status, stderr) = done.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{stderr}");
+    let rest = acked_ids(&consumer.rest_of_output(Duration::from_secs(60)));
+    let (status, stderr) = consumer.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "consumer: {stderr}");
+    let mut all: Vec<i64> = first.iter().chain(&rest).copied().collect();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..total).collect::<Vec<i64>>(),
+        "each sample exactly once"
+    );
+}
