@@ -104,7 +104,7 @@ pub(super) async fn consume(ctx: &Ctx) {
                     // The stream gave the batch back; find it and report what is lost.
                     ctx.error("stream read", &e);
                     idle_since = None;
-                    fetch_and_sort_out(ctx).await;
+                    fetch_and_sort_out(ctx, batch).await;
                     break;
                 }
                 Err(e) => {
@@ -212,14 +212,16 @@ async fn finish(
     }
 }
 
-/// After a stream read failed for lost data: fetches a batch under a lease, reads it sample by
-/// sample, and finishes the readable ones as consumed and the rest as lost.
-async fn fetch_and_sort_out(ctx: &Ctx) {
+/// After a stream read failed for lost data: fetches a batch of `batch` samples (the stream's
+/// size: one at a time while draining the tail, where a whole batch may never be ready again)
+/// under a lease, reads it sample by sample, and finishes the readable ones as consumed and
+/// the rest as lost.
+async fn fetch_and_sort_out(ctx: &Ctx, batch: usize) {
     let req = GetMetaRequest::fetch(
         STREAM_PARTITION,
         &FIELDS,
         TASK,
-        ctx.args.batch,
+        batch,
         Wait::For(Duration::from_secs(1)),
     )
     .with_lease(Duration::from_millis(ctx.args.lease_ms));
