@@ -719,12 +719,7 @@ async fn key_cache_speculation_never_answers_stale_metadata() {
 /// samples that reuse its indexes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storage_units_rejoin_a_restarted_controller() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("tcp://127.0.0.1:{port}");
+    let listen = common::free_listen();
     let start_controller = || Tq::spawn(&["controller", "--listen", &listen, "--units", "2"]);
     let mut controller = start_controller();
     let url = Tq::controller_endpoint(&controller.listening(1));
@@ -874,12 +869,7 @@ fn tempdir(name: &str) -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_with_a_state_dir_survives_kill_9() {
     let dir = tempdir("state-dir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("tcp://127.0.0.1:{port}");
+    let listen = common::free_listen();
     let state = dir.join("state");
     let start = || {
         Tq::spawn(&[
@@ -949,12 +939,7 @@ async fn a_checkpoint_carries_storage_unit_payloads_to_new_processes() {
     let dir = tempdir("unit-checkpoint");
     let checkpoint = dir.join("checkpoint");
     let ssd = dir.join("ssd");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("tcp://127.0.0.1:{port}");
+    let listen = common::free_listen();
     let start = |generation: &str| {
         let mut controller = Tq::spawn(&["controller", "--listen", &listen, "--units", "2"]);
         controller.listening(1);
@@ -975,17 +960,7 @@ async fn a_checkpoint_carries_storage_unit_payloads_to_new_processes() {
         (controller, units)
     };
     let (mut controller, mut units) = start("a");
-    let produce = Tq::spawn(&[
-        "produce",
-        "--connect",
-        &listen,
-        "--count",
-        "200",
-        "--batch",
-        "20",
-    ]);
-    let (status, stderr) = produce.wait_exit(Duration::from_secs(60));
-    assert!(status.success(), "{stderr}");
+    common::produce(&listen, 200);
     let tq = Client::connect_with(&listen, config(10_000)).await.unwrap();
     let first = common::consume_acked(&tq, 50).await;
     common::checkpoint("save", &format!("file://{}", checkpoint.display()), &listen);

@@ -670,17 +670,7 @@ async fn a_checkpoint_carries_a_job_across_a_controller_kill() {
     let start = || controller_at(&listen, &config, &[]);
     let mut controller = start();
     controller.listening(1);
-    let produce = Tq::spawn(&[
-        "produce",
-        "--connect",
-        &listen,
-        "--count",
-        "200",
-        "--batch",
-        "20",
-    ]);
-    let (status, stderr) = produce.wait_exit(Duration::from_secs(60));
-    assert!(status.success(), "{stderr}");
+    common::produce(&listen, 200);
     // Consume 50 (acknowledged) before the checkpoint.
     let tq = Client::connect_with(&listen, Config::default())
         .await

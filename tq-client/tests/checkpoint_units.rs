@@ -9,35 +9,17 @@ use futures::StreamExt;
 use std::time::Duration;
 use tq_client::*;
 use tq_controller::PUBLIC_PARTITION;
-use tq_core::{Batch, Bytes, Column, ErrorKind, TagValue, Tags, Tensor};
+use tq_core::{Batch, Column, ErrorKind, TagValue, Tags, Tensor};
 
 #[path = "../../tq-backend-kv/tests/common/mod.rs"]
 mod common;
 
 use common::TempDir;
 
-/// Rows of every column kind: dense, ragged (one tensor per row, lengths differ) and objects.
-fn every_kind(rows: usize, base: i64) -> Batch {
-    let dense: Vec<i64> = (0..rows as i64 * 2).map(|i| base + i).collect();
-    let ragged = (0..rows)
-        .map(|r| {
-            let v: Vec<f32> = (0..=r).map(|i| (base as f32) + i as f32 / 2.0).collect();
-            Tensor::from_slice(vec![r + 1], &v).unwrap()
-        })
-        .collect();
-    let objects = (0..rows)
-        .map(|r| Bytes::from(format!("object {base}-{r}").into_bytes()))
-        .collect();
-    Batch::from_columns([
-        (
-            "x",
-            Column::Dense(Tensor::from_slice(vec![rows, 2], &dense).unwrap()),
-        ),
-        ("r", Column::Ragged(ragged)),
-        ("o", Column::Objects(objects)),
-    ])
-    .unwrap()
-}
+#[path = "support/batches.rs"]
+mod batches;
+
+use batches::every_kind;
 
 fn prompts(rows: usize) -> Batch {
     let v: Vec<i64> = (0..rows as i64 * 4).map(|i| 1000 + i).collect();

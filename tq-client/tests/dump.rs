@@ -14,30 +14,13 @@ mod common;
 
 use common::TempDir;
 
+#[path = "support/batches.rs"]
+mod batches;
+
+use batches::every_kind;
+
 fn url(dir: &TempDir) -> String {
     format!("file://{}", dir.0.display())
-}
-
-fn every_kind(rows: usize, base: i64) -> Batch {
-    let dense: Vec<i64> = (0..rows as i64 * 2).map(|i| base + i).collect();
-    let ragged = (0..rows)
-        .map(|r| {
-            let v: Vec<f32> = (0..=r).map(|i| base as f32 + i as f32).collect();
-            Tensor::from_slice(vec![r + 1], &v).unwrap()
-        })
-        .collect();
-    let objects = (0..rows)
-        .map(|r| Bytes::from(format!("o{base}-{r}").into_bytes()))
-        .collect();
-    Batch::from_columns([
-        (
-            "x",
-            Column::Dense(Tensor::from_slice(vec![rows, 2], &dense).unwrap()),
-        ),
-        ("r", Column::Ragged(ragged)),
-        ("o", Column::Objects(objects)),
-    ])
-    .unwrap()
 }
 
 /// `rows` prompts of 6 i64 each, all equal to `value`.

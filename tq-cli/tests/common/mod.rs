@@ -353,3 +353,31 @@ pub fn finish_job(listen: &str, first: &[i64], total: i64) {
         "each sample exactly once"
     );
 }
+
+/// A `tcp://` address on a loopback port that was free a moment ago (for a server that must
+/// listen on the same address again after a restart).
+pub fn free_listen() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind a free port")
+        .local_addr()
+        .expect("its address")
+        .port();
+    format!("tcp://127.0.0.1:{port}")
+}
+
+/// `tq produce --count <count> --batch 20` against `listen`, which must succeed (ids
+/// `0..count`, partition `work`).
+pub fn produce(listen: &str, count: i64) {
+    let count = count.to_string();
+    let run = Tq::spawn(&[
+        "produce",
+        "--connect",
+        listen,
+        "--count",
+        &count,
+        "--batch",
+        "20",
+    ]);
+    let (status, stderr) = run.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "produce: {stderr}");
+}
