@@ -6,6 +6,7 @@ use crate::codec::{
 use crate::store::{KvStore, KvStoreExt, KvValue};
 
 mod cells;
+mod copy;
 mod read;
 mod write;
 use async_trait::async_trait;
@@ -443,6 +444,10 @@ impl StorageManager for KvStorageManager {
                     .all(|s| s.store.capabilities().native_expire),
             links: false,
         }
+    }
+
+    fn payload_copy(&self) -> Option<&dyn tq_core::cells::PayloadCopy> {
+        Some(self)
     }
 
     fn adopt_epoch(&self, epoch: u64) {

@@ -1,10 +1,10 @@
 //! `tq checkpoint save|load DIR --controller URL`: checkpoints of a running deployment: the
-//! controller's state, with the cells of its storage units copied, or KV payloads left in their
-//! store (see `tq_client`'s checkpoint module).
+//! controller's state, with the cells of its storage units copied, and KV payloads left in
+//! their store or, with `--copy-payloads`, copied too (see `tq_client`'s checkpoint module).
 
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
-use tq_client::{CheckpointManifest, Client, Config};
+use tq_client::{CheckpointManifest, CheckpointOptions, Client, Config};
 use tq_core::Result;
 
 #[derive(Args, Debug)]
@@ -17,7 +17,14 @@ pub struct CheckpointArgs {
 enum Action {
     /// Save the controller's whole state and the storage units' cells (to `DIR`, `file://DIR`
     /// or `s3://bucket/prefix`).
-    Save(Target),
+    Save {
+        #[command(flatten)]
+        target: Target,
+        /// Copy KV payloads into the checkpoint too (by default they stay in their store and
+        /// the checkpoint reattaches to them). Clears and overwrites wait while they are read.
+        #[arg(long)]
+        copy_payloads: bool,
+    },
     /// Restore a checkpoint into a controller that holds nothing yet (and empty storage units).
     Load(Target),
 }
@@ -54,12 +61,28 @@ fn report(what: &str, m: &CheckpointManifest) {
             m.units.iter().map(|u| u.bytes).sum::<u64>()
         );
     }
+    if let Some(kv) = &m.kv_copy {
+        println!(
+            "  KV payloads copied: {} cells, {} bytes in {} files",
+            kv.cells,
+            kv.bytes,
+            kv.files.len()
+        );
+    }
 }
 
 pub async fn run(args: CheckpointArgs) -> Result<()> {
     match args.action {
-        Action::Save(t) => {
-            let m = t.client().await?.save_checkpoint_to_url(&t.dir).await?;
+        Action::Save {
+            target: t,
+            copy_payloads,
+        } => {
+            let options = CheckpointOptions { copy_payloads };
+            let m = t
+                .client()
+                .await?
+                .save_checkpoint_with(&t.dir, options)
+                .await?;
             report("saved", &m);
         }
         Action::Load(t) => {

@@ -686,6 +686,52 @@ async fn a_checkpoint_carries_a_job_across_a_controller_kill() {
     let _ = controller.terminate(Duration::from_secs(5));
 }
 
+/// `tq checkpoint save --copy-payloads`, then the controller and its redis-server both die;
+/// a new controller on a fresh, empty redis-server loads the checkpoint (the payloads are
+/// written into the new server) and the job finishes: every sample consumed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_with_copied_payloads_moves_a_job_to_a_new_redis_server() {
+    if !redis_available("a_checkpoint_with_copied_payloads_moves_a_job_to_a_new_redis_server") {
+        return;
+    }
+    let KvJob {
+        redis,
+        dir,
+        config,
+        listen,
+    } = kv_job();
+    let checkpoint = dir.0.join("checkpoint");
+    let mut controller = controller_at(&listen, &config, &[]);
+    controller.listening(1);
+    common::produce(&listen, 200);
+    let tq = Client::connect_with(&listen, Config::default())
+        .await
+        .unwrap();
+    let first = common::consume_acked(&tq, 50).await;
+    common::checkpoint_with(
+        "save",
+        checkpoint.to_str().unwrap(),
+        &listen,
+        &["--copy-payloads"],
+    );
+    controller.kill();
+    drop(redis);
+
+    let fresh = RedisServer::start();
+    let fresh_dir = TempDir::new();
+    let fresh_config = config_file(&fresh_dir, &fresh.url());
+    let mut controller = controller_at(&listen, &fresh_config, &[]);
+    controller.listening(1);
+    assert_eq!(dbsize(&fresh), 0);
+    common::checkpoint("load", checkpoint.to_str().unwrap(), &listen);
+    assert!(
+        dbsize(&fresh) >= 150,
+        "the unconsumed samples' payloads were written back"
+    );
+    common::finish_job(&listen, &first, 200);
+    let _ = controller.terminate(Duration::from_secs(5));
+}
+
 /// `tq controller --state-dir` with Redis storage, killed with SIGKILL under a producer and an
 /// acknowledged consumer and started again on the same directory and address: the workers
 /// carry on (same epoch, same keys) and every sample is consumed once.

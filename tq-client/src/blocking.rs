@@ -125,6 +125,14 @@ impl BlockingClient {
         self.runtime
             .block_on(self.client.save_checkpoint_to_url(url))
     }
+    pub fn save_checkpoint_with(
+        &self,
+        url: &str,
+        options: crate::CheckpointOptions,
+    ) -> Result<crate::CheckpointManifest> {
+        self.runtime
+            .block_on(self.client.save_checkpoint_with(url, options))
+    }
     pub fn load_checkpoint_from_url(&self, url: &str) -> Result<crate::CheckpointManifest> {
         self.runtime
             .block_on(self.client.load_checkpoint_from_url(url))

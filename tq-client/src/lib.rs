@@ -51,7 +51,9 @@ pub mod telemetry;
 pub use backends::BackendFactory;
 pub use blocking::{BlockingBatchStream, BlockingClient, BlockingPartition};
 pub use builder::ClientBuilder;
-pub use checkpoint::{CheckpointFile, CheckpointManifest, UnitCells, CHECKPOINT_FORMAT};
+pub use checkpoint::{
+    CheckpointFile, CheckpointManifest, CheckpointOptions, UnitCells, CHECKPOINT_FORMAT,
+};
 pub use client::{Client, KvBatchMeta};
 pub use config::{
     Backend, Config, ControllerSection, KvSection, NetSection, NotBuilt, SsdSection, StorageSection,

@@ -336,6 +336,20 @@ pub trait ControlPlane: Send + Sync + 'static {
     /// The whole state as a snapshot (see `Controller::snapshot`).
     async fn snapshot(&self) -> Result<(Vec<u8>, crate::SnapshotCounts)>;
 
+    /// The whole state, and from the same instant a hold on every step that removes stored
+    /// cells (clears wait to be marked, overwrites to be published) until
+    /// [`ControlPlane::release_removals`] or `ttl`: a checkpoint copying payloads out of a
+    /// shared store reads the cells the snapshot names while nothing can remove them. Returns
+    /// the hold's token. One hold at a time: `Unavailable` while another is in place.
+    async fn snapshot_holding_removals(
+        &self,
+        ttl: std::time::Duration,
+    ) -> Result<(Vec<u8>, crate::SnapshotCounts, u64)>;
+
+    /// Lifts the hold `hold` of [`ControlPlane::snapshot_holding_removals`] (an expired or
+    /// unknown hold is fine).
+    async fn release_removals(&self, hold: u64) -> Result<()>;
+
     /// Replaces the state with a snapshot's (see `Controller::restore`).
     async fn restore(&self, snapshot: Vec<u8>) -> Result<crate::SnapshotCounts>;
 

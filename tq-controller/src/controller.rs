@@ -14,10 +14,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 mod changes;
+mod hold;
 mod partitions;
 mod plane;
 mod snapshot;
 use partitions::Partitions;
+pub use snapshot::{snapshot_cells, StoredCells};
 use tq_core::{BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
 
 /// The largest `Insert` one request may ask for: bigger requests are refused before anything is
@@ -204,6 +206,8 @@ pub struct Controller {
     links_supported: bool,
     /// Which life of this controller's state its metadata belongs to (see `tq_core::new_epoch`).
     epoch: std::sync::atomic::AtomicU64,
+    /// A checkpoint's hold on removals while it copies payloads (see `hold`).
+    removals: hold::RemovalHold,
     telemetry: Telemetry,
 }
 
@@ -251,6 +255,7 @@ impl Controller {
             storage_backend: config.storage_backend,
             links_supported: config.links_supported,
             epoch: std::sync::atomic::AtomicU64::new(tq_core::new_epoch()),
+            removals: hold::RemovalHold::default(),
             telemetry: Telemetry {
                 started: Instant::now(),
                 waiting_fetches: Default::default(),

@@ -26,7 +26,9 @@ pub use api::{
     KvMeta, LinkRequest, PartitionStatus, ProductionNotice, ProductionStatus, TaskStatus, Wait,
 };
 pub use checkpoint::{SnapshotCounts, SNAPSHOT_FORMAT};
-pub use controller::{sampler_from_name, Controller, ControllerConfig, MAX_INSERT_COUNT};
+pub use controller::{
+    sampler_from_name, snapshot_cells, Controller, ControllerConfig, StoredCells, MAX_INSERT_COUNT,
+};
 pub use metrics::{ControllerOp, MeteredPlane};
 #[cfg(feature = "net")]
 pub use net::{ControllerServer, RemoteControlPlane, Topology, UnitInfo};

@@ -382,6 +382,17 @@ impl<P: ControlPlane + ?Sized> ControlPlane for MeteredPlane<P> {
         self.inner.restore(snapshot).await
     }
 
+    async fn snapshot_holding_removals(
+        &self,
+        ttl: std::time::Duration,
+    ) -> Result<(Vec<u8>, crate::SnapshotCounts, u64)> {
+        self.inner.snapshot_holding_removals(ttl).await
+    }
+
+    async fn release_removals(&self, hold: u64) -> Result<()> {
+        self.inner.release_removals(hold).await
+    }
+
     async fn status(&self) -> Result<ControllerStatus> {
         self.inner.status().await
     }

@@ -178,7 +178,20 @@ enum ControlRequest {
     Snapshot,
     /// Replace the state with the snapshot in the body frame.
     Restore,
+    /// A snapshot (body frame) with a hold on removals for at most `ttl_ms` (capped at
+    /// [`MAX_REMOVAL_HOLD`]); answered with [`ControlResponse::HeldSnapshot`].
+    SnapshotHoldingRemovals {
+        ttl_ms: u64,
+    },
+    /// Lift a hold on removals.
+    ReleaseRemovals {
+        hold: u64,
+    },
 }
+
+/// The longest hold on removals a peer may ask for: a checkpoint that dies must not stall
+/// clears for longer.
+pub const MAX_REMOVAL_HOLD: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Serialize, Deserialize)]
 enum ControlResponse {
@@ -201,6 +214,11 @@ enum ControlResponse {
     /// A snapshot (its bytes are the body frame) or a restore: what it holds.
     Snapshot(SnapshotCounts),
     Status(ControllerStatus),
+    /// A snapshot (body frame) taken with a hold on removals: what it holds and the hold.
+    HeldSnapshot {
+        counts: SnapshotCounts,
+        hold: u64,
+    },
 }
 
 impl ControlRequest {
@@ -219,7 +237,9 @@ impl ControlRequest {
             | ControlRequest::RegisterUnit(_)
             | ControlRequest::Topology
             | ControlRequest::Status
-            | ControlRequest::Snapshot => false,
+            | ControlRequest::Snapshot
+            | ControlRequest::SnapshotHoldingRemovals { .. }
+            | ControlRequest::ReleaseRemovals { .. } => false,
             ControlRequest::Notify(_)
             | ControlRequest::SetTags { .. }
             | ControlRequest::MarkClearing { .. }
@@ -470,7 +490,13 @@ impl ControllerServer {
             ControlRequest::Topology => ControlResponse::Topology(self.topology()),
             ControlRequest::Status => ControlResponse::Status(self.status()),
             // Answered in `handle` (the snapshot travels as a body frame).
-            ControlRequest::Snapshot => return Err(Error::internal("snapshot reached dispatch")),
+            ControlRequest::Snapshot | ControlRequest::SnapshotHoldingRemovals { .. } => {
+                return Err(Error::internal("snapshot reached dispatch"))
+            }
+            ControlRequest::ReleaseRemovals { hold } => {
+                self.controller.release_removals(hold);
+                ControlResponse::Done
+            }
             ControlRequest::Restore => {
                 let body = body.ok_or_else(|| {
                     Error::invalid("a restore request carries the snapshot as one body frame")
@@ -516,6 +542,14 @@ impl Handler for ControllerServer {
         if let ControlRequest::Snapshot = envelope.request {
             let (bytes, counts) = self.controller.snapshot()?;
             return Message::encode(&ControlResponse::Snapshot(counts), vec![Bytes::from(bytes)]);
+        }
+        if let ControlRequest::SnapshotHoldingRemovals { ttl_ms } = envelope.request {
+            let ttl = Duration::from_millis(ttl_ms).min(MAX_REMOVAL_HOLD);
+            let (bytes, counts, hold) = self.controller.snapshot_holding_removals(ttl)?;
+            return Message::encode(
+                &ControlResponse::HeldSnapshot { counts, hold },
+                vec![Bytes::from(bytes)],
+            );
         }
         let changes = envelope.request.changes_state();
         let resp = self.dispatch(envelope.request, body).await?;

@@ -16,6 +16,7 @@ mod consumption;
 mod keys;
 mod links;
 mod status;
+mod stored;
 mod writes;
 
 use tq_core::{

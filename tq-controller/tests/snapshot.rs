@@ -226,3 +226,83 @@ async fn damaged_newer_or_mismatched_snapshots_change_nothing() {
     );
     assert_ne!(held, before);
 }
+
+/// A checkpoint that copies payloads takes the snapshot with a hold on removals: clears and
+/// overwrites wait until it is released (first writes, reads and fetches do not), and the
+/// snapshot lists exactly the cells storage holds.
+#[tokio::test(start_paused = true)]
+async fn a_held_snapshot_makes_clears_and_overwrites_wait() {
+    let (c, _) = busy().await;
+    let c = std::sync::Arc::new(c);
+    let (bytes, _, hold) = c
+        .snapshot_holding_removals(Duration::from_secs(60))
+        .unwrap();
+    let cells = snapshot_cells(&bytes).unwrap();
+    let stored: Vec<(&str, usize)> = cells.iter().map(|(p, s)| (p.as_str(), s.len())).collect();
+    // `p` holds a, b, c (d was cleared); the public row has no backend meta and `g` only
+    // links, so neither stores a cell of its own.
+    assert_eq!(
+        stored,
+        vec![("p", 3), (PUBLIC_PARTITION, 0), ("g", 0), ("q", 0)]
+    );
+    assert!(cells[0].1.iter().all(|(_, m)| m.keys().eq(["dense"])));
+    let e = c
+        .snapshot_holding_removals(Duration::from_secs(60))
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Unavailable, "one hold at a time: {e}");
+
+    let started = tokio::time::Instant::now();
+    let mut clear = tokio::spawn({
+        let c = c.clone();
+        async move { c.kv_mark_clearing("p", &keys(&["a"])).await }
+    });
+    let b = c
+        .kv_retrieve_meta("p", &keys(&["b", "c"]), false)
+        .await
+        .unwrap();
+    let rewrite = |row: usize, field: &str, loc: &str| ProductionNotice {
+        partition: "p".into(),
+        samples: vec![b.meta.samples()[row]],
+        schemas: BTreeMap::from([(field.to_string(), FieldMeta::dense(DType::F32, vec![3]))]),
+        tags: None,
+        backend_meta: Some(vec![BTreeMap::from([(
+            field.to_string(),
+            Bytes::from(loc.to_string()),
+        )])]),
+    };
+    let mut overwrite = tokio::spawn({
+        let c = c.clone();
+        let notice = rewrite(0, "dense", "loc-new");
+        async move { c.notify_production(notice).await }
+    });
+    // A first write of another field goes through at once.
+    c.notify_production(rewrite(1, "extra", "loc-extra"))
+        .await
+        .unwrap();
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "a first write does not wait"
+    );
+    // The clear and the overwrite wait (30 s of paused time, well inside the hold).
+    assert!(tokio::time::timeout(Duration::from_secs(30), &mut clear)
+        .await
+        .is_err());
+    assert!(tokio::time::timeout(Duration::from_secs(1), &mut overwrite)
+        .await
+        .is_err());
+    assert_eq!(
+        c.get_meta(force("p", &["dense"])).await.unwrap().len(),
+        3,
+        "nothing was marked for clearing yet"
+    );
+    c.release_removals(hold);
+    let marked = clear.await.unwrap().unwrap();
+    assert_eq!(marked.len(), 1);
+    let replaced = overwrite.await.unwrap().unwrap();
+    assert_eq!(replaced[0]["dense"], Bytes::from("loc1"));
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "woken by the release, not by the hold's expiry"
+    );
+}

@@ -17,8 +17,13 @@
 //!
 //! A hold that is never followed by a capture (the checkpointing process died) lifts itself
 //! after its time to live, so writers never wait for ever.
+//!
+//! A KV deployment can also ask for its payloads to be copied ([`PayloadCopy`]): the store
+//! is shared by writers in many processes, so the hold is the controller's (clears and
+//! overwrites wait; see the checkpoint code), and the backend only reads and writes the cells
+//! the controller state names.
 
-use crate::{FieldName, Result, SampleId, Value};
+use crate::{BatchMeta, FieldName, Result, SampleId, Value};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -136,6 +141,37 @@ pub trait PayloadCheckpoint: Send + Sync {
 
     /// Writes loaded cells back into part `part`.
     async fn load(&self, part: usize, cells: Vec<FieldCells>) -> Result<()>;
+}
+
+/// What a page of copied payloads holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CopiedCells {
+    pub cells: u64,
+    /// Payload bytes as stored (values with their headers).
+    pub bytes: u64,
+}
+
+/// A copy of payloads that stay in a shared store (the KV adapter's), taken into a checkpoint
+/// on request and written back when it is loaded. The pages are the backend's own encoding:
+/// the checkpoint code stores them, checksums them and hands them back unchanged.
+///
+/// Consistency is the caller's business: it reads what a controller snapshot names while the
+/// controller holds clears and overwrites, so every cell named is still stored.
+#[async_trait::async_trait]
+pub trait PayloadCopy: Send + Sync {
+    /// Reads every cell the backend meta of `meta` names (each sample's own stored cells; a
+    /// linked field has none) and encodes them, with what is needed to write them back, as
+    /// one page. A named cell that is not stored is `DataLost`, naming it.
+    async fn export(&self, meta: &BatchMeta) -> Result<(bytes::Bytes, CopiedCells)>;
+
+    /// Decodes a page and checks that this storage can take it back (its stores exist),
+    /// writing nothing. `what` names the page in errors.
+    fn check(&self, page: &bytes::Bytes, what: &str) -> Result<CopiedCells>;
+
+    /// Writes a page's cells back under the keys of controller epoch `epoch` (the
+    /// checkpoint's; written before the controller state is restored, so the data is there
+    /// once the controller answers), over whatever the store holds under those keys.
+    async fn import(&self, page: bytes::Bytes, epoch: u64, what: &str) -> Result<CopiedCells>;
 }
 
 #[cfg(test)]

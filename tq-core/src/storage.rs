@@ -139,6 +139,13 @@ pub trait StorageManager: Send + Sync + 'static {
         None
     }
 
+    /// For storage whose payloads stay in a shared store (a KV store): the copy a checkpoint
+    /// takes when asked to copy payloads instead of only reattaching to them. `None` (the
+    /// default) when the backend cannot copy them.
+    fn payload_copy(&self) -> Option<&dyn crate::cells::PayloadCopy> {
+        None
+    }
+
     /// What each storage unit holds, for `tq stats` and the `tq_storage_*` gauges. Backends
     /// without units of their own (a KV store, which has its own monitoring) report none: the
     /// default.

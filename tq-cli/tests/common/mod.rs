@@ -329,7 +329,14 @@ pub async fn consume_acked(tq: &tq_client::Client, n: usize) -> Vec<i64> {
 
 /// `tq checkpoint <action> <dir> --controller <listen>`, which must succeed.
 pub fn checkpoint(action: &str, dir: &str, listen: &str) {
-    let run = Tq::spawn(&["checkpoint", action, dir, "--controller", listen]);
+    checkpoint_with(action, dir, listen, &[]);
+}
+
+/// [`checkpoint`] with more arguments (`--copy-payloads`).
+pub fn checkpoint_with(action: &str, dir: &str, listen: &str, extra: &[&str]) {
+    let mut args = vec!["checkpoint", action, dir, "--controller", listen];
+    args.extend_from_slice(extra);
+    let run = Tq::spawn(&args);
     let (status, stderr) = run.wait_exit(Duration::from_secs(30));
     assert!(status.success(), "checkpoint {action}: {stderr}");
 }

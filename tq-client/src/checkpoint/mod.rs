@@ -6,6 +6,8 @@
 //! ```text
 //! DIR/controller-<epoch>-<unix ms>.state       the controller snapshot (tq_controller::checkpoint)
 //! DIR/unit-<i>-<unix ms>-<page>.cells          storage unit i's cells, 64 MiB a file (cells.rs)
+//! DIR/kv-<unix ms>-<n>.pages                  with `copy_payloads`: KV cells read from the store
+//!                                              (kv_copy.rs)
 //! DIR/MANIFEST.toml                            format, tq version, epoch, counts, and every file's
 //!                                              size and CRC-32; its last line is its own CRC-32
 //! ```
@@ -24,20 +26,34 @@
 //! the capture: a controller round trip plus a map walk per unit, and reading the disk cells of
 //! an SSD unit.
 //!
-//! KV payloads are not copied: they stay in the store, and the snapshot carries the
-//! controller's epoch, so a restored controller's clients find the KV keys of that epoch
-//! where they are. Stores that keep data in this process's memory are refused.
+//! KV payloads stay in the store by default, and the snapshot carries the controller's epoch,
+//! so a restored controller's clients find the KV keys of that epoch where they are. With
+//! [`CheckpointOptions::copy_payloads`] they are copied too: the controller holds clears and
+//! overwrites from the snapshot until every cell it names is read (see `kv_copy`). Stores that
+//! keep data in this process's memory are refused unless their payloads are copied.
 
 use crate::config::Backend;
 use crate::Client;
+use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use tq_controller::SnapshotCounts;
-use tq_core::{Error, Result};
+use tq_core::{Bytes, Error, Result};
 
 /// The manifest format this build writes; it reads this one and older.
-/// Format 2 added the cells of storage units (`units`).
-pub const CHECKPOINT_FORMAT: u32 = 2;
+/// Format 2 added the cells of storage units (`units`); format 3 copied KV payloads
+/// (`kv_copy`).
+pub const CHECKPOINT_FORMAT: u32 = 3;
+
+/// How a checkpoint is saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CheckpointOptions {
+    /// Copy KV payloads into the checkpoint instead of only recording where they are: the
+    /// checkpoint then loads into another store (or an empty one) and is unaffected by what
+    /// happens to the store afterwards. Clears and overwrites wait while the cells are read.
+    /// Storage units' cells are always copied; this changes nothing for them.
+    pub copy_payloads: bool,
+}
 
 pub(crate) const MANIFEST: &str = "MANIFEST.toml";
 const CRC_LINE: &str = "# crc32 ";
@@ -68,9 +84,13 @@ pub struct CheckpointManifest {
     /// stay in a shared store (KV).
     #[serde(default)]
     pub units: Vec<UnitCells>,
+    /// KV payloads copied from the store (saved with
+    /// [`CheckpointOptions::copy_payloads`]; format 3 on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_copy: Option<UnitCells>,
 }
 
-/// The cells of one storage unit in a checkpoint.
+/// The cells of one storage unit (or the KV payloads copied) in a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnitCells {
     pub cells: u64,
@@ -79,6 +99,7 @@ pub struct UnitCells {
 }
 
 pub(crate) mod cells;
+mod kv_copy;
 pub(crate) mod place;
 
 use place::Place;
@@ -91,6 +112,7 @@ pub(crate) fn crc_hex(bytes: &[u8]) -> String {
 fn is_checkpoint_file(name: &str) -> bool {
     (name.starts_with("controller-") && name.ends_with(".state"))
         || (name.starts_with("unit-") && name.ends_with(".cells"))
+        || kv_copy::is_copy_file(name)
 }
 
 /// A TOML manifest with its own CRC-32 as the last line.
@@ -155,14 +177,26 @@ impl Client {
     /// capture); KV payloads stay in their store. Refused for storage whose payloads would be
     /// lost (a KV store in this process's memory, a custom backend that copies nothing).
     pub async fn save_checkpoint(&self, dir: impl AsRef<Path>) -> Result<CheckpointManifest> {
-        self.save_checkpoint_in(Place::Dir(dir.as_ref().to_path_buf()))
+        let place = Place::Dir(dir.as_ref().to_path_buf());
+        self.save_checkpoint_in(place, CheckpointOptions::default())
             .await
     }
 
     /// [`Client::save_checkpoint`] to a URL: a directory (`DIR` or `file://DIR`) or, with
     /// feature `s3`, `s3://bucket/prefix` (credentials from the `AWS_*` environment).
     pub async fn save_checkpoint_to_url(&self, url: &str) -> Result<CheckpointManifest> {
-        self.save_checkpoint_in(Place::parse(url)?).await
+        self.save_checkpoint_in(Place::parse(url)?, CheckpointOptions::default())
+            .await
+    }
+
+    /// [`Client::save_checkpoint_to_url`] with options: `copy_payloads` copies KV payloads
+    /// into the checkpoint.
+    pub async fn save_checkpoint_with(
+        &self,
+        url: &str,
+        options: CheckpointOptions,
+    ) -> Result<CheckpointManifest> {
+        self.save_checkpoint_in(Place::parse(url)?, options).await
     }
 
     /// [`Client::save_checkpoint`] under `prefix` of any object store (feature `object-store`).
@@ -173,22 +207,63 @@ impl Client {
         prefix: &str,
     ) -> Result<CheckpointManifest> {
         let label = format!("object store {store}");
-        self.save_checkpoint_in(Place::Store {
+        let place = Place::Store {
             store,
             prefix: prefix.trim_end_matches('/').to_string(),
             label,
-        })
-        .await
+        };
+        self.save_checkpoint_in(place, CheckpointOptions::default())
+            .await
     }
 
-    async fn save_checkpoint_in(&self, place: Place) -> Result<CheckpointManifest> {
-        self.check_checkpointable()?;
+    async fn save_checkpoint_in(
+        &self,
+        place: Place,
+        options: CheckpointOptions,
+    ) -> Result<CheckpointManifest> {
+        let copy = match self.storage().payload_copy() {
+            Some(copy)
+                if options.copy_payloads && self.storage().payload_checkpoint().is_none() =>
+            {
+                Some(copy)
+            }
+            None if options.copy_payloads && self.storage().payload_checkpoint().is_none() => {
+                return Err(Error::unsupported(
+                    "checkpoint with copied payloads (this storage cannot copy its payloads)",
+                    self.storage().name(),
+                ))
+            }
+            _ => None,
+        };
+        self.check_checkpointable(copy.is_some())?;
         place.prepare()?;
         let created_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
+        let mut kv_copy = None;
         let (state, counts, units) = match self.storage().payload_checkpoint() {
+            None if copy.is_some() => {
+                let copy = copy.ok_or_else(|| Error::internal("checkpoint: no copier"))?;
+                let held = std::time::Instant::now();
+                let (state, counts, hold) = self
+                    .control()
+                    .snapshot_holding_removals(tq_core::cells::DEFAULT_HOLD_TTL)
+                    .await?;
+                let copied = kv_copy::save(&place, copy, &state, created_unix_ms).await;
+                if let Err(e) = self.control().release_removals(hold).await {
+                    tracing::warn!(error = %e, "checkpoint: could not lift the hold on clears; it lifts itself after its time to live");
+                }
+                let copied = copied?;
+                tracing::info!(
+                    pause_ms = held.elapsed().as_secs_f64() * 1e3,
+                    cells = copied.cells,
+                    bytes = copied.bytes,
+                    "checkpoint: KV payloads copied; clears and overwrites go on"
+                );
+                kv_copy = Some(copied);
+                (state, counts, Vec::new())
+            }
             None => {
                 let (state, counts) = self.control().snapshot().await?;
                 (state, counts, Vec::new())
@@ -231,6 +306,7 @@ impl Client {
                 crc32: crc_hex(&state),
             }],
             units,
+            kv_copy,
         };
         place.put(&name, state).await?;
         // The checkpoint exists from here on; the previous one until here.
@@ -280,7 +356,6 @@ impl Client {
     }
 
     async fn load_checkpoint_in(&self, place: Place) -> Result<CheckpointManifest> {
-        self.check_checkpointable()?;
         let text = place.get(MANIFEST).await?;
         let text = String::from_utf8(text).map_err(|_| {
             Error::corrupted(format!(
@@ -289,6 +364,15 @@ impl Client {
             ))
         })?;
         let manifest = CheckpointManifest::decode(&text, &place.describe(MANIFEST))?;
+        self.check_checkpointable(manifest.kv_copy.is_some())?;
+        if manifest.kv_copy.is_some() && self.storage().payload_copy().is_none() {
+            return Err(Error::invalid(format!(
+                "checkpoint: `{}` holds copied KV payloads, and this deployment's storage \
+                 (`{}`) cannot take them; load it into a deployment with KV storage",
+                place.describe(MANIFEST),
+                self.storage().name()
+            )));
+        }
         let [file] = manifest.files.as_slice() else {
             return Err(Error::corrupted(format!(
                 "checkpoint: `{}` lists {} controller state files, format {} has one",
@@ -312,6 +396,10 @@ impl Client {
         }
         // Read and check everything before changing anything.
         let state = read_checked(&place, file, MANIFEST).await?;
+        let copied_pages = match &manifest.kv_copy {
+            None => Vec::new(),
+            Some(copied) => self.read_copied_payloads(&place, copied).await?,
+        };
         let mut unit_cells = Vec::with_capacity(parts);
         for (part, unit) in manifest.units.iter().enumerate() {
             let mut cells = Vec::new();
@@ -367,16 +455,76 @@ impl Client {
                 ))
             })?;
         }
+        if !copied_pages.is_empty() {
+            self.write_copied_payloads(copied_pages)
+                .await
+                .map_err(|e| {
+                    e.context(format!(
+                        "checkpoint `{}`: the controller state was restored, but not every copied \
+                     KV payload was written back; samples whose cells are missing read as \
+                     DataLost (load again into a fresh deployment)",
+                        place.describe(MANIFEST)
+                    ))
+                })?;
+        }
         tracing::info!(at = %place.describe(MANIFEST), samples = counts.samples, "checkpoint loaded");
         Ok(manifest)
     }
 
+    /// The pages of a checkpoint's copied KV payloads, every file and page checked against
+    /// the manifest and by this deployment's storage.
+    async fn read_copied_payloads(&self, place: &Place, copied: &UnitCells) -> Result<Vec<Bytes>> {
+        let copy = self
+            .storage()
+            .payload_copy()
+            .ok_or_else(|| Error::internal("checkpoint: the storage copies no payloads"))?;
+        let mut pages = Vec::new();
+        let mut total = (0u64, 0u64);
+        for f in &copied.files {
+            let bytes = read_checked(place, f, MANIFEST).await?;
+            let (file_pages, counts) =
+                kv_copy::decode(bytes.into(), copy, &place.describe(&f.name))?;
+            total = (total.0 + counts.cells, total.1 + counts.bytes);
+            pages.extend(file_pages);
+        }
+        if total != (copied.cells, copied.bytes) {
+            return Err(Error::corrupted(format!(
+                "checkpoint: the copied KV payloads hold {} cells of {} bytes, `{}` says {} cells \
+                 of {} bytes",
+                total.0,
+                total.1,
+                place.describe(MANIFEST),
+                copied.cells,
+                copied.bytes
+            )));
+        }
+        Ok(pages)
+    }
+
+    /// Writes checked pages back into the store, under this controller's (restored) epoch.
+    async fn write_copied_payloads(&self, pages: Vec<Bytes>) -> Result<()> {
+        let copy = self
+            .storage()
+            .payload_copy()
+            .ok_or_else(|| Error::internal("checkpoint: the storage stopped copying payloads"))?;
+        let epoch = self.epoch();
+        futures::stream::iter(
+            pages.into_iter().enumerate().map(|(i, page)| async move {
+                copy.import(page, epoch, &format!("page {i}")).await
+            }),
+        )
+        .buffer_unordered(4)
+        .try_collect::<Vec<_>>()
+        .await
+        .map(|_| ())
+    }
+
     /// Refuses storage whose payloads a checkpoint would lose: a backend that neither copies
     /// its payloads ([`tq_core::StorageManager::payload_checkpoint`]) nor keeps them in a
-    /// shared store, and KV stores in this process's memory.
-    fn check_checkpointable(&self) -> Result<()> {
+    /// shared store, and KV stores in this process's memory unless `copied`.
+    fn check_checkpointable(&self, copied: bool) -> Result<()> {
         let storage = &self.config().storage;
-        if self.storage().payload_checkpoint().is_some() {
+        if self.storage().payload_checkpoint().is_some() || copied {
             return Ok(());
         }
         if storage.backend != Backend::Kv {
@@ -395,8 +543,8 @@ impl Client {
         {
             return Err(Error::unsupported(
                 format!(
-                    "checkpoint (store `{}` keeps its data in this process's memory, which a \
-                     checkpoint does not copy)",
+                    "checkpoint (store `{}` keeps its data in this process's memory; save with \
+                     its payloads copied, `copy_payloads` / `--copy-payloads`)",
                     s.url
                 ),
                 self.storage().name(),
@@ -412,6 +560,7 @@ impl CheckpointManifest {
         self.files
             .iter()
             .chain(self.units.iter().flat_map(|u| u.files.iter()))
+            .chain(self.kv_copy.iter().flat_map(|u| u.files.iter()))
     }
 }
 

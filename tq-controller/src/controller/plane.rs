@@ -61,14 +61,24 @@ impl ControlPlane for Controller {
         if notice.samples.is_empty() {
             return Ok(Vec::new());
         }
-        let replaced = {
-            let mut st = self.lock();
-            st.refuse_linked(&notice.partition, &notice.samples, "write")?;
-            st.partitions
-                .get_mut(&notice.partition)
-                .ok_or_else(|| gone_partition(&notice.partition))?
-                .notify(&notice)?
-        };
+        // An overwrite waits while a checkpoint copies payloads: its writer retires the old
+        // cells once answered, and the copy may still have to read them.
+        let replaced = self
+            .unless_held(|st, held| {
+                let applied = (|| {
+                    st.refuse_linked(&notice.partition, &notice.samples, "write")?;
+                    let p = st
+                        .partitions
+                        .get_mut(&notice.partition)
+                        .ok_or_else(|| gone_partition(&notice.partition))?;
+                    if held && p.replaces_cells(&notice) {
+                        return Ok(None);
+                    }
+                    p.notify(&notice).map(Some)
+                })();
+                applied.transpose()
+            })
+            .await?;
         self.wake(&notice.partition);
         Ok(replaced)
     }
@@ -90,8 +100,10 @@ impl ControlPlane for Controller {
         if let Some(s) = samples {
             check_unique_ids(partition, s)?;
         }
-        self.lock()
-            .mark_clearing_where(partition, |p| p.select(samples))
+        self.unless_held(|st, held| {
+            (!held).then(|| st.mark_clearing_where(partition, |p| p.select(samples)))
+        })
+        .await
     }
 
     async fn release(&self, partition: &str, samples: &[SampleId]) -> Result<()> {
@@ -120,20 +132,27 @@ impl ControlPlane for Controller {
     ) -> Result<BatchMeta> {
         check_field_list(partition, fields)?;
         check_unique_ids(partition, samples)?;
-        let mut st = self.lock();
-        match st.partitions.get_mut(partition) {
-            Some(p) => {
-                let selected = p.selected_samples(Some(samples));
-                st.refuse_linked(partition, &selected, "clear fields of")?;
-                let p = present(&mut st.partitions, partition)?;
-                let (meta, dropped) = p.begin_clear_fields(samples, fields);
-                for (dest, field, src) in dropped {
-                    st.remove_link(src, &(partition.to_string(), dest, field));
-                }
-                Ok(meta)
+        self.unless_held(|st, held| {
+            if held {
+                return None;
             }
-            None => Ok(BatchMeta::empty(partition)),
-        }
+            Some(match st.partitions.get_mut(partition) {
+                Some(p) => {
+                    let selected = p.selected_samples(Some(samples));
+                    st.refuse_linked(partition, &selected, "clear fields of")
+                        .and_then(|()| {
+                            let p = present(&mut st.partitions, partition)?;
+                            let (meta, dropped) = p.begin_clear_fields(samples, fields);
+                            for (dest, field, src) in dropped {
+                                st.remove_link(src, &(partition.to_string(), dest, field));
+                            }
+                            Ok(meta)
+                        })
+                }
+                None => Ok(BatchMeta::empty(partition)),
+            })
+        })
+        .await
     }
 
     async fn finish_clear_fields(
@@ -426,34 +445,8 @@ impl ControlPlane for Controller {
                 "`{public_partition}` is not a public partition"
             )));
         }
-        let mut st = self.lock();
-        let st = &mut *st;
-        let Some(p) = st.partitions.get(public_partition) else {
-            return Ok(KvMeta {
-                meta: BatchMeta::empty(public_partition),
-                keys: Vec::new(),
-                missing: Vec::new(),
-                clearing: Vec::new(),
-            });
-        };
-        let (keys, ids): (Vec<String>, Vec<SampleId>) = p
-            .swept_candidates(prefix)
-            .into_iter()
-            .filter(|(_, id)| !st.is_linked(*id))
-            .unzip();
-        let p = present(&mut st.partitions, public_partition)?;
-        let meta = if ids.is_empty() {
-            BatchMeta::empty(public_partition)
-        } else {
-            let slots = p.select(Some(&ids));
-            p.mark_clearing(&slots)
-        };
-        Ok(KvMeta {
-            meta,
-            keys,
-            missing: Vec::new(),
-            clearing: Vec::new(),
-        })
+        self.unless_held(|st, held| (!held).then(|| mark_unlinked(st, public_partition, prefix)))
+            .await
     }
 
     async fn prepare_write(
@@ -515,12 +508,26 @@ impl ControlPlane for Controller {
 
     async fn kv_mark_clearing(&self, partition: &str, keys: &[String]) -> Result<BatchMeta> {
         check_keys(partition, keys)?;
-        self.lock()
-            .mark_clearing_where(partition, |p| p.key_slots_for_clear(keys))
+        self.unless_held(|st, held| {
+            (!held).then(|| st.mark_clearing_where(partition, |p| p.key_slots_for_clear(keys)))
+        })
+        .await
     }
 
     async fn snapshot(&self) -> Result<(Vec<u8>, crate::SnapshotCounts)> {
         Controller::snapshot(self)
+    }
+
+    async fn snapshot_holding_removals(
+        &self,
+        ttl: Duration,
+    ) -> Result<(Vec<u8>, crate::SnapshotCounts, u64)> {
+        Controller::snapshot_holding_removals(self, ttl)
+    }
+
+    async fn release_removals(&self, hold: u64) -> Result<()> {
+        Controller::release_removals(self, hold);
+        Ok(())
     }
 
     async fn restore(&self, snapshot: Vec<u8>) -> Result<crate::SnapshotCounts> {
@@ -565,4 +572,34 @@ impl ControlPlane for Controller {
         self.wake(partition);
         Ok(())
     }
+}
+
+/// Step 1 of `kv_clear_unlinked_public` under the state lock (see the trait).
+fn mark_unlinked(st: &mut State, public_partition: &str, prefix: &str) -> Result<KvMeta> {
+    let Some(p) = st.partitions.get(public_partition) else {
+        return Ok(KvMeta {
+            meta: BatchMeta::empty(public_partition),
+            keys: Vec::new(),
+            missing: Vec::new(),
+            clearing: Vec::new(),
+        });
+    };
+    let (keys, ids): (Vec<String>, Vec<SampleId>) = p
+        .swept_candidates(prefix)
+        .into_iter()
+        .filter(|(_, id)| !st.is_linked(*id))
+        .unzip();
+    let p = present(&mut st.partitions, public_partition)?;
+    let meta = if ids.is_empty() {
+        BatchMeta::empty(public_partition)
+    } else {
+        let slots = p.select(Some(&ids));
+        p.mark_clearing(&slots)
+    };
+    Ok(KvMeta {
+        meta,
+        keys,
+        missing: Vec::new(),
+        clearing: Vec::new(),
+    })
 }

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::checkpoint::{frame, unframe_with_format, SnapshotCounts};
+use tq_core::BackendMeta;
 
 #[derive(Serialize)]
 struct BodyRef<'a> {
@@ -42,6 +43,45 @@ fn counts(state: &State) -> SnapshotCounts {
     c
 }
 
+/// Checks and decodes a snapshot (any format this build reads).
+fn decode(snapshot: &[u8]) -> Result<Body> {
+    let (format, body) = unframe_with_format(snapshot)?;
+    let decoded = if format == 1 {
+        postcard::from_bytes::<BodyV1>(body).map(|b| Body {
+            epoch: b.epoch,
+            units: b.units,
+            state: b.state,
+            samplers: Vec::new(),
+        })
+    } else {
+        postcard::from_bytes::<Body>(body)
+    };
+    decoded.map_err(|e| {
+        Error::corrupted(format!(
+            "controller snapshot: the state does not decode: {e}"
+        ))
+    })
+}
+
+/// A partition's samples that store cells, each with the backend meta naming them.
+pub type StoredCells = Vec<(SampleId, BackendMeta)>;
+
+/// The cells a snapshot says storage holds, per partition in creation order: every visible
+/// sample that stores cells, with the backend meta naming each of them (see
+/// `Partition::stored_cells`). What a checkpoint that copies KV payloads reads from the store.
+pub fn snapshot_cells(snapshot: &[u8]) -> Result<Vec<(String, StoredCells)>> {
+    let body = decode(snapshot)?;
+    Ok(body
+        .state
+        .order
+        .iter()
+        .filter_map(|name| {
+            let p = body.state.partitions.get(name)?;
+            Some((name.clone(), p.stored_cells()))
+        })
+        .collect())
+}
+
 impl Controller {
     /// The whole state as one consistent snapshot (taken under the state lock, so no write
     /// is half in it), with its counts. It includes every sampler's saved state
@@ -76,27 +116,12 @@ impl Controller {
     /// format, the checksum, the decoding, the unit count, and that this controller holds
     /// no partition yet (a snapshot replaces a state, it does not merge into one).
     pub fn restore(&self, snapshot: &[u8]) -> Result<SnapshotCounts> {
-        let (format, body) = unframe_with_format(snapshot)?;
-        let decoded = if format == 1 {
-            postcard::from_bytes::<BodyV1>(body).map(|b| Body {
-                epoch: b.epoch,
-                units: b.units,
-                state: b.state,
-                samplers: Vec::new(),
-            })
-        } else {
-            postcard::from_bytes::<Body>(body)
-        };
         let Body {
             epoch,
             units,
             state,
             samplers,
-        } = decoded.map_err(|e| {
-            Error::corrupted(format!(
-                "controller snapshot: the state does not decode: {e}"
-            ))
-        })?;
+        } = decode(snapshot)?;
         let counts = counts(&state);
         let names: Vec<String> = {
             let mut st = self.lock();

@@ -36,7 +36,10 @@ impl ControlRequest {
             ControlRequest::RegisterUnit(_) => ControllerOp::RegisterUnit,
             ControlRequest::Topology => ControllerOp::GetTopology,
             ControlRequest::Status => ControllerOp::Status,
-            ControlRequest::Snapshot | ControlRequest::Restore => ControllerOp::Checkpoint,
+            ControlRequest::Snapshot
+            | ControlRequest::Restore
+            | ControlRequest::SnapshotHoldingRemovals { .. }
+            | ControlRequest::ReleaseRemovals { .. } => ControllerOp::Checkpoint,
         }
     }
 }

@@ -477,6 +477,40 @@ impl ControlPlane for RemoteControlPlane {
         }
     }
 
+    /// Not retried: a hold taken by a lost attempt would refuse the next one (it expires
+    /// after `ttl`).
+    async fn snapshot_holding_removals(
+        &self,
+        ttl: Duration,
+    ) -> Result<(Vec<u8>, crate::SnapshotCounts, u64)> {
+        let request = ControlRequest::SnapshotHoldingRemovals {
+            ttl_ms: ttl.as_millis().try_into().unwrap_or(u64::MAX),
+        };
+        let reply = self
+            .send(self.epoch(), request, Vec::new(), false, Duration::ZERO)
+            .await?;
+        match (reply.decode()?, reply.frames.as_slice()) {
+            (ControlResponse::HeldSnapshot { counts, hold }, [bytes]) => {
+                Ok((bytes.to_vec(), counts, hold))
+            }
+            (other, _) => Err(self.unexpected("snapshot_holding_removals", other)),
+        }
+    }
+
+    async fn release_removals(&self, hold: u64) -> Result<()> {
+        match self
+            .call(
+                ControlRequest::ReleaseRemovals { hold },
+                true,
+                Duration::ZERO,
+            )
+            .await?
+        {
+            ControlResponse::Done => Ok(()),
+            other => Err(self.unexpected("release_removals", other)),
+        }
+    }
+
     /// Sent without an epoch: a status is useful whatever state the controller is in.
     async fn status(&self) -> Result<ControllerStatus> {
         let reply = self
