@@ -2,7 +2,20 @@
 //! held by in-memory storage units — save (hold, controller state, capture, `.cells` files
 //! written and fsynced) and load (read, CRC, decode, cells into empty units, restore) — next to
 //! writing (with fsync) and reading the same bytes as files of the same size with std::fs.
-//! Run: `cargo bench -p tq-bench --bench checkpoint`
+//!
+//! With feature `redis` (on by default), a second group: a checkpoint that copies KV payloads
+//! (`copy_payloads`) of 256 MiB (simple-large x 256) from a redis-server this benchmark starts
+//! on a free loopback port — save (snapshot with the hold, every cell read with pipelined
+//! `MGET`s, `.pages` files written and fsynced) next to raw `MGET`s of the same cells plus the
+//! std::fs write of the values; load (read, checks, restore, every cell written back) next to
+//! the std::fs read plus raw `MSET`s of the same cells.
+//! Run: `cargo bench -p tq-bench --bench checkpoint [-- copied]` (the second group needs
+//! `redis-server` on the PATH)
+
+#[cfg(feature = "redis")]
+#[path = "../../tq-backend-kv/tests/common/mod.rs"]
+#[allow(dead_code)]
+mod redis_servers;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use std::io::Write;
@@ -126,5 +139,93 @@ fn bench(c: &mut Criterion) {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-criterion_group!(benches, bench);
+/// Checkpoints that copy KV payloads out of Redis and back (see the module docs).
+#[cfg(feature = "redis")]
+fn bench_copied(c: &mut Criterion) {
+    const COPIED_ROWS: usize = 256;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = redis_servers::RedisServer::start();
+    let on_redis = || {
+        let config = Config::from_toml(&format!(
+            "[storage]\nbackend = \"kv\"\n[storage.kv]\nstores = [{{ url = \"{}\" }}]\n",
+            redis.url()
+        ))
+        .unwrap();
+        Client::embedded(config).unwrap()
+    };
+    let batch = workloads::by_name("simple-large", COPIED_ROWS).unwrap();
+    let keys = workloads::keys(COPIED_ROWS);
+    let source = on_redis();
+    rt.block_on(source.partition("p").kv_batch_put(&keys, &batch, None))
+        .unwrap();
+    let raw = tq_bench::kv_raw::RawKv::open(&redis.url()).unwrap();
+    let cells = raw.cells(&batch);
+    rt.block_on(raw.put(&cells)).unwrap();
+    let values = rt.block_on(raw.get_values(&cells)).unwrap();
+    let total: u64 = values.iter().map(|v| v.len() as u64).sum();
+    eprintln!(
+        "checkpoint with copied KV payloads, {COPIED_ROWS} samples: {:.1} MiB of cells ({})",
+        total as f64 / (1 << 20) as f64,
+        raw.describe()
+    );
+    let root = std::env::temp_dir().join(format!("tq-bench-copied-{}", std::process::id()));
+    let ckpt = root.join("checkpoint");
+    let ckpt_url = ckpt.to_str().unwrap().to_string();
+    let raw_dir = root.join("raw");
+    std::fs::create_dir_all(&raw_dir).unwrap();
+    let copy = tq::CheckpointOptions {
+        copy_payloads: true,
+    };
+
+    let mut g =
+        c.benchmark_group("checkpoint copied KV payloads 256 MiB (redis, simple-large x 256)");
+    g.sample_size(10);
+    g.warm_up_time(Duration::from_secs(1));
+    g.measurement_time(Duration::from_secs(15));
+    g.throughput(Throughput::Bytes(total));
+    g.bench_function(
+        "save --copy-payloads (hold + state + MGET + .pages fsynced)",
+        |b| {
+            b.iter(|| {
+                rt.block_on(source.save_checkpoint_with(&ckpt_url, copy))
+                    .unwrap()
+            })
+        },
+    );
+    let mut round = 0;
+    g.bench_function("baseline: raw MGET + std::fs write + fsync", |b| {
+        b.iter(|| {
+            round += 1;
+            let got = rt.block_on(raw.get_values(&cells)).unwrap();
+            write_files(&raw_dir, round, &got)
+        })
+    });
+    g.bench_function("load (read + checks + restore + cells written back)", |b| {
+        b.iter_batched(
+            on_redis,
+            |fresh| {
+                rt.block_on(fresh.load_checkpoint(&ckpt)).unwrap();
+                fresh
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("baseline: std::fs read + raw MSET", |b| {
+        b.iter(|| {
+            assert_eq!(read_files(&raw_dir) as u64, total);
+            rt.block_on(raw.put(&cells)).unwrap()
+        })
+    });
+    g.finish();
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[cfg(not(feature = "redis"))]
+fn bench_copied(_: &mut Criterion) {}
+
+criterion_group!(benches, bench, bench_copied);
 criterion_main!(benches);

@@ -79,6 +79,19 @@ impl RawKv {
         Ok(values.len())
     }
 
+    /// Reads every cell with pipelined `mget`s and returns the values; a missing cell is an
+    /// error.
+    pub async fn get_values(&self, cells: &RawCells) -> Result<Vec<tq_core::Bytes>> {
+        self.store
+            .mget_all(&cells.keys)
+            .await?
+            .into_iter()
+            .map(|v| {
+                v.ok_or_else(|| Error::internal("raw baseline: a written key was not read back"))
+            })
+            .collect()
+    }
+
     /// Removes every cell.
     pub async fn delete(&self, cells: &RawCells) -> Result<()> {
         self.store.delete_all(&cells.keys).await

@@ -161,8 +161,9 @@ pub struct CopiedCells {
 pub trait PayloadCopy: Send + Sync {
     /// Reads every cell the backend meta of `meta` names (each sample's own stored cells; a
     /// linked field has none) and encodes them, with what is needed to write them back, as
-    /// one page. A named cell that is not stored is `DataLost`, naming it.
-    async fn export(&self, meta: &BatchMeta) -> Result<(bytes::Bytes, CopiedCells)>;
+    /// one page, given as parts that make the page back to back (the values as read, not
+    /// copied into one buffer). A named cell that is not stored is `DataLost`, naming it.
+    async fn export(&self, meta: &BatchMeta) -> Result<(Vec<bytes::Bytes>, CopiedCells)>;
 
     /// Decodes a page and checks that this storage can take it back (its stores exist),
     /// writing nothing. `what` names the page in errors.

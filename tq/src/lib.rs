@@ -39,10 +39,11 @@
 
 pub use tq_client::{
     Backend, BackendFactory, BatchStream, BlockingBatchStream, BlockingClient, BlockingPartition,
-    CheckpointFile, CheckpointManifest, Client, ClientBuilder, Config, ConsumptionStatus,
-    ControllerSection, Delivery, GetMetaMode, GetMetaRequest, KeyCacheStats, KeyListing,
-    KvBatchMeta, KvSection, LinkOptions, NetSection, NotBuilt, ProductionStatus, SnapshotCounts,
-    SsdSection, StorageSection, StreamConfig, StreamItem, StreamProgress, Wait,
+    CheckpointFile, CheckpointManifest, CheckpointOptions, Client, ClientBuilder, Config,
+    ConsumptionStatus, ControllerSection, Delivery, DumpManifest, DumpOptions, GetMetaMode,
+    GetMetaRequest, KeyCacheStats, KeyListing, KvBatchMeta, KvSection, LinkOptions, NetSection,
+    NotBuilt, ProductionStatus, SnapshotCounts, SsdSection, StorageSection, StreamConfig,
+    StreamItem, StreamProgress, UnitCells, Wait,
 };
 pub use tq_core::{
     numel, Batch, BatchMeta, Bytes, Column, DType, Element, Error, ErrorKind, FieldKind, FieldMeta,

@@ -109,7 +109,7 @@ impl KvStorageManager {
 
 #[async_trait]
 impl PayloadCopy for KvStorageManager {
-    async fn export(&self, meta: &BatchMeta) -> Result<(Bytes, CopiedCells)> {
+    async fn export(&self, meta: &BatchMeta) -> Result<(Vec<Bytes>, CopiedCells)> {
         let ks = self.keys(meta.partition());
         let mut plan = Plan::new(self.stores.len());
         let mut heads = Vec::new();
@@ -175,13 +175,13 @@ impl PayloadCopy for KvStorageManager {
                 head.len()
             ))
         })?;
-        let mut page = Vec::with_capacity(4 + head.len() + bytes as usize);
-        page.extend_from_slice(&head_len.to_le_bytes());
-        page.extend_from_slice(&head);
-        for v in values.iter().flatten() {
-            page.extend_from_slice(v);
-        }
-        Ok((Bytes::from(page), counts))
+        let mut lead = Vec::with_capacity(4 + head.len());
+        lead.extend_from_slice(&head_len.to_le_bytes());
+        lead.extend_from_slice(&head);
+        let mut parts = Vec::with_capacity(1 + values.len());
+        parts.push(Bytes::from(lead));
+        parts.extend(values.into_iter().flatten());
+        Ok((parts, counts))
     }
 
     fn check(&self, page: &Bytes, what: &str) -> Result<CopiedCells> {

@@ -21,8 +21,9 @@ use tq_core::{BatchMeta, Bytes, Error, Result};
 
 const MAGIC: &[u8; 8] = b"TQKVCPY1";
 
-/// Samples per export call: one store round trip of their cells per call.
-const SAMPLES_PER_PAGE: usize = 256;
+/// Samples per export call: one store round trip (per store) of their cells per call. Small
+/// enough that the reads of the next pages overlap the writing of a file.
+const SAMPLES_PER_PAGE: usize = 64;
 
 /// Export calls in flight at once (the store's own per-call limits apply inside each).
 const PAGES_IN_FLIGHT: usize = 4;
@@ -63,9 +64,10 @@ pub(super) async fn save(
     while let Some((page, counts)) = pages.try_next().await? {
         out.cells += counts.cells;
         out.bytes += counts.bytes;
-        file_bytes += page.len() as u64;
-        file.push(Bytes::copy_from_slice(&(page.len() as u64).to_le_bytes()));
-        file.push(page);
+        let len: u64 = page.iter().map(|p| p.len() as u64).sum();
+        file_bytes += len;
+        file.push(Bytes::copy_from_slice(&len.to_le_bytes()));
+        file.extend(page);
         if file_bytes >= PAGE_BYTES {
             write_file(place, &mut out, std::mem::take(&mut file), stamp).await?;
             file_bytes = 0;
