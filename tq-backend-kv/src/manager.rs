@@ -23,6 +23,11 @@ use tq_core::{
     Tensor, Value,
 };
 
+/// The largest put (payload and headers of its cells) whose cells and generation keys go to
+/// the store in one round trip ([`KvStore::mset_then_raise`]). Above it, round trips are a
+/// small part of a put, and the cells go in chunks whose encoding overlaps their sending.
+const ONE_TRIP_PUT_MAX_BYTES: usize = 4 << 20;
+
 /// How long a cleared key lives on when clear expires instead of deleting (upstream's
 /// `CLEAR_EXPIRE_SECOND`).
 pub const DEFAULT_CLEAR_EXPIRE_AFTER: Duration = Duration::from_secs(1);
@@ -531,39 +536,60 @@ impl StorageManager for KvStorageManager {
             .collect();
         let written: Vec<&str> = batch.field_names().collect();
         let rearm = self.rearm_plan(meta, &written)?;
-        if let Err(e) = self.write_rearming(per_store, rearm).await {
-            if overwrites {
-                self.discard_versions(&ks, meta.samples(), &backend_meta)
-                    .await;
-            }
-            return Err(e.context(self.ctx(meta)));
-        }
-        if !raise.is_empty() {
-            let (rows, items): (Vec<usize>, Vec<(String, u32)>) = raise.into_iter().unzip();
-            let held = self.stores[0]
-                .store
-                .raise_generations_all(items, self.options.data_ttl)
+        let (rows, items): (Vec<usize>, Vec<(String, u32)>) = raise.into_iter().unzip();
+        // A small put whose cells all go to the first store sends cells and generation keys
+        // in one store round trip (round trips are most of its time); a large one writes
+        // the cells in chunks, overlapping their encoding with the sending, then raises.
+        let cell_bytes: usize = per_store[0].iter().map(|(_, v)| v.len()).sum();
+        let one_trip =
+            per_store[1..].iter().all(Vec::is_empty) && cell_bytes <= ONE_TRIP_PUT_MAX_BYTES;
+        let held = if one_trip {
+            let cells = std::mem::take(&mut per_store[0]);
+            let ttl = self.options.data_ttl;
+            let store = &self.stores[0].store;
+            let rearms = self.rearm_calls(rearm.as_ref());
+            futures::future::try_join(store.mset_then_raise(cells, items, ttl), rearms)
                 .await
-                .map_err(|e| e.context(self.ctx(meta)))?;
-            let lost: Vec<(SampleId, u32)> = rows
-                .iter()
-                .zip(held)
-                .map(|(&r, h)| (meta.samples()[r], h))
-                .filter(|(s, h)| *h > s.generation)
-                .collect();
-            if let Some(&(s, h)) = lost.first() {
-                // The index was reused while this put was in flight: its cells (keyed by the
-                // old generation) are unreadable; remove them rather than leave them behind.
-                self.discard(&ks, meta.samples(), &backend_meta, &lost)
-                    .await;
-                return Err(Error::conflict(format!(
-                    "{}: put of sample index {} with generation {} is stale; the index was \
-                     reused by generation {h} while the put was in flight",
-                    self.ctx(meta),
-                    s.index,
-                    s.generation
-                )));
+                .map(|(held, ())| held)
+        } else {
+            match self.write_rearming(per_store, rearm).await {
+                Ok(()) => {
+                    self.stores[0]
+                        .store
+                        .raise_generations_all(items, self.options.data_ttl)
+                        .await
+                }
+                Err(e) => Err(e),
             }
+        };
+        let held = match held {
+            Ok(held) => held,
+            Err(e) => {
+                if overwrites {
+                    self.discard_versions(&ks, meta.samples(), &backend_meta)
+                        .await;
+                }
+                return Err(e.context(self.ctx(meta)));
+            }
+        };
+        let lost: Vec<(SampleId, u32)> = rows
+            .iter()
+            .zip(held)
+            .map(|(&r, h)| (meta.samples()[r], h))
+            .filter(|(s, h)| *h > s.generation)
+            .collect();
+        if let Some(&(s, h)) = lost.first() {
+            // The index was reused while this put was in flight: its cells (keyed by the
+            // old generation) are unreadable; remove them rather than leave them behind.
+            self.discard(&ks, meta.samples(), &backend_meta, &lost)
+                .await;
+            return Err(Error::conflict(format!(
+                "{}: put of sample index {} with generation {} is stale; the index was \
+                 reused by generation {h} while the put was in flight",
+                self.ctx(meta),
+                s.index,
+                s.generation
+            )));
         }
         Ok(PutReceipt {
             schemas: batch.schemas(),

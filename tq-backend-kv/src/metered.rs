@@ -51,6 +51,7 @@ pub struct MeteredStore {
     delete: Command,
     expire: Command,
     raise: Command,
+    mset_then_raise: Command,
     clear: Command,
 }
 
@@ -65,6 +66,7 @@ impl MeteredStore {
             delete: Command::new(name, "delete"),
             expire: Command::new(name, "expire"),
             raise: Command::new(name, "raise_generations"),
+            mset_then_raise: Command::new(name, "mset_then_raise"),
             clear: Command::new(name, "clear_generations"),
         })
     }
@@ -103,6 +105,18 @@ impl KvStore for MeteredStore {
     ) -> Result<Vec<u32>> {
         self.raise
             .measure(self.inner.raise_generations(items, ttl))
+            .await
+    }
+
+    /// Timed as one `mset_then_raise` command (one round trip where the store combines them).
+    async fn mset_then_raise(
+        &self,
+        items: Vec<(String, KvValue)>,
+        raise: Vec<(String, u32)>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u32>> {
+        self.mset_then_raise
+            .measure(self.inner.mset_then_raise(items, raise, ttl))
             .await
     }
 

@@ -128,6 +128,22 @@ pub trait KvStore: Send + Sync + 'static {
         raise_by_read_then_write(self, items, ttl).await
     }
 
+    /// Writes `items` as [`KvStore::mset`] does, then raises `raise` as
+    /// [`KvStore::raise_generations`] does and answers as it does, for any number of items.
+    /// A put of samples whose cells all live in this store calls it: a store that can send
+    /// both in one round trip, cells first, does (Redis: one pipeline per node, in which a
+    /// sample's generation key shares its cells' hash slot). This default writes with
+    /// [`KvStoreExt::mset_all`], then raises with [`KvStoreExt::raise_generations_all`].
+    async fn mset_then_raise(
+        &self,
+        items: Vec<(String, KvValue)>,
+        raise: Vec<(String, u32)>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u32>> {
+        self.mset_all(items, ttl).await?;
+        self.raise_generations_all(raise, ttl).await
+    }
+
     /// Deletes sample generation keys: each `(key, generation)` unless the key holds a larger
     /// generation (a newer sample reused the index). A store that declares
     /// [`KvCapabilities::atomic_generations`] checks and deletes each key in one atomic step;

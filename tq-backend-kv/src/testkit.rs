@@ -54,6 +54,7 @@ where
     case!(batches_beyond_the_call_limit);
     case!(raise_generations_keeps_the_largest);
     case!(clear_generations_spares_newer_ones);
+    case!(mset_then_raise_writes_and_raises);
     assert!(
         failed.is_empty(),
         "{} KvStore conformance case(s) failed:\n{}",
@@ -252,6 +253,46 @@ pub async fn batches_beyond_the_call_limit(s: &dyn KvStore) {
         .expect("mget_all")
         .iter()
         .all(Option::is_none));
+}
+
+/// `mset_then_raise` writes every item and raises every generation key as the two calls do,
+/// for more keys than one call takes, with and without a TTL; keys of one sample share a hash
+/// tag, as the adapter's do.
+pub async fn mset_then_raise_writes_and_raises(s: &dyn KvStore) {
+    let p = prefix("mset-then-raise");
+    let per_call = s.capabilities().max_keys_per_call.max(1);
+    let samples = per_call + per_call / 2 + 3;
+    let cell = |i: usize, f: usize| format!("{{{p}/{i}}}/c{f}");
+    let gen = |i: usize| format!("{{{p}/{i}}}/gen");
+    let items: Vec<(String, KvValue)> = (0..samples)
+        .flat_map(|i| (0..2).map(move |f| (i, f)))
+        .map(|(i, f)| (cell(i, f), value(b"h", format!("{i}-{f}").as_bytes())))
+        .collect();
+    let raise: Vec<(String, u32)> = (0..samples).map(|i| (gen(i), i as u32 % 5)).collect();
+    let held = s
+        .mset_then_raise(items, raise, None)
+        .await
+        .expect("mset_then_raise");
+    assert_eq!(held, (0..samples).map(|i| i as u32 % 5).collect::<Vec<_>>());
+    let keys: Vec<String> = (0..samples).map(|i| cell(i, 1)).collect();
+    let got = s.mget(&keys).await.expect("mget");
+    for (i, v) in got.iter().enumerate() {
+        assert_eq!(v.as_deref(), Some(format!("h{i}-1").as_bytes()), "cell {i}");
+    }
+    // Again with a TTL, raising to lower generations for some keys: those answer the larger.
+    let items = vec![(cell(0, 0), value(b"", b"again"))];
+    let raise = vec![(gen(0), 9), (gen(3), 1)];
+    let held = s
+        .mset_then_raise(items, raise, Some(Duration::from_secs(60)))
+        .await
+        .expect("mset_then_raise with a TTL");
+    assert_eq!(
+        held,
+        vec![9, 3],
+        "a smaller generation leaves the larger one"
+    );
+    let got = s.mget(&[cell(0, 0)]).await.expect("mget");
+    assert_eq!(got[0].as_deref(), Some(&b"again"[..]));
 }
 
 /// `raise_generations` stores a generation unless the key holds a larger one and answers what

@@ -118,8 +118,15 @@ impl KvStorageManager {
         per_store: Vec<Vec<(String, KvValue)>>,
         rearm: Option<Plan>,
     ) -> Result<()> {
+        futures::future::try_join(self.write(per_store), self.rearm_calls(rearm.as_ref()))
+            .await
+            .map(|_| ())
+    }
+
+    /// Re-arms the deadlines of `rearm` (nothing without a plan or a TTL).
+    pub(super) async fn rearm_calls(&self, rearm: Option<&Plan>) -> Result<()> {
         let Some((plan, ttl)) = rearm.zip(self.options.data_ttl) else {
-            return self.write(per_store).await;
+            return Ok(());
         };
         let rearms = plan
             .keys
@@ -127,9 +134,7 @@ impl KvStorageManager {
             .enumerate()
             .filter(|(_, k)| !k.is_empty())
             .map(|(i, keys)| self.stores[i].store.expire_all(keys, ttl));
-        futures::future::try_join(self.write(per_store), futures::future::try_join_all(rearms))
-            .await
-            .map(|_| ())
+        futures::future::try_join_all(rearms).await.map(|_| ())
     }
 
     /// Removes keys: deletes them, or with `expire` marks them to disappear shortly.

@@ -190,20 +190,120 @@ impl KvStore for RedisStore {
                 )));
             }
             for (i, h) in pos.into_iter().zip(held) {
-                out[i] = match h {
-                    redis::Value::Int(g) => u32::try_from(g).map_err(|_| {
-                        Error::corrupted(format!(
-                            "{}: generation key `{}` holds {g}",
-                            self.what, items[i].0
-                        ))
-                    })?,
-                    other => {
-                        return Err(Error::corrupted(format!(
-                            "{}: generation key `{}`: script answered {other:?}",
-                            self.what, items[i].0
-                        )))
+                out[i] = generation_held(&self.what, &items[i].0, h)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// One pipeline per call (per node on a cluster): the cells' `MSET`s (or `SET PX`s), then
+    /// the generation script for the generation keys among them, then `WAIT` if configured.
+    /// A sample's generation key shares its cells' hash slot, so on a cluster each slot's
+    /// cells and key go to the same node, in that order, on one connection.
+    async fn mset_then_raise(
+        &self,
+        items: Vec<(String, KvValue)>,
+        raise: Vec<(String, u32)>,
+        ttl: Option<Duration>,
+    ) -> Result<Vec<u32>> {
+        let mut out = vec![0u32; raise.len()];
+        if items.is_empty() && raise.is_empty() {
+            return Ok(out);
+        }
+        let n = items.len();
+        let per_call = self.options.max_keys_per_call.max(1);
+        let px = ttl.map(|t| (t.as_millis().max(1) as u64).to_string());
+        let raise_ms = ttl.map_or(0, |t| t.as_millis().max(1) as u64).to_string();
+        // Positions below `n` are cells, the rest generation keys; cells first, in order.
+        let split =
+            |pos: &[usize]| -> (Vec<usize>, Vec<usize>) { pos.iter().partition(|&&i| i < n) };
+        let cell_commands = |cells: usize| match px {
+            None => cells.div_ceil(per_call),
+            Some(_) => cells,
+        };
+        let build = |pos: &[usize]| {
+            let (cells, gens) = split(pos);
+            let mut cmds = Vec::with_capacity(cell_commands(cells.len()) + 2);
+            match &px {
+                None => {
+                    for chunk in cells.chunks(per_call) {
+                        let bytes = chunk.iter().map(|&i| items[i].0.len() + items[i].1.len());
+                        let mut c = cmd_with("MSET", 2 * chunk.len(), bytes.sum());
+                        for &i in chunk {
+                            c.arg(&items[i].0).arg(ValueArg(&items[i].1));
+                        }
+                        cmds.push(c);
                     }
+                }
+                Some(ms) => {
+                    for &i in &cells {
+                        let (k, v) = &items[i];
+                        let mut c = cmd_with("SET", 4, k.len() + v.len() + 2 + ms.len());
+                        c.arg(k).arg(ValueArg(v)).arg("PX").arg(ms.as_str());
+                        cmds.push(c);
+                    }
+                }
+            }
+            for chunk in gens.chunks(per_call) {
+                let bytes: usize = chunk.iter().map(|&i| raise[i - n].0.len() + 10).sum();
+                let mut c = cmd_with(
+                    "EVAL",
+                    2 * chunk.len() + 3,
+                    RAISE_GENERATIONS_SCRIPT.len() + 8 + bytes,
+                );
+                c.arg(RAISE_GENERATIONS_SCRIPT).arg(chunk.len());
+                for &i in chunk {
+                    c.arg(&raise[i - n].0);
+                }
+                c.arg(raise_ms.as_str());
+                for &i in chunk {
+                    c.arg(raise[i - n].1);
+                }
+                cmds.push(c);
+            }
+            self.with_wait(Req::Pipe(cmds))
+        };
+        let keys = items
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .chain(raise.iter().map(|(k, _)| k.as_str()));
+        for (pos, reply) in self.run(self.groups(keys), &build).await? {
+            let (cells, gens) = split(&pos);
+            let commands = cell_commands(cells.len()) + gens.len().div_ceil(per_call);
+            let reply = self.checked_wait(reply)?;
+            // `checked_wait` unwraps a lone reply; without `WAIT` a pipeline's replies are an
+            // array even for one command.
+            let replies = match reply {
+                _ if commands == 1 && self.options.wait_replicas > 0 => vec![reply],
+                redis::Value::Array(r) if r.len() == commands => r,
+                other => {
+                    return Err(Error::corrupted(format!(
+                        "{}: a put of {} cells and {} generation keys answered {other:?}",
+                        self.what,
+                        cells.len(),
+                        gens.len()
+                    )))
+                }
+            };
+            let raised = replies.into_iter().skip(cell_commands(cells.len()));
+            for (chunk, held) in gens.chunks(per_call).zip(raised) {
+                let redis::Value::Array(held) = held else {
+                    return Err(Error::corrupted(format!(
+                        "{}: the generation script answered {held:?}",
+                        self.what
+                    )));
                 };
+                if held.len() != chunk.len() {
+                    return Err(Error::corrupted(format!(
+                        "{}: the generation script answered {} values for {} keys",
+                        self.what,
+                        held.len(),
+                        chunk.len()
+                    )));
+                }
+                for (&i, h) in chunk.iter().zip(held) {
+                    out[i - n] = generation_held(&self.what, &raise[i - n].0, h)?;
+                }
             }
         }
         Ok(out)
@@ -238,5 +338,16 @@ impl KvStore for RedisStore {
             }
         };
         self.run(self.groups(keys.iter()), &build).await.map(|_| ())
+    }
+}
+
+/// The generation the raise script says `key` holds.
+fn generation_held(what: &str, key: &str, reply: redis::Value) -> Result<u32> {
+    match reply {
+        redis::Value::Int(g) => u32::try_from(g)
+            .map_err(|_| Error::corrupted(format!("{what}: generation key `{key}` holds {g}"))),
+        other => Err(Error::corrupted(format!(
+            "{what}: generation key `{key}`: script answered {other:?}"
+        ))),
     }
 }
