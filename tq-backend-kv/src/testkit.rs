@@ -293,6 +293,23 @@ pub async fn mset_then_raise_writes_and_raises(s: &dyn KvStore) {
     );
     let got = s.mget(&[cell(0, 0)]).await.expect("mget");
     assert_eq!(got[0].as_deref(), Some(&b"again"[..]));
+    // Without a TTL: a key holding a smaller generation is raised, a larger one stays.
+    let items = vec![(cell(1, 0), value(b"", b"third"))];
+    let raise = vec![(gen(1), 7), (gen(2), 0)];
+    let held = s
+        .mset_then_raise(items, raise, None)
+        .await
+        .expect("mset_then_raise over existing keys");
+    assert_eq!(held, vec![7, 2]);
+    let stored = s.mget(&[gen(1), gen(2)]).await.expect("mget");
+    assert_eq!(
+        stored[0].as_deref(),
+        Some(&crate::codec::encode_generation(7)[..])
+    );
+    assert_eq!(
+        stored[1].as_deref(),
+        Some(&crate::codec::encode_generation(2)[..])
+    );
 }
 
 /// `raise_generations` stores a generation unless the key holds a larger one and answers what

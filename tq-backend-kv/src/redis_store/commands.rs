@@ -197,7 +197,8 @@ impl KvStore for RedisStore {
     }
 
     /// One pipeline per call (per node on a cluster): the cells' `MSET`s (or `SET PX`s), then
-    /// the generation script for the generation keys among them, then `WAIT` if configured.
+    /// the generation script for the generation keys among them (or, for a lone key without
+    /// a TTL, `SET NX GET`), then `WAIT` if configured.
     /// A sample's generation key shares its cells' hash slot, so on a cluster each slot's
     /// cells and key go to the same node, in that order, on one connection.
     async fn mset_then_raise(
@@ -244,6 +245,19 @@ impl KvStore for RedisStore {
                     }
                 }
             }
+            if let ([i], None) = (gens.as_slice(), &px) {
+                // One key (a slot's on a cluster): `SET NX GET` sets an absent key, which is
+                // what a first write meets, at a fraction of a script call's cost; a key found
+                // holding a smaller generation is raised by the script afterwards.
+                let (k, g) = &raise[i - n];
+                let mut c = cmd_with("SET", 4, k.len() + 9);
+                c.arg(k)
+                    .arg(&crate::codec::encode_generation(*g)[..])
+                    .arg("NX")
+                    .arg("GET");
+                cmds.push(c);
+                return self.with_wait(Req::Pipe(cmds));
+            }
             for chunk in gens.chunks(per_call) {
                 let bytes: usize = chunk.iter().map(|&i| raise[i - n].0.len() + 10).sum();
                 let mut c = cmd_with(
@@ -267,6 +281,8 @@ impl KvStore for RedisStore {
             .iter()
             .map(|(k, _)| k.as_str())
             .chain(raise.iter().map(|(k, _)| k.as_str()));
+        // Keys `SET NX GET` found holding a smaller generation: raised by the script after.
+        let mut smaller: Vec<usize> = Vec::new();
         for (pos, reply) in self.run(self.groups(keys), &build).await? {
             let (cells, gens) = split(&pos);
             let commands = cell_commands(cells.len()) + gens.len().div_ceil(per_call);
@@ -285,7 +301,28 @@ impl KvStore for RedisStore {
                     )))
                 }
             };
-            let raised = replies.into_iter().skip(cell_commands(cells.len()));
+            let mut raised = replies.into_iter().skip(cell_commands(cells.len()));
+            if let ([i], None) = (gens.as_slice(), &px) {
+                let (key, want) = &raise[i - n];
+                match raised.next() {
+                    Some(redis::Value::Nil) => out[i - n] = *want,
+                    Some(redis::Value::BulkString(b)) => {
+                        let have = crate::codec::decode_generation(key, &b)?;
+                        if have >= *want {
+                            out[i - n] = have;
+                        } else {
+                            smaller.push(i - n);
+                        }
+                    }
+                    other => {
+                        return Err(Error::corrupted(format!(
+                            "{}: SET NX GET of generation key `{key}` answered {other:?}",
+                            self.what
+                        )))
+                    }
+                }
+                continue;
+            }
             for (chunk, held) in gens.chunks(per_call).zip(raised) {
                 let redis::Value::Array(held) = held else {
                     return Err(Error::corrupted(format!(
@@ -304,6 +341,13 @@ impl KvStore for RedisStore {
                 for (&i, h) in chunk.iter().zip(held) {
                     out[i - n] = generation_held(&self.what, &raise[i - n].0, h)?;
                 }
+            }
+        }
+        if !smaller.is_empty() {
+            let items = smaller.iter().map(|&r| raise[r].clone()).collect();
+            let held = crate::store::KvStoreExt::raise_generations_all(self, items, ttl).await?;
+            for (r, h) in smaller.into_iter().zip(held) {
+                out[r] = h;
             }
         }
         Ok(out)
