@@ -14,7 +14,6 @@
 
 #[cfg(feature = "redis")]
 #[path = "../../tq-backend-kv/tests/common/mod.rs"]
-#[allow(dead_code)]
 mod redis_servers;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
