@@ -12,9 +12,12 @@
 //! Run: `cargo bench -p tq-bench --bench checkpoint [-- copied]` (the second group needs
 //! `redis-server` on the PATH)
 
+mod common;
 #[cfg(feature = "redis")]
 #[path = "../../tq-backend-kv/tests/common/mod.rs"]
 mod redis_servers;
+
+use common::runtime;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use std::io::Write;
@@ -69,11 +72,7 @@ fn read_files(dir: &std::path::Path) -> usize {
 }
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let batch = workloads::by_name("simple-large", ROWS).unwrap();
     let keys = workloads::keys(ROWS);
     let source = embedded();
@@ -142,11 +141,7 @@ fn bench(c: &mut Criterion) {
 #[cfg(feature = "redis")]
 fn bench_copied(c: &mut Criterion) {
     const COPIED_ROWS: usize = 256;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let redis = redis_servers::RedisServer::start();
     let on_redis = || {
         let config = Config::from_toml(&format!(

@@ -651,6 +651,24 @@ async fn a_kv_controller_restarted_without_its_state_refuses_earlier_metadata() 
     let _ = controller.terminate(Duration::from_secs(5));
 }
 
+/// The first half of a checkpointed job: a controller on `job`'s Redis, 200 samples produced,
+/// 50 consumed (acknowledged), then `tq checkpoint save` (with `extra` arguments) and kill -9 of
+/// the controller. Returns the ids consumed and where the checkpoint is.
+async fn checkpoint_mid_job(job: &KvJob, extra: &[&str]) -> (Vec<i64>, std::path::PathBuf) {
+    let checkpoint = job.dir.0.join("checkpoint");
+    let mut controller = controller_at(&job.listen, &job.config, &[]);
+    controller.listening(1);
+    common::produce(&job.listen, 200);
+    let tq = Client::connect_with(&job.listen, Config::default())
+        .await
+        .unwrap();
+    let first = common::consume_acked(&tq, 50).await;
+    let url = format!("file://{}", checkpoint.display());
+    common::checkpoint_with("save", &url, &job.listen, extra);
+    controller.kill();
+    (first, checkpoint)
+}
+
 /// `tq checkpoint save`, kill -9 of the controller, a new controller on the same address and
 /// `tq checkpoint load`: the job goes on — every sample produced before the checkpoint is
 /// consumed exactly once across the two controllers, the ones consumed before are not handed
@@ -660,29 +678,12 @@ async fn a_checkpoint_carries_a_job_across_a_controller_kill() {
     if !redis_available("a_checkpoint_carries_a_job_across_a_controller_kill") {
         return;
     }
-    let KvJob {
-        redis: _redis,
-        dir,
-        config,
-        listen,
-    } = kv_job();
-    let checkpoint = dir.0.join("checkpoint");
-    let start = || controller_at(&listen, &config, &[]);
-    let mut controller = start();
+    let job = kv_job();
+    let (first, checkpoint) = checkpoint_mid_job(&job, &[]).await;
+    let mut controller = controller_at(&job.listen, &job.config, &[]);
     controller.listening(1);
-    common::produce(&listen, 200);
-    // Consume 50 (acknowledged) before the checkpoint.
-    let tq = Client::connect_with(&listen, Config::default())
-        .await
-        .unwrap();
-    let first = common::consume_acked(&tq, 50).await;
-    common::checkpoint("save", &format!("file://{}", checkpoint.display()), &listen);
-
-    controller.kill();
-    let mut controller = start();
-    controller.listening(1);
-    common::checkpoint("load", checkpoint.to_str().unwrap(), &listen);
-    common::finish_job(&listen, &first, 200);
+    common::checkpoint("load", checkpoint.to_str().unwrap(), &job.listen);
+    common::finish_job(&job.listen, &first, 200);
     let _ = controller.terminate(Duration::from_secs(5));
 }
 
@@ -694,27 +695,9 @@ async fn a_checkpoint_with_copied_payloads_moves_a_job_to_a_new_redis_server() {
     if !redis_available("a_checkpoint_with_copied_payloads_moves_a_job_to_a_new_redis_server") {
         return;
     }
-    let KvJob {
-        redis,
-        dir,
-        config,
-        listen,
-    } = kv_job();
-    let checkpoint = dir.0.join("checkpoint");
-    let mut controller = controller_at(&listen, &config, &[]);
-    controller.listening(1);
-    common::produce(&listen, 200);
-    let tq = Client::connect_with(&listen, Config::default())
-        .await
-        .unwrap();
-    let first = common::consume_acked(&tq, 50).await;
-    common::checkpoint_with(
-        "save",
-        checkpoint.to_str().unwrap(),
-        &listen,
-        &["--copy-payloads"],
-    );
-    controller.kill();
+    let job = kv_job();
+    let (first, checkpoint) = checkpoint_mid_job(&job, &["--copy-payloads"]).await;
+    let KvJob { redis, listen, .. } = job;
     drop(redis);
 
     let fresh = RedisServer::start();

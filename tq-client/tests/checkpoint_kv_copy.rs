@@ -14,11 +14,16 @@ mod common;
 mod batches;
 
 use batches::every_kind;
+
+#[path = "support/writers.rs"]
+mod writers;
+
 use common::{redis_available, RedisServer, TempDir};
 use futures::StreamExt;
 use std::time::Duration;
 use tq_client::*;
 use tq_core::{Batch, ErrorKind, TagValue, Tags};
+use writers::{assert_listed_keys_whole, Writers};
 
 const COPY: CheckpointOptions = CheckpointOptions {
     copy_payloads: true,
@@ -216,61 +221,13 @@ async fn copied_payloads_move_a_job_to_another_redis_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_taken_while_writers_run_restore_every_listed_key() {
     let tq = kv_on("memory://");
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writers: Vec<_> = (0..2)
-        .map(|w| {
-            let tq = tq.clone();
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                let p = tq.partition("live");
-                let mut round = 0i64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    // Eight keys per writer: each put overwrites one written before.
-                    let key = format!("w{w}-{}", round % 8);
-                    p.kv_put(&key, &every_kind(1, round), None).await.unwrap();
-                    if round % 3 == 0 {
-                        p.kv_clear(&[format!("w{w}-{}", (round + 4) % 8)])
-                            .await
-                            .unwrap();
-                    }
-                    round += 1;
-                }
-                round
-            })
-        })
-        .collect();
+    let writers = Writers::start(&tq);
     for i in 0..5 {
         let dir = TempDir::new();
         tq.save_checkpoint_with(&dir_url(&dir), COPY).await.unwrap();
         let fresh = kv_on("memory://");
         fresh.load_checkpoint(&dir.0).await.unwrap();
-        let listed = match fresh.partition("live").kv_list().await {
-            Ok(l) => l.entries.into_iter().map(|(k, _)| k).collect::<Vec<_>>(),
-            Err(e) if e.kind() == &ErrorKind::NotFound => Vec::new(),
-            Err(e) => panic!("{e}"),
-        };
-        let mut produced = 0;
-        for key in &listed {
-            match fresh
-                .partition("live")
-                .kv_batch_get(&[key], Some(&["x", "r", "o"]))
-                .await
-            {
-                Ok(got) => {
-                    assert_eq!(got.len(), 1);
-                    produced += 1;
-                }
-                Err(e) if e.message().contains("is not produced") => {}
-                Err(e) => panic!("checkpoint {i}: key `{key}` lost its data: {e}"),
-            }
-        }
-        assert!(
-            produced + 2 >= listed.len(),
-            "at most one put in flight per writer"
-        );
+        assert_listed_keys_whole(&fresh, i).await;
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for w in writers {
-        assert!(w.await.unwrap() > 0, "the writers ran");
-    }
+    writers.stop().await;
 }
