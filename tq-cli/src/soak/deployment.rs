@@ -130,6 +130,13 @@ impl Drop for Redis {
     }
 }
 
+/// Counts the keys without a deadline (`PTTL` -1), scanning the whole keyspace in one script
+/// call (an inline command: Redis splits it like a shell, quotes included).
+const COUNT_PERSISTENT_KEYS: &str = "EVAL \"local n = 0 local c = '0' repeat \
+    local r = redis.call('SCAN', c, 'COUNT', 1000) c = r[1] \
+    for _, k in ipairs(r[2]) do if redis.call('PTTL', k) == -1 then n = n + 1 end end \
+    until c == '0' return n\" 0";
+
 /// A free loopback port (bound and released; the server binds it again right after).
 fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")
@@ -284,9 +291,12 @@ impl Deployment {
         }
     }
 
-    /// Keys left in Redis (`None` without Redis or when it does not answer).
+    /// Keys left in Redis that do not expire (`None` without Redis or when it does not
+    /// answer). Keys marked to expire are not counted: cells retired by an overwrite and
+    /// cleared cells expire `clear_expire_after` later by design, so a final clear right after
+    /// an overwrite still finds some (`DBSIZE` would count them, even once expired).
     pub fn redis_keys(&self) -> Option<u64> {
-        let answer = self.redis.as_ref()?.command("DBSIZE").ok()?;
+        let answer = self.redis.as_ref()?.command(COUNT_PERSISTENT_KEYS).ok()?;
         answer.strip_prefix(':')?.trim().parse().ok()
     }
 
