@@ -173,6 +173,14 @@ enum Req {
 }
 
 impl Req {
+    /// One command as itself, several as a pipeline.
+    fn from_commands(mut cmds: Vec<redis::Cmd>) -> Req {
+        match cmds.len() {
+            1 => Req::Cmd(cmds.remove(0)),
+            _ => Req::Pipe(cmds),
+        }
+    }
+
     /// How many replies the request gets.
     fn replies(&self) -> usize {
         match self {

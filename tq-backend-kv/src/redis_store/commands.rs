@@ -27,26 +27,8 @@ impl KvStore for RedisStore {
         let groups = self.groups(items.iter().map(|(k, _)| k));
         let ms = ttl.map(|t| (t.as_millis().max(1) as u64).to_string());
         let build = |pos: &[usize]| {
-            self.with_wait(match &ms {
-                None => {
-                    let bytes = pos.iter().map(|&i| items[i].0.len() + items[i].1.len());
-                    let mut c = cmd_with("MSET", 2 * pos.len(), bytes.sum());
-                    for &i in pos {
-                        c.arg(&items[i].0).arg(ValueArg(&items[i].1));
-                    }
-                    Req::Cmd(c)
-                }
-                Some(ms) => Req::Pipe(
-                    pos.iter()
-                        .map(|&i| {
-                            let (k, v) = &items[i];
-                            let mut c = cmd_with("SET", 4, k.len() + v.len() + 2 + ms.len());
-                            c.arg(k).arg(ValueArg(v)).arg("PX").arg(ms.as_str());
-                            c
-                        })
-                        .collect(),
-                ),
-            })
+            let cmds = write_commands(&items, pos, ms.as_deref(), pos.len());
+            self.with_wait(Req::from_commands(cmds))
         };
         for (_, reply) in self.run(groups, &build).await? {
             self.checked_wait(reply)?;
@@ -154,21 +136,8 @@ impl KvStore for RedisStore {
         }
         let ms = ttl.map_or(0, |t| t.as_millis().max(1) as u64).to_string();
         let build = |pos: &[usize]| {
-            let bytes: usize = pos.iter().map(|&i| items[i].0.len() + 10).sum();
-            let mut c = cmd_with(
-                "EVAL",
-                2 * pos.len() + 3,
-                RAISE_GENERATIONS_SCRIPT.len() + 8 + bytes,
-            );
-            c.arg(RAISE_GENERATIONS_SCRIPT).arg(pos.len());
-            for &i in pos {
-                c.arg(&items[i].0);
-            }
-            c.arg(ms.as_str());
-            for &i in pos {
-                c.arg(items[i].1);
-            }
-            self.with_wait(Req::Cmd(c))
+            let chunk: Vec<&(String, u32)> = pos.iter().map(|&i| &items[i]).collect();
+            self.with_wait(Req::Cmd(raise_command(&chunk, &ms)))
         };
         for (pos, v) in self
             .run(self.groups(items.iter().map(|(k, _)| k)), &build)
@@ -224,27 +193,7 @@ impl KvStore for RedisStore {
         };
         let build = |pos: &[usize]| {
             let (cells, gens) = split(pos);
-            let mut cmds = Vec::with_capacity(cell_commands(cells.len()) + 2);
-            match &px {
-                None => {
-                    for chunk in cells.chunks(per_call) {
-                        let bytes = chunk.iter().map(|&i| items[i].0.len() + items[i].1.len());
-                        let mut c = cmd_with("MSET", 2 * chunk.len(), bytes.sum());
-                        for &i in chunk {
-                            c.arg(&items[i].0).arg(ValueArg(&items[i].1));
-                        }
-                        cmds.push(c);
-                    }
-                }
-                Some(ms) => {
-                    for &i in &cells {
-                        let (k, v) = &items[i];
-                        let mut c = cmd_with("SET", 4, k.len() + v.len() + 2 + ms.len());
-                        c.arg(k).arg(ValueArg(v)).arg("PX").arg(ms.as_str());
-                        cmds.push(c);
-                    }
-                }
-            }
+            let mut cmds = write_commands(&items, &cells, px.as_deref(), per_call);
             if let ([i], None) = (gens.as_slice(), &px) {
                 // One key (a slot's on a cluster): `SET NX GET` sets an absent key, which is
                 // what a first write meets, at a fraction of a script call's cost; a key found
@@ -259,21 +208,8 @@ impl KvStore for RedisStore {
                 return self.with_wait(Req::Pipe(cmds));
             }
             for chunk in gens.chunks(per_call) {
-                let bytes: usize = chunk.iter().map(|&i| raise[i - n].0.len() + 10).sum();
-                let mut c = cmd_with(
-                    "EVAL",
-                    2 * chunk.len() + 3,
-                    RAISE_GENERATIONS_SCRIPT.len() + 8 + bytes,
-                );
-                c.arg(RAISE_GENERATIONS_SCRIPT).arg(chunk.len());
-                for &i in chunk {
-                    c.arg(&raise[i - n].0);
-                }
-                c.arg(raise_ms.as_str());
-                for &i in chunk {
-                    c.arg(raise[i - n].1);
-                }
-                cmds.push(c);
+                let chunk: Vec<&(String, u32)> = chunk.iter().map(|&i| &raise[i - n]).collect();
+                cmds.push(raise_command(&chunk, &raise_ms));
             }
             self.with_wait(Req::Pipe(cmds))
         };
@@ -394,4 +330,56 @@ fn generation_held(what: &str, key: &str, reply: redis::Value) -> Result<u32> {
             "{what}: generation key `{key}`: script answered {other:?}"
         ))),
     }
+}
+
+/// The commands writing the cells at `pos` of `items`: one `MSET` per `per_call` cells, or
+/// with a TTL (`px`, milliseconds) one `SET PX` per cell.
+fn write_commands(
+    items: &[(String, KvValue)],
+    pos: &[usize],
+    px: Option<&str>,
+    per_call: usize,
+) -> Vec<redis::Cmd> {
+    match px {
+        None => pos
+            .chunks(per_call.max(1))
+            .map(|chunk| {
+                let bytes = chunk.iter().map(|&i| items[i].0.len() + items[i].1.len());
+                let mut c = cmd_with("MSET", 2 * chunk.len(), bytes.sum());
+                for &i in chunk {
+                    c.arg(&items[i].0).arg(ValueArg(&items[i].1));
+                }
+                c
+            })
+            .collect(),
+        Some(ms) => pos
+            .iter()
+            .map(|&i| {
+                let (k, v) = &items[i];
+                let mut c = cmd_with("SET", 4, k.len() + v.len() + 2 + ms.len());
+                c.arg(k).arg(ValueArg(v)).arg("PX").arg(ms);
+                c
+            })
+            .collect(),
+    }
+}
+
+/// One [`RAISE_GENERATIONS_SCRIPT`] call for `items` (keys and generations), with the TTL
+/// `ms` in milliseconds ("0": none).
+fn raise_command(items: &[&(String, u32)], ms: &str) -> redis::Cmd {
+    let bytes: usize = items.iter().map(|(k, _)| k.len() + 10).sum();
+    let mut c = cmd_with(
+        "EVAL",
+        2 * items.len() + 3,
+        RAISE_GENERATIONS_SCRIPT.len() + 8 + bytes,
+    );
+    c.arg(RAISE_GENERATIONS_SCRIPT).arg(items.len());
+    for (k, _) in items {
+        c.arg(k);
+    }
+    c.arg(ms);
+    for (_, g) in items {
+        c.arg(*g);
+    }
+    c
 }

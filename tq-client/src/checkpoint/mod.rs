@@ -221,18 +221,15 @@ impl Client {
         place: Place,
         options: CheckpointOptions,
     ) -> Result<CheckpointManifest> {
-        let copy = match self.storage().payload_copy() {
-            Some(copy)
-                if options.copy_payloads && self.storage().payload_checkpoint().is_none() =>
-            {
-                Some(copy)
-            }
-            None if options.copy_payloads && self.storage().payload_checkpoint().is_none() => {
-                return Err(Error::unsupported(
+        // Storage units are always copied; KV payloads on request.
+        let units = self.storage().payload_checkpoint();
+        let copy = match (units, options.copy_payloads) {
+            (None, true) => Some(self.storage().payload_copy().ok_or_else(|| {
+                Error::unsupported(
                     "checkpoint with copied payloads (this storage cannot copy its payloads)",
                     self.storage().name(),
-                ))
-            }
+                )
+            })?),
             _ => None,
         };
         self.check_checkpointable(copy.is_some())?;
@@ -242,9 +239,8 @@ impl Client {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
         let mut kv_copy = None;
-        let (state, counts, units) = match self.storage().payload_checkpoint() {
-            None if copy.is_some() => {
-                let copy = copy.ok_or_else(|| Error::internal("checkpoint: no copier"))?;
+        let (state, counts, units) = match (units, copy) {
+            (None, Some(copy)) => {
                 let held = std::time::Instant::now();
                 let (state, counts, hold) = self
                     .control()
@@ -264,11 +260,11 @@ impl Client {
                 kv_copy = Some(copied);
                 (state, counts, Vec::new())
             }
-            None => {
+            (None, None) => {
                 let (state, counts) = self.control().snapshot().await?;
                 (state, counts, Vec::new())
             }
-            Some(payloads) => {
+            (Some(payloads), _) => {
                 // Hold every unit's writes, take the state, capture the cells: see the module
                 // docs for why this order makes the copy consistent.
                 let held = std::time::Instant::now();
