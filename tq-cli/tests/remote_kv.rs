@@ -85,10 +85,6 @@ fn controller_at(listen: &str, config: &std::path::Path, extra: &[&str]) -> Tq {
     Tq::spawn(&args)
 }
 
-fn dbsize(server: &RedisServer) -> usize {
-    server.cli(&["dbsize"]).trim().parse().unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_of_a_kv_controller_share_the_redis_store() {
     if !redis_available("clients_of_a_kv_controller_share_the_redis_store") {
@@ -103,12 +99,12 @@ async fn clients_of_a_kv_controller_share_the_redis_store() {
     let a = Client::connect_with(&url, Config::default()).await.unwrap();
     let b = Client::connect_with(&url, Config::default()).await.unwrap();
     assert_eq!(a.storage().name(), "kv(redis)");
-    let before = dbsize(&redis);
+    let before = redis.live_keys();
     a.partition("p")
         .kv_batch_put(&["k0", "k1", "k2"], &rows(3, 10), None)
         .await
         .unwrap();
-    assert!(dbsize(&redis) > before, "the payloads are in Redis");
+    assert!(redis.live_keys() > before, "the payloads are in Redis");
     let got = b
         .partition("p")
         .kv_batch_get(&["k2", "k0"], Some(&["x"]))
@@ -132,7 +128,7 @@ async fn clients_of_a_kv_controller_share_the_redis_store() {
         .await
         .unwrap();
     assert_eq!(
-        dbsize(&redis),
+        redis.live_keys(),
         before,
         "clears from any process delete the keys"
     );
@@ -180,7 +176,7 @@ async fn the_demo_runs_against_a_kv_controller_in_another_process() {
     ]);
     let (status, stderr) = demo.wait_exit(Duration::from_secs(120));
     assert!(status.success(), "demo failed: {stderr}");
-    assert_eq!(dbsize(&redis), 0, "the demo cleared everything it wrote");
+    assert_eq!(redis.live_keys(), 0, "the demo cleared everything it wrote");
 }
 
 /// Runs the demo in its own process against a controller whose storage is `store_url`.
@@ -213,11 +209,7 @@ fn the_demo_runs_on_a_redis_cluster_behind_a_controller() {
     }
     let cluster = RedisCluster::start();
     demo_against(&cluster_url(&cluster));
-    let keys: usize = cluster
-        .nodes
-        .iter()
-        .map(|n| n.cli(&["dbsize"]).trim().parse::<usize>().unwrap())
-        .sum();
+    let keys: usize = cluster.nodes.iter().map(RedisServer::live_keys).sum();
     assert_eq!(
         keys, 0,
         "the demo cleared everything it wrote on every node"
@@ -577,7 +569,7 @@ async fn ttl_field_clears_and_expire_on_clear_work_from_any_process() {
         );
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while redis.cli(&["dbsize"]).trim() != "0" {
+    while redis.live_keys() != 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "cleared keys never expired"
@@ -620,7 +612,7 @@ async fn a_kv_controller_restarted_without_its_state_refuses_earlier_metadata() 
         .await
         .unwrap();
     let old_meta = old.partition("p").kv_meta(&["k"]).await.unwrap();
-    let left = dbsize(&redis);
+    let left = redis.live_keys();
 
     controller.kill();
     let mut controller = start();
@@ -647,7 +639,11 @@ async fn a_kv_controller_restarted_without_its_state_refuses_earlier_metadata() 
     // Read straight from the store with the old metadata: the old epoch's keys, its own data —
     // never the new sample at the same index.
     assert_eq!(old.get_data(&old_meta).await.unwrap(), rows(1, 7));
-    assert_eq!(dbsize(&redis), left + 2, "the earlier keys are untouched");
+    assert_eq!(
+        redis.live_keys(),
+        left + 2,
+        "the earlier keys are untouched"
+    );
     let _ = controller.terminate(Duration::from_secs(5));
 }
 
@@ -705,10 +701,10 @@ async fn a_checkpoint_with_copied_payloads_moves_a_job_to_a_new_redis_server() {
     let fresh_config = config_file(&fresh_dir, &fresh.url());
     let mut controller = controller_at(&listen, &fresh_config, &[]);
     controller.listening(1);
-    assert_eq!(dbsize(&fresh), 0);
+    assert_eq!(fresh.live_keys(), 0);
     common::checkpoint("load", checkpoint.to_str().unwrap(), &listen);
     assert!(
-        dbsize(&fresh) >= 150,
+        fresh.live_keys() >= 150,
         "the unconsumed samples' payloads were written back"
     );
     common::finish_job(&listen, &first, 200);

@@ -40,10 +40,6 @@ fn client_on(redis: &RedisServer, extra: &str) -> Client {
     Client::embedded(config).unwrap()
 }
 
-fn dbsize(redis: &RedisServer) -> usize {
-    redis.cli(&["DBSIZE"]).trim().parse().expect("DBSIZE")
-}
-
 #[tokio::test]
 async fn defect_2_keys_whose_put_failed_during_an_outage_are_not_stuck() {
     if !redis_available("defect_2_keys_whose_put_failed_during_an_outage_are_not_stuck") {
@@ -97,7 +93,7 @@ async fn defect_2_keys_whose_put_failed_during_an_outage_are_not_stuck() {
     assert_eq!(keys.len(), 4, "{keys:?}");
     // Nothing left behind once everything is cleared.
     tq.partition("p").clear().await.unwrap();
-    assert_eq!(dbsize(&redis), 0);
+    assert_eq!(redis.live_keys(), 0);
 }
 
 #[tokio::test]
@@ -111,7 +107,7 @@ async fn defect_4_refused_stale_writes_leave_no_keys_in_redis() {
         .kv_put("k", &ints(1, 0), None)
         .await
         .unwrap();
-    let baseline = dbsize(&redis);
+    let baseline = redis.live_keys();
     for round in 0..40 {
         let meta = tq.partition("p").put_new(&ints(2, round)).await.unwrap();
         tq.clear_samples(&meta).await.unwrap();
@@ -126,7 +122,7 @@ async fn defect_4_refused_stale_writes_leave_no_keys_in_redis() {
         assert_eq!(tq.get_data(&fresh).await.unwrap(), ints(2, 100 + round));
         tq.clear_samples(&fresh).await.unwrap();
     }
-    assert_eq!(dbsize(&redis), baseline, "orphaned keys in Redis");
+    assert_eq!(redis.live_keys(), baseline, "orphaned keys in Redis");
 }
 
 #[tokio::test]
@@ -188,7 +184,7 @@ async fn a_restarted_embedded_process_starts_on_fresh_keys() {
     assert_eq!(old.samples()[0], tq_core::SampleId::new(0, 2));
     let first_epoch = first.epoch();
     drop(first);
-    let left = dbsize(&redis);
+    let left = redis.live_keys();
     assert_eq!(
         left, 2,
         "one cell and one generation key of the earlier life"
@@ -201,7 +197,11 @@ async fn a_restarted_embedded_process_starts_on_fresh_keys() {
     let now = q.kv_meta(&["k"]).await.unwrap();
     assert_eq!(now.samples()[0], tq_core::SampleId::new(0, 0));
     assert_eq!(q.kv_batch_get(&["k"], None).await.unwrap(), ints(1, 100));
-    assert_eq!(dbsize(&redis), left + 2, "the earlier keys are untouched");
+    assert_eq!(
+        redis.live_keys(),
+        left + 2,
+        "the earlier keys are untouched"
+    );
     q.kv_clear(&["k"]).await.unwrap();
-    assert_eq!(dbsize(&redis), left);
+    assert_eq!(redis.live_keys(), left);
 }

@@ -148,6 +148,13 @@ impl RedisServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// How many keys the server holds that have not expired. `DBSIZE` would also count keys
+    /// whose deadline has passed but that Redis has not reclaimed yet (retired cells expire
+    /// shortly after an overwrite, by design); `SCAN` skips them.
+    pub fn live_keys(&self) -> usize {
+        self.cli(&["--scan"]).lines().count()
+    }
+
     fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {

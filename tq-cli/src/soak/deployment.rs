@@ -307,7 +307,7 @@ impl Deployment {
             return Vec::new();
         };
         let out = Command::new("redis-cli")
-            .args(["-p", &redis.port.to_string(), "--scan", "--count", "100"])
+            .args(["-p", &redis.port.to_string(), "--scan"])
             .output();
         match out {
             Ok(out) => String::from_utf8_lossy(&out.stdout)
