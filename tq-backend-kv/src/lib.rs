@@ -43,7 +43,8 @@ pub use memory::{MemoryKvStore, DEFAULT_SWEEP_INTERVAL};
 pub use objstore::ObjectKvStore;
 #[cfg(feature = "redis")]
 pub use redis_store::{
-    DeleteCommand, ExpireCommand, RedisOptions, RedisStore, CLEAR_GENERATIONS_SCRIPT,
-    EXPIRE_SCRIPT, RAISE_GENERATIONS_SCRIPT,
+    key_slot, DeleteCommand, ExpireCommand, RedisOptions, RedisStore,
+    CLEAR_GENERATIONS_CROSS_SLOT_SCRIPT, CLEAR_GENERATIONS_SCRIPT, EXPIRE_SCRIPT,
+    RAISE_GENERATIONS_SCRIPT,
 };
 pub use store::{KvCapabilities, KvStore, KvStoreExt, KvValue};

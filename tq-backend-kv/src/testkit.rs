@@ -388,4 +388,41 @@ pub async fn clear_generations_spares_newer_ones(s: &dyn KvStore) {
         .await
         .expect("clear older");
     assert_eq!(s.mget(&[b]).await.expect("mget")[0], None);
+    // Many keys, each in its own hash slot (a cluster clears them one script per node): the
+    // ones holding at most the given generation go, the newer ones stay.
+    let many: Vec<String> = (0..40).map(|i| format!("{p}/{{k{i}}}")).collect();
+    let held = |i: usize| (i % 7) as u32 + 1;
+    s.raise_generations(
+        many.iter()
+            .enumerate()
+            .map(|(i, k)| (k.clone(), held(i)))
+            .collect(),
+        None,
+    )
+    .await
+    .expect("raise many");
+    s.clear_generations(many.iter().map(|k| (k.clone(), 4)).collect())
+        .await
+        .expect("clear many");
+    let stored = s.mget(&many).await.expect("mget many");
+    for (i, v) in stored.iter().enumerate() {
+        if held(i) <= 4 {
+            assert_eq!(
+                v,
+                &None,
+                "{} held {} and was cleared at 4",
+                many[i],
+                held(i)
+            );
+        } else {
+            assert_eq!(
+                v.as_deref(),
+                Some(&crate::codec::encode_generation(held(i))[..]),
+                "{} holds {} and survives a clear at 4",
+                many[i],
+                held(i)
+            );
+        }
+    }
+    s.delete(&many).await.expect("tidy");
 }

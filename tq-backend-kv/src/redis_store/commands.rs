@@ -79,30 +79,43 @@ impl KvStore for RedisStore {
         Ok(out)
     }
 
-    /// One [`CLEAR_GENERATIONS_SCRIPT`] call per call (per hash slot on a cluster).
+    /// One [`CLEAR_GENERATIONS_SCRIPT`] call per call; on a cluster one
+    /// [`CLEAR_GENERATIONS_CROSS_SLOT_SCRIPT`] per node, or per hash slot when the node
+    /// script cannot be used.
     async fn clear_generations(&self, items: Vec<(String, u32)>) -> Result<()> {
         if items.is_empty() {
             return Ok(());
         }
-        let build = |pos: &[usize]| {
-            let bytes: usize = pos.iter().map(|&i| items[i].0.len() + 10).sum();
+        let per_slot = |pos: &[usize]| {
+            let bytes: usize = pos.iter().map(|&i| items[i].0.len() + 4).sum();
             let mut c = cmd_with(
                 "EVAL",
-                2 * pos.len() + 2,
+                pos.len() + 3,
                 CLEAR_GENERATIONS_SCRIPT.len() + 8 + bytes,
             );
             c.arg(CLEAR_GENERATIONS_SCRIPT).arg(pos.len());
             for &i in pos {
                 c.arg(&items[i].0);
             }
+            c.arg(packed_generations(pos.iter().map(|&i| &items[i].1)));
+            Req::Cmd(c)
+        };
+        let per_node = |pos: &[usize]| {
+            let bytes: usize = pos.iter().map(|&i| items[i].0.len() + 4).sum();
+            let mut c = cmd_with(
+                "EVAL",
+                pos.len() + 3,
+                CLEAR_GENERATIONS_CROSS_SLOT_SCRIPT.len() + 8 + bytes,
+            );
+            c.arg(CLEAR_GENERATIONS_CROSS_SLOT_SCRIPT).arg(0);
+            c.arg(packed_generations(pos.iter().map(|&i| &items[i].1)));
             for &i in pos {
-                c.arg(items[i].1);
+                c.arg(&items[i].0);
             }
             Req::Cmd(c)
         };
-        self.run(self.groups(items.iter().map(|(k, _)| k)), &build)
+        self.run_across_slots(items.iter().map(|(k, _)| k), &per_node, &per_slot)
             .await
-            .map(|_| ())
     }
 
     /// One `UNLINK` (or `DEL`) per call, one per hash slot on a cluster.
@@ -367,19 +380,17 @@ fn write_commands(
 /// One [`RAISE_GENERATIONS_SCRIPT`] call for `items` (keys and generations), with the TTL
 /// `ms` in milliseconds ("0": none).
 fn raise_command(items: &[&(String, u32)], ms: &str) -> redis::Cmd {
-    let bytes: usize = items.iter().map(|(k, _)| k.len() + 10).sum();
+    let bytes: usize = items.iter().map(|(k, _)| k.len() + 4).sum();
     let mut c = cmd_with(
         "EVAL",
-        2 * items.len() + 3,
-        RAISE_GENERATIONS_SCRIPT.len() + 8 + bytes,
+        items.len() + 4,
+        RAISE_GENERATIONS_SCRIPT.len() + 8 + ms.len() + bytes,
     );
     c.arg(RAISE_GENERATIONS_SCRIPT).arg(items.len());
     for (k, _) in items {
         c.arg(k);
     }
-    c.arg(ms);
-    for (_, g) in items {
-        c.arg(*g);
-    }
+    c.arg(ms)
+        .arg(packed_generations(items.iter().map(|(_, g)| g)));
     c
 }
