@@ -133,11 +133,12 @@ pub struct RedisStore {
 /// Raises generation keys atomically (one script run is atomic on the server): `KEYS` are the
 /// generation keys of one call (one hash slot on a cluster), `ARGV[1]` the TTL in ms (`0`:
 /// none), `ARGV[2]` the generation for each key packed as the keys store it (4 bytes little
-/// endian per key, in `KEYS` order, [`packed_generations`]). A key keeps a larger generation;
+/// endian per key, in `KEYS` order). A key keeps a larger generation;
 /// the reply lists the generation each key holds afterwards.
 ///
 /// One `MGET` per 500 keys and, without a TTL, one `MSET` (`SET .. PX` per key with one, as
-/// Redis has no multi-key set with a deadline). For 256 keys on a single node this took 0.26-0.30
+/// Redis has no multi-key set with a deadline). Each key is named once per call (see
+/// [`KvStore::raise_generations`]). For 256 keys on a single node this took 0.26-0.30
 /// ms of server time where a `GET` and a `SET` per key with one argument per generation took
 /// 0.45-0.47 ms (a raw `MSET` of the same keys: 0.18-0.31 ms; one noisy run).
 pub const RAISE_GENERATIONS_SCRIPT: &str = "\
@@ -171,7 +172,7 @@ return out";
 /// Deletes generation keys atomically unless a newer sample raised them: `KEYS` are the
 /// generation keys of one call (one hash slot on a cluster); `ARGV[1]` packs the largest
 /// generation each key may hold to be deleted, 4 bytes little endian per key, in `KEYS` order
-/// ([`packed_generations`]).
+/// (as `packed_generations` builds it).
 ///
 /// One `MGET` and one `DEL` per 1000 keys (`unpack` has a stack limit) rather than a `GET` and a
 /// `DEL` per key, and one packed argument rather than one per key: for 256 keys on a single
@@ -196,16 +197,18 @@ end \
 return 0";
 
 /// [`CLEAR_GENERATIONS_SCRIPT`] for keys of many hash slots served by one cluster node: no
-/// `KEYS` (declared keys must share a slot), `ARGV[1]` the packed generations and `ARGV[2..]`
-/// the keys. The `allow-cross-slot-keys` flag (Redis 7.0) lets it touch keys of every slot the
-/// node serves; a key the node does not serve (a slot moved) fails the script, and the call
+/// `KEYS` (declared keys must share a slot); `ARGV` holds the keys, then the packed
+/// generations. The `allow-cross-slot-keys` flag (Redis 7.0) lets it touch keys of every slot
+/// the node serves; a key the node does not serve (a slot moved) fails the script, and the call
 /// then goes per slot. A multi-key `MGET` may not span slots even here, hence a `GET` per key.
 /// Replacing the ~85 per-slot scripts a node ran for 256 samples, it took 0.10 ms of server
 /// time instead of 0.33 ms (85 pipelined single-key `UNLINK`s: 0.05 ms).
 pub const CLEAR_GENERATIONS_CROSS_SLOT_SCRIPT: &str = "#!lua flags=allow-cross-slot-keys\n\
-for x = 2, #ARGV do \
+local n = #ARGV - 1 \
+local g = ARGV[n + 1] \
+for x = 1, n do \
   local v = redis.call('GET', ARGV[x]) \
-  if v and struct.unpack('<I4', v) <= struct.unpack('<I4', ARGV[1], 4 * x - 7) then \
+  if v and struct.unpack('<I4', v) <= struct.unpack('<I4', g, 4 * x - 3) then \
     redis.call('DEL', ARGV[x]) \
   end \
 end \

@@ -119,7 +119,9 @@ pub trait KvStore: Send + Sync + 'static {
     /// (`codec::encode_generation`) unless the key holds a larger one, with `ttl` as for
     /// [`KvStore::mset`]; returns the generation each key holds afterwards, in order. A store
     /// that declares [`KvCapabilities::atomic_generations`] does each key as one atomic step;
-    /// this default reads, then writes (not atomic).
+    /// this default reads, then writes (not atomic). A call names each key once (the adapter
+    /// refuses a put naming a sample index twice): stores may read every key before writing
+    /// any, so a key named twice may keep either generation.
     async fn raise_generations(
         &self,
         items: Vec<(String, u32)>,

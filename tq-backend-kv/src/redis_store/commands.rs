@@ -86,34 +86,8 @@ impl KvStore for RedisStore {
         if items.is_empty() {
             return Ok(());
         }
-        let per_slot = |pos: &[usize]| {
-            let bytes: usize = pos.iter().map(|&i| items[i].0.len() + 4).sum();
-            let mut c = cmd_with(
-                "EVAL",
-                pos.len() + 3,
-                CLEAR_GENERATIONS_SCRIPT.len() + 8 + bytes,
-            );
-            c.arg(CLEAR_GENERATIONS_SCRIPT).arg(pos.len());
-            for &i in pos {
-                c.arg(&items[i].0);
-            }
-            c.arg(packed_generations(pos.iter().map(|&i| &items[i].1)));
-            Req::Cmd(c)
-        };
-        let per_node = |pos: &[usize]| {
-            let bytes: usize = pos.iter().map(|&i| items[i].0.len() + 4).sum();
-            let mut c = cmd_with(
-                "EVAL",
-                pos.len() + 3,
-                CLEAR_GENERATIONS_CROSS_SLOT_SCRIPT.len() + 8 + bytes,
-            );
-            c.arg(CLEAR_GENERATIONS_CROSS_SLOT_SCRIPT).arg(0);
-            c.arg(packed_generations(pos.iter().map(|&i| &items[i].1)));
-            for &i in pos {
-                c.arg(&items[i].0);
-            }
-            Req::Cmd(c)
-        };
+        let per_slot = |pos: &[usize]| Req::Cmd(clear_command(&items, pos, true));
+        let per_node = |pos: &[usize]| Req::Cmd(clear_command(&items, pos, false));
         self.run_across_slots(items.iter().map(|(k, _)| k), &per_node, &per_slot)
             .await
     }
@@ -392,5 +366,24 @@ fn raise_command(items: &[&(String, u32)], ms: &str) -> redis::Cmd {
     }
     c.arg(ms)
         .arg(packed_generations(items.iter().map(|(_, g)| g)));
+    c
+}
+
+/// One generation clear of the keys at `pos` of `items`: [`CLEAR_GENERATIONS_SCRIPT`] with the
+/// keys declared (`declared`: they share a slot, or the store is one node), else
+/// [`CLEAR_GENERATIONS_CROSS_SLOT_SCRIPT`] with them as plain arguments. Either way the keys,
+/// then the packed generations.
+fn clear_command(items: &[(String, u32)], pos: &[usize], declared: bool) -> redis::Cmd {
+    let (script, numkeys) = match declared {
+        true => (CLEAR_GENERATIONS_SCRIPT, pos.len()),
+        false => (CLEAR_GENERATIONS_CROSS_SLOT_SCRIPT, 0),
+    };
+    let bytes: usize = pos.iter().map(|&i| items[i].0.len() + 4).sum();
+    let mut c = cmd_with("EVAL", pos.len() + 3, script.len() + 8 + bytes);
+    c.arg(script).arg(numkeys);
+    for &i in pos {
+        c.arg(&items[i].0);
+    }
+    c.arg(packed_generations(pos.iter().map(|&i| &items[i].1)));
     c
 }
