@@ -226,3 +226,54 @@ pub fn remote_allocate_notify_fetch(
         Ok(Stats::from_samples(times))
     })
 }
+
+/// The controller's part of a KV clear, step by step, on `plane` (a remote controller for the
+/// cost a client sees): `[empty round trip, kv_mark_clearing, release]` of `keys` keys with
+/// `fields` dense fields, medians of `reps` rounds after a warm-up. The empty round trip
+/// (`list_partitions`) is the request path with nothing to do; what `kv_mark_clearing` and
+/// `release` take beyond it is their work on the keys. Each round writes the keys' metadata
+/// again, untimed.
+pub async fn kv_clear_steps(
+    plane: &dyn ControlPlane,
+    keys: usize,
+    fields: usize,
+    reps: usize,
+) -> Result<[Stats; 3]> {
+    const PARTITION: &str = "bench-clear-steps";
+    let names = crate::workloads::keys(keys);
+    let schemas = f32_fields(fields);
+    let (mut empty, mut mark, mut release) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..WARMUP_ROUNDS + reps.max(1) {
+        let kv = plane.kv_retrieve_meta(PARTITION, &names, true).await?;
+        plane
+            .notify_production(ProductionNotice {
+                partition: PARTITION.into(),
+                samples: kv.meta.samples().to_vec(),
+                schemas: schemas.clone(),
+                tags: None,
+                backend_meta: None,
+            })
+            .await?;
+        let t = Instant::now();
+        plane.list_partitions().await?;
+        let e = t.elapsed();
+        let t = Instant::now();
+        let marked = plane.kv_mark_clearing(PARTITION, &names).await?;
+        let m = t.elapsed();
+        assert_eq!(marked.len(), keys, "every key was marked");
+        let t = Instant::now();
+        plane.release(PARTITION, marked.samples()).await?;
+        let r = t.elapsed();
+        if i >= WARMUP_ROUNDS {
+            empty.push(e);
+            mark.push(m);
+            release.push(r);
+        }
+    }
+    plane.drop_partition(PARTITION).await?;
+    Ok([
+        Stats::from_samples(empty),
+        Stats::from_samples(mark),
+        Stats::from_samples(release),
+    ])
+}

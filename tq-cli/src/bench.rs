@@ -363,9 +363,61 @@ fn kv_deployment(
             });
             println!("{}", report.rows());
         }
+        if let Some(s) = &servers {
+            print_clear_steps(runtime, &s.controller, args.samples, args.reps)?;
+        }
         Ok(())
     })();
     drop(servers);
     let _ = std::fs::remove_file(config_path);
     result
+}
+
+/// The controller's part of a KV clear (mark the keys' samples, then release them), measured
+/// against the deployment's controller process, next to an empty request and a raw TCP round
+/// trip to a thread that sleeps between messages: the floor under any call to another process.
+fn print_clear_steps(
+    runtime: &tokio::runtime::Runtime,
+    controller_url: &str,
+    keys: usize,
+    reps: usize,
+) -> Result<()> {
+    let plane = tq_controller::RemoteControlPlane::new(
+        tq_net::Pool::new(tq_net::ClientConfig::default()),
+        controller_url.parse()?,
+        Duration::from_secs(30),
+    );
+    let rounds = (reps * 20).max(50);
+    let (steps, raw) = runtime.block_on(async {
+        let steps = controller::kv_clear_steps(&plane, keys, 4, rounds).await?;
+        let raw = baseline::tcp_ping_pong_cross_thread(64, rounds).await?;
+        Ok::<_, Error>((steps, tq_bench::Stats::from_samples(raw)))
+    })?;
+    let ms = |s: &tq_bench::Stats| {
+        format!(
+            "{:.3} ({:.3}–{:.3})",
+            s.median.as_secs_f64() * 1e3,
+            s.min.as_secs_f64() * 1e3,
+            s.max.as_secs_f64() * 1e3
+        )
+    };
+    let times = |s: &tq_bench::Stats| s.median.as_secs_f64() / raw.median.as_secs_f64();
+    println!();
+    println!("### The controller's part of a clear: {keys} keys × 4 fields, {rounds} rounds");
+    println!();
+    println!("| step | ms median (min–max) | × raw round trip |");
+    println!("|---|---|---|");
+    println!(
+        "| raw TCP round trip, 64 B, to a sleeping thread | {} | 1.00 |",
+        ms(&raw)
+    );
+    let [empty, mark, release] = &steps;
+    for (name, s) in [
+        ("empty request (`list_partitions`)", empty),
+        ("`kv_mark_clearing`", mark),
+        ("`release`", release),
+    ] {
+        println!("| {name} | {} | {:.2} |", ms(s), times(s));
+    }
+    Ok(())
 }

@@ -785,6 +785,28 @@ fn bench_measures_a_kv_store_next_to_its_raw_commands() {
                 "{deployment}: {stdout}"
             );
         }
+        // A remote controller's part of a clear, step by step, each with a figure.
+        let steps = [
+            "| raw TCP round trip, 64 B, to a sleeping thread | ",
+            "| empty request (`list_partitions`) | ",
+            "| `kv_mark_clearing` | ",
+            "| `release` | ",
+        ];
+        for step in steps {
+            let line = stdout.lines().find(|l| l.starts_with(step));
+            match deployment {
+                "remote-kv" => {
+                    let line = line.unwrap_or_else(|| panic!("no `{step}` line: {stdout}"));
+                    let median: f64 = line[step.len()..]
+                        .split_whitespace()
+                        .next()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or_else(|| panic!("no median in `{line}`"));
+                    assert!(median > 0.0, "{line}");
+                }
+                _ => assert!(line.is_none(), "an embedded controller has no round trips"),
+            }
+        }
     }
     // Without a store to measure, a clear error.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
