@@ -86,8 +86,13 @@ pub async fn run(args: CheckpointArgs) -> Result<()> {
             report("saved", &m);
         }
         Action::Load(t) => {
-            let m = t.client().await?.load_checkpoint_from_url(&t.dir).await?;
+            let client = t.client().await?;
+            let m = client.load_checkpoint_from_url(&t.dir).await?;
             report("loaded", &m);
+            let now = format!("{:016x}", client.epoch());
+            if now != m.epoch {
+                println!("  the controller is in a fresh epoch {now} (copied KV payloads are written back under it)");
+            }
         }
     }
     Ok(())

@@ -215,6 +215,59 @@ async fn copied_payloads_move_a_job_to_another_redis_server() {
     assert_filled(&second).await;
 }
 
+/// A copy loads back into the very store it came from after that store moved on in the
+/// checkpoint's epoch (its keys cleared, their indexes reused at higher generations, new keys
+/// written): the load starts a fresh epoch, so the checkpoint's samples read as saved and new
+/// writes never meet the generation keys written after the checkpoint.
+#[tokio::test]
+async fn a_copy_loads_into_the_store_it_came_from_after_that_store_moved_on() {
+    if !redis_available("a_copy_loads_into_the_store_it_came_from_after_that_store_moved_on") {
+        return;
+    }
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let first = kv_on(&redis.url());
+    fill(&first).await;
+    first
+        .save_checkpoint_with(&dir_url(&dir), COPY)
+        .await
+        .unwrap();
+    let names = |prefix: &str| -> Vec<String> { (0..24).map(|i| format!("{prefix}{i}")).collect() };
+    let later = names("later");
+    let later: Vec<&str> = later.iter().map(String::as_str).collect();
+    let p = first.partition("train");
+    p.kv_clear(&KEYS).await.unwrap();
+    for round in 0..3 {
+        p.kv_batch_put(&later, &every_kind(later.len(), 1000 * round), None)
+            .await
+            .unwrap();
+        p.kv_clear(&later).await.unwrap();
+    }
+    p.kv_batch_put(&later, &every_kind(later.len(), 5000), None)
+        .await
+        .unwrap();
+    let saved_epoch = first.epoch();
+    drop(first);
+
+    let second = kv_on(&redis.url());
+    second.load_checkpoint(&dir.0).await.unwrap();
+    assert_ne!(
+        second.epoch(),
+        saved_epoch,
+        "a load with copied payloads starts a fresh epoch"
+    );
+    assert_filled(&second).await;
+    // New keys take the indexes the earlier life wrote after the checkpoint.
+    let fresh = names("new");
+    let fresh: Vec<&str> = fresh.iter().map(String::as_str).collect();
+    let p = second.partition("train");
+    p.kv_batch_put(&fresh, &every_kind(fresh.len(), 7000), None)
+        .await
+        .expect("new keys write where the earlier life wrote after the checkpoint");
+    let got = p.kv_batch_get(&fresh, Some(&["x"])).await.unwrap();
+    assert_eq!(got.column("x"), every_kind(fresh.len(), 7000).column("x"));
+}
+
 /// Writers put, overwrite and clear all the time while checkpoints copy their payloads; every
 /// checkpoint loads into a fresh store in which every listed, produced key reads back whole
 /// (clears and overwrites wait for the copy, so none removes a cell it still has to read).

@@ -178,6 +178,27 @@ async fn a_snapshot_restores_everything() {
     assert_eq!(next_index(&restored).await, next_index(&c).await);
 }
 
+/// A snapshot moved to another epoch (how a checkpoint with copied KV payloads loads)
+/// restores the same state in that epoch; epoch 0 and a damaged snapshot are refused.
+#[tokio::test]
+async fn a_snapshot_moved_to_another_epoch_restores_the_same_state_there() {
+    let (c, _) = busy().await;
+    let (bytes, counts) = c.snapshot().unwrap();
+    let epoch = c.epoch() ^ 0x5a5a;
+    let moved = snapshot_in_epoch(&bytes, epoch).unwrap();
+    let restored = controller();
+    assert_eq!(restored.restore(&moved).unwrap(), counts);
+    assert_eq!(restored.epoch(), epoch);
+    assert_eq!(view(&restored).await, view(&c).await);
+    assert_eq!(next_index(&restored).await, next_index(&c).await);
+    let e = snapshot_in_epoch(&bytes, 0).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid, "{e}");
+    let mut bad = bytes.clone();
+    bad[bytes.len() / 2] ^= 0x40;
+    let e = snapshot_in_epoch(&bad, epoch).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Corrupted, "{e}");
+}
+
 #[tokio::test]
 async fn damaged_newer_or_mismatched_snapshots_change_nothing() {
     let (c, _) = busy().await;

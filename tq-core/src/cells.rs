@@ -169,9 +169,9 @@ pub trait PayloadCopy: Send + Sync {
     /// writing nothing. `what` names the page in errors.
     fn check(&self, page: &bytes::Bytes, what: &str) -> Result<CopiedCells>;
 
-    /// Writes a page's cells back under the keys of controller epoch `epoch` (the
-    /// checkpoint's; written before the controller state is restored, so the data is there
-    /// once the controller answers), over whatever the store holds under those keys.
+    /// Writes a page's cells back under the keys of controller epoch `epoch` (the epoch the
+    /// loading controller was given: a fresh one, in which the store holds no key yet), over
+    /// whatever the store holds under those keys.
     async fn import(&self, page: bytes::Bytes, epoch: u64, what: &str) -> Result<CopiedCells>;
 }
 

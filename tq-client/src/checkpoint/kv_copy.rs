@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Loading checks every page ([`PayloadCopy::check`]) before the controller changes, then
-//! writes them back after the state is restored, under the checkpoint's epoch.
+//! writes them back after the state is restored, under a fresh epoch the load gives the
+//! controller (so no key a store already holds is in the way).
 
 use super::cells::PAGE_BYTES;
 use super::place::Place;

@@ -323,8 +323,10 @@ impl Client {
     /// Restores the checkpoint in `dir` into this client's controller, which must hold no
     /// partition yet. Every file is checked (manifest checksum and format, each file's size
     /// and CRC-32, then the snapshot's own header and decoding) before anything changes; an
-    /// error names the file at fault. Afterwards the controller is in the checkpoint's epoch:
-    /// clients connected before are refused, new ones (and this one) see the restored state.
+    /// error names the file at fault. Afterwards the controller is in the checkpoint's epoch
+    /// (in a fresh one when the checkpoint copied KV payloads, which are written back under
+    /// it): clients connected before are refused, new ones (and this one) see the restored
+    /// state.
     pub async fn load_checkpoint(&self, dir: impl AsRef<Path>) -> Result<CheckpointManifest> {
         self.load_checkpoint_in(Place::Dir(dir.as_ref().to_path_buf()))
             .await
@@ -391,7 +393,15 @@ impl Client {
             )));
         }
         // Read and check everything before changing anything.
-        let state = read_checked(&place, file, MANIFEST).await?;
+        let mut state = read_checked(&place, file, MANIFEST).await?;
+        if manifest.kv_copy.is_some() {
+            // Copied payloads are written back under a fresh epoch, where no store holds a
+            // key yet: a store that went on writing in the checkpoint's epoch (the one the
+            // copy came from, say) would otherwise hold generation keys the restored
+            // allocator is behind, and refuse its writes as stale.
+            state = tq_controller::snapshot_in_epoch(&state, tq_core::new_epoch())
+                .map_err(|e| e.context(format!("checkpoint `{}`", place.describe(&file.name))))?;
+        }
         let copied_pages = match &manifest.kv_copy {
             None => Vec::new(),
             Some(copied) => self.read_copied_payloads(&place, copied).await?,
@@ -431,8 +441,9 @@ impl Client {
             .restore(state)
             .await
             .map_err(|e| e.context(format!("checkpoint `{}`", place.describe(&file.name))))?;
-        // The controller is in the checkpoint's epoch now; this client's storage follows, to
-        // find the keys of that epoch, and units in other processes, to accept its cells.
+        // The controller is in the checkpoint's epoch now (a fresh one with copied KV
+        // payloads); this client's storage follows, to find the keys of that epoch, and
+        // units in other processes, to accept its cells.
         self.storage().adopt_epoch(self.epoch());
         if let Some(payloads) = payloads {
             let loaded = async {
@@ -497,7 +508,8 @@ impl Client {
         Ok(pages)
     }
 
-    /// Writes checked pages back into the store, under this controller's (restored) epoch.
+    /// Writes checked pages back into the store, under this controller's epoch (fresh, see
+    /// the load).
     async fn write_copied_payloads(&self, pages: Vec<Bytes>) -> Result<()> {
         let copy = self
             .storage()

@@ -82,6 +82,27 @@ pub fn snapshot_cells(snapshot: &[u8]) -> Result<Vec<(String, StoredCells)>> {
         .collect())
 }
 
+/// `snapshot` with its epoch replaced by `epoch` (re-encoded in the current format, checked
+/// as [`Controller::restore`] would check it). A checkpoint whose KV payloads were copied is
+/// loaded in a fresh epoch: its cells are written back under keys no store holds yet, so a
+/// store that went on writing in the checkpoint's epoch cannot be in the way.
+pub fn snapshot_in_epoch(snapshot: &[u8], epoch: u64) -> Result<Vec<u8>> {
+    if epoch == 0 {
+        return Err(Error::invalid(
+            "controller snapshot: epoch 0 is not an epoch",
+        ));
+    }
+    let body = decode(snapshot)?;
+    let encoded = postcard::to_allocvec(&BodyRef {
+        epoch,
+        units: body.units,
+        state: &body.state,
+        samplers: &body.samplers,
+    })
+    .map_err(|e| Error::internal(format!("cannot encode the controller state: {e}")))?;
+    Ok(frame(&encoded))
+}
+
 impl Controller {
     /// The whole state as one consistent snapshot (taken under the state lock, so no write
     /// is half in it), with its counts. It includes every sampler's saved state
