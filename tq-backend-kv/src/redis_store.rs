@@ -16,6 +16,11 @@
 //!   "later" (`LOADING` while a restarted server reads its file, `TRYAGAIN`, `MASTERDOWN`,
 //!   `CLUSTERDOWN`). Calls are idempotent and are
 //!   retried once after a dropped connection, so the first call after a restart succeeds.
+//!
+//! Layout: this file holds the options, the connection and how one call is sent under its
+//! deadline; `commands` maps each [`KvStore`] operation to Redis commands; `cluster` holds the
+//! slot map and the per-node routing (including the one cross-slot script per node of a
+//! generation clear); `scripts` holds the Lua scripts.
 
 use crate::store::{KvCapabilities, KvStore, KvValue};
 use async_trait::async_trait;
@@ -61,13 +66,6 @@ pub enum ExpireCommand {
     /// `PEXPIRE` over the call's keys on the server.
     Script,
 }
-
-/// The Lua script of [`ExpireCommand::Script`]: `PEXPIRE` of every key in `KEYS` by `ARGV[1]`
-/// milliseconds. Sent with `EVAL` (the body is short and the server caches it by its SHA1, so
-/// there is no `NOSCRIPT` to handle after a restart or on a new cluster node). No shebang, so it
-/// runs on Redis before 7.0 too.
-pub const EXPIRE_SCRIPT: &str =
-    "for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end return #KEYS";
 
 /// Connection and batching settings of a [`RedisStore`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,99 +127,6 @@ pub struct RedisStore {
     /// Cluster slot ranges → primary (host, port), fetched on first use (see `slot_map`).
     slots: std::sync::Mutex<Option<SlotMap>>,
 }
-
-/// Raises generation keys atomically (one script run is atomic on the server): `KEYS` are the
-/// generation keys of one call (one hash slot on a cluster), `ARGV[1]` the TTL in ms (`0`:
-/// none), `ARGV[2]` the generation for each key packed as the keys store it (4 bytes little
-/// endian per key, in `KEYS` order). A key keeps a larger generation;
-/// the reply lists the generation each key holds afterwards.
-///
-/// One `MGET` per 500 keys and, without a TTL, one `MSET` (`SET .. PX` per key with one, as
-/// Redis has no multi-key set with a deadline). Each key is named once per call (see
-/// [`KvStore::raise_generations`]). For 256 keys on a single node this took 0.26-0.30
-/// ms of server time where a `GET` and a `SET` per key with one argument per generation took
-/// 0.45-0.47 ms (a raw `MSET` of the same keys: 0.18-0.31 ms; one noisy run).
-pub const RAISE_GENERATIONS_SCRIPT: &str = "\
-local ttl = tonumber(ARGV[1]) \
-local g = ARGV[2] \
-local n = #KEYS \
-local out = {} \
-local i = 1 \
-while i <= n do \
-  local j = math.min(i + 499, n) \
-  local cur = redis.call('MGET', unpack(KEYS, i, j)) \
-  local set = {} \
-  for x = i, j do \
-    local want = struct.unpack('<I4', g, 4 * x - 3) \
-    local v = cur[x - i + 1] \
-    local have = -1 \
-    if v then have = struct.unpack('<I4', v) end \
-    if have > want then \
-      out[x] = have \
-    else \
-      out[x] = want \
-      if ttl > 0 then redis.call('SET', KEYS[x], string.sub(g, 4 * x - 3, 4 * x), 'PX', ttl) \
-      else set[#set + 1] = KEYS[x] set[#set + 1] = string.sub(g, 4 * x - 3, 4 * x) end \
-    end \
-  end \
-  if #set > 0 then redis.call('MSET', unpack(set)) end \
-  i = j + 1 \
-end \
-return out";
-
-/// Deletes generation keys atomically unless a newer sample raised them: `KEYS` are the
-/// generation keys of one call (one hash slot on a cluster); `ARGV[1]` packs the largest
-/// generation each key may hold to be deleted, 4 bytes little endian per key, in `KEYS` order
-/// (as `packed_generations` builds it).
-///
-/// One `MGET` and one `DEL` per 1000 keys (`unpack` has a stack limit) rather than a `GET` and a
-/// `DEL` per key, and one packed argument rather than one per key: for 256 keys on a single
-/// node the per-key form took 0.31 ms of server time and this one 0.16 ms (a raw `UNLINK` of
-/// the same keys: 0.09 ms); passing a Lua string per argument is most of the difference.
-pub const CLEAR_GENERATIONS_SCRIPT: &str = "\
-local n = #KEYS \
-local i = 1 \
-while i <= n do \
-  local j = math.min(i + 999, n) \
-  local cur = redis.call('MGET', unpack(KEYS, i, j)) \
-  local gone = {} \
-  for x = i, j do \
-    local v = cur[x - i + 1] \
-    if v and struct.unpack('<I4', v) <= struct.unpack('<I4', ARGV[1], 4 * x - 3) then \
-      gone[#gone + 1] = KEYS[x] \
-    end \
-  end \
-  if #gone > 0 then redis.call('DEL', unpack(gone)) end \
-  i = j + 1 \
-end \
-return 0";
-
-/// [`CLEAR_GENERATIONS_SCRIPT`] for keys of many hash slots served by one cluster node: no
-/// `KEYS` (declared keys must share a slot); `ARGV` holds the keys, then the packed
-/// generations. The `allow-cross-slot-keys` flag (Redis 7.0) lets it touch keys of every slot
-/// the node serves; a key the node does not serve (a slot moved) fails the script, and the call
-/// then goes per slot. A multi-key `MGET` may not span slots even here, hence a `GET` per key.
-/// Replacing the ~85 per-slot scripts a node ran for 256 samples, it took 0.10 ms of server
-/// time instead of 0.33 ms (85 pipelined single-key `UNLINK`s: 0.05 ms).
-pub const CLEAR_GENERATIONS_CROSS_SLOT_SCRIPT: &str = "#!lua flags=allow-cross-slot-keys\n\
-local n = #ARGV - 1 \
-local g = ARGV[n + 1] \
-for x = 1, n do \
-  local v = redis.call('GET', ARGV[x]) \
-  if v and struct.unpack('<I4', v) <= struct.unpack('<I4', g, 4 * x - 3) then \
-    redis.call('DEL', ARGV[x]) \
-  end \
-end \
-return 0";
-
-/// Generations as one script argument: 4 bytes little endian each (as generation keys hold
-/// them, `codec::encode_generation`).
-fn packed_generations<'a>(gens: impl Iterator<Item = &'a u32>) -> Vec<u8> {
-    gens.flat_map(|g| g.to_le_bytes()).collect()
-}
-
-/// Slot ranges `(first, last)` and the primary `(host, port)` serving them.
-type SlotMap = Vec<(u16, u16, String, u16)>;
 
 /// One request: a command or a pipeline of commands.
 enum Req {
@@ -332,33 +237,6 @@ fn map_err(what: &str, e: redis::RedisError) -> Error {
     } else {
         Error::internal(msg).with_source(e)
     }
-}
-
-/// The Redis Cluster hash slot of `key` (CRC16/XMODEM of the hash tag, mod 16384).
-pub fn key_slot(key: &[u8]) -> u16 {
-    let tagged = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            key[open + 1..]
-                .iter()
-                .position(|&b| b == b'}')
-                .filter(|&len| len > 0)
-                .map(|len| &key[open + 1..open + 1 + len])
-        })
-        .unwrap_or(key);
-    let mut crc: u16 = 0;
-    for &b in tagged {
-        crc ^= (b as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
 }
 
 impl RedisStore {
@@ -601,236 +479,19 @@ impl RedisStore {
             }
         }
     }
-
-    /// Runs a request that may cover keys of many hash slots on one node (`per_node`, such as
-    /// a script with the `allow-cross-slot-keys` flag): on a cluster one per node, the nodes in
-    /// parallel; elsewhere, and whenever a node request fails (a slot moved, a failover), one
-    /// `per_slot` request per group as [`Self::run`] sends them. Both must be idempotent: a
-    /// node request that failed may have done part of its work. Under the call deadline.
-    async fn run_across_slots(
-        &self,
-        keys: impl Iterator<Item = impl AsRef<str>>,
-        per_node: &Build<'_>,
-        per_slot: &Build<'_>,
-    ) -> Result<()> {
-        let groups = self.groups(keys);
-        self.within_deadline(async {
-            if self.is_cluster() && groups.len() > 1 {
-                let conn = self.cluster_conn().await?;
-                if let Some(nodes) = self.merged_by_node(conn, &groups).await {
-                    match self.run_by_node(conn, &nodes, per_node).await {
-                        Ok(Some(_)) => return Ok(()),
-                        Ok(None) => {}
-                        Err(e) => {
-                            tracing::debug!(error = %e, "node request failed; sending per slot");
-                            *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                        }
-                    }
-                }
-            }
-            self.run_untimed(groups, per_slot).await.map(|_| ())
-        })
-        .await
-    }
-
-    /// The cluster connection, made on first use.
-    async fn cluster_conn(&self) -> Result<&ClusterConnection> {
-        let Conn::Cluster { client, conn } = &self.conn else {
-            return Err(Error::internal(format!(
-                "{}: a cluster connection asked of a single-node store",
-                self.what
-            )));
-        };
-        conn.get_or_try_init(|| async {
-            client
-                .get_async_connection()
-                .await
-                .map_err(|e| map_err(&self.what, e))
-        })
-        .await
-    }
-
-    /// Splits key positions `0..n` into groups a single command may cover: everything on a
-    /// single node, one group per hash slot on a cluster.
-    fn groups(&self, keys: impl Iterator<Item = impl AsRef<str>>) -> Vec<(u16, Vec<usize>)> {
-        match self.conn {
-            Conn::Single { .. } => vec![(0, keys.enumerate().map(|(i, _)| i).collect())],
-            Conn::Cluster { .. } => {
-                let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
-                for (i, k) in keys.enumerate() {
-                    by_slot
-                        .entry(key_slot(k.as_ref().as_bytes()))
-                        .or_default()
-                        .push(i);
-                }
-                by_slot.into_iter().collect()
-            }
-        }
-    }
-
-    /// The cluster's slot ranges and the primary serving each, from `CLUSTER SLOTS`; cached
-    /// until a node pipeline fails (resharding, failover).
-    async fn slot_map(&self, conn: &ClusterConnection) -> Result<SlotMap> {
-        if let Some(map) = self.slots.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-            return Ok(map);
-        }
-        let mut c = conn.clone();
-        let reply = c
-            .route_command(
-                redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
-            )
-            .await
-            .map_err(|e| map_err(&self.what, e))?;
-        let bad = || Error::corrupted(format!("{}: unexpected CLUSTER SLOTS reply", self.what));
-        let redis::Value::Array(ranges) = reply else {
-            return Err(bad());
-        };
-        let mut map = Vec::with_capacity(ranges.len());
-        for r in ranges {
-            let redis::Value::Array(parts) = r else {
-                return Err(bad());
-            };
-            let (
-                Some(redis::Value::Int(start)),
-                Some(redis::Value::Int(end)),
-                Some(redis::Value::Array(primary)),
-            ) = (parts.first(), parts.get(1), parts.get(2))
-            else {
-                return Err(bad());
-            };
-            let host = match primary.first() {
-                Some(redis::Value::BulkString(h)) => String::from_utf8_lossy(h).into_owned(),
-                Some(redis::Value::SimpleString(h)) => h.clone(),
-                _ => return Err(bad()),
-            };
-            let Some(redis::Value::Int(port)) = primary.get(1) else {
-                return Err(bad());
-            };
-            map.push((*start as u16, *end as u16, host, *port as u16));
-        }
-        *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = Some(map.clone());
-        Ok(map)
-    }
-
-    /// The indices of `groups` by the primary serving their slot, from the slot map; `None`
-    /// when there is no usable map (it could not be fetched, or a slot is not in it).
-    async fn by_node(
-        &self,
-        conn: &ClusterConnection,
-        groups: &[(u16, Vec<usize>)],
-    ) -> Option<HashMap<(String, u16), Vec<usize>>> {
-        let map = self.slot_map(conn).await.ok()?;
-        let mut by_node: HashMap<(String, u16), Vec<usize>> = HashMap::new();
-        for (g, (slot, _)) in groups.iter().enumerate() {
-            let (_, _, host, port) = map.iter().find(|(a, b, _, _)| *a <= *slot && *slot <= *b)?;
-            by_node.entry((host.clone(), *port)).or_default().push(g);
-        }
-        Some(by_node)
-    }
-
-    /// `groups` merged into one group per node (named by one of its slots, so that
-    /// [`Self::run_by_node`] sends it to that node); `None` as for [`Self::by_node`].
-    async fn merged_by_node(
-        &self,
-        conn: &ClusterConnection,
-        groups: &[(u16, Vec<usize>)],
-    ) -> Option<Vec<(u16, Vec<usize>)>> {
-        let by_node = self.by_node(conn, groups).await?;
-        Some(
-            by_node
-                .into_values()
-                .map(|members| {
-                    let slot = groups[members[0]].0;
-                    let pos = members.iter().flat_map(|&g| groups[g].1.iter().copied());
-                    (slot, pos.collect())
-                })
-                .collect(),
-        )
-    }
-
-    /// Cluster: sends the per-slot requests as one pipeline per node, nodes in parallel (one
-    /// round trip per node instead of one per slot). Returns the replies of every request in
-    /// order, or `None` when the slot map could not be used (then the caller sends per slot).
-    async fn run_by_node(
-        &self,
-        conn: &ClusterConnection,
-        groups: &[(u16, Vec<usize>)],
-        build: &Build<'_>,
-    ) -> Result<Option<Vec<redis::Value>>> {
-        let Some(by_node) = self.by_node(conn, groups).await else {
-            return Ok(None);
-        };
-        let limit = self.options.max_concurrent_calls.max(1);
-        let sends = by_node.into_iter().map(|((host, port), members)| {
-            let reqs: Vec<Req> = members.iter().map(|&g| build(&groups[g].1)).collect();
-            // Replies per request; `None` for a single command (its reply is not an array).
-            let counts: Vec<Option<usize>> = reqs
-                .iter()
-                .map(|r| matches!(r, Req::Pipe(_)).then(|| r.replies()))
-                .collect();
-            let total: usize = reqs.iter().map(Req::replies).sum();
-            let mut pipe = redis::Pipeline::with_capacity(total);
-            for r in reqs {
-                r.append_to(&mut pipe);
-            }
-            let mut c = conn.clone();
-            async move {
-                let replies = c
-                    .route_pipeline(
-                        pipe,
-                        0,
-                        total,
-                        SingleNodeRoutingInfo::ByAddress { host, port },
-                    )
-                    .await?;
-                Ok::<_, redis::RedisError>((members, counts, replies))
-            }
-        });
-        let results: Vec<_> = futures::stream::iter(sends)
-            .buffer_unordered(limit)
-            .collect()
-            .await;
-        let mut out: Vec<redis::Value> = vec![redis::Value::Nil; groups.len()];
-        for r in results {
-            match r {
-                Ok((members, counts, replies)) => {
-                    // Errors inside a node pipeline come back as values; a command's error
-                    // fails the call as it would on a single node.
-                    if let Some(e) = replies
-                        .iter()
-                        .find(|v| matches!(v, redis::Value::ServerError(_)))
-                    {
-                        return Err(match e.clone().extract_error() {
-                            Err(e) => map_err(&self.what, e),
-                            Ok(_) => Error::internal(format!(
-                                "{}: a server error reply did not convert to an error",
-                                self.what
-                            )),
-                        });
-                    }
-                    let mut it = replies.into_iter();
-                    for (g, n) in members.into_iter().zip(counts) {
-                        out[g] = match n {
-                            None => it.next().unwrap_or(redis::Value::Nil),
-                            Some(n) => redis::Value::Array(it.by_ref().take(n).collect()),
-                        };
-                    }
-                }
-                Err(e) => {
-                    // Slots moved (or a node failed): forget the map; the caller falls back to
-                    // per-slot requests, which the cluster connection routes and redirects.
-                    tracing::debug!(error = %e, "node pipeline failed; sending per slot");
-                    *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                    return Ok(None);
-                }
-            }
-        }
-        Ok(Some(out))
-    }
 }
 
+mod cluster;
 mod commands;
+mod scripts;
+
+pub use cluster::key_slot;
+use cluster::SlotMap;
+use scripts::packed_generations;
+pub use scripts::{
+    CLEAR_GENERATIONS_CROSS_SLOT_SCRIPT, CLEAR_GENERATIONS_SCRIPT, EXPIRE_SCRIPT,
+    RAISE_GENERATIONS_SCRIPT,
+};
 
 #[cfg(test)]
 mod tests {
