@@ -98,6 +98,11 @@ fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }
 
+/// `median (min–max)` in ms.
+fn ms_range(s: &tq_bench::Stats) -> String {
+    format!("{} ({}–{})", ms(s.median), ms(s.min), ms(s.max))
+}
+
 fn us(d: Duration) -> String {
     format!("{:.0}", d.as_secs_f64() * 1e6)
 }
@@ -136,19 +141,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("| operation | ms median (min–max) |\n|---|---|");
     let s = controller::allocate_notify_fetch(&runtime, args.samples, 28, controller_reps)?;
     println!(
-        "| allocate + notify + fetch, {} samples × 28 fields | {} ({}–{}) |",
+        "| allocate + notify + fetch, {} samples × 28 fields | {} |",
         args.samples,
-        ms(s.median),
-        ms(s.min),
-        ms(s.max)
+        ms_range(&s)
     );
     let s = controller::kv_retrieve_meta(&runtime, args.samples, 4, controller_reps)?;
     println!(
-        "| kv_retrieve_meta, {} keys | {} ({}–{}) |",
+        "| kv_retrieve_meta, {} keys | {} |",
         args.samples,
-        ms(s.median),
-        ms(s.min),
-        ms(s.max)
+        ms_range(&s)
     );
 
     let mut config = Config::default();
@@ -393,14 +394,6 @@ fn print_clear_steps(
         let raw = baseline::tcp_ping_pong_cross_thread(64, rounds).await?;
         Ok::<_, Error>((steps, tq_bench::Stats::from_samples(raw)))
     })?;
-    let ms = |s: &tq_bench::Stats| {
-        format!(
-            "{:.3} ({:.3}–{:.3})",
-            s.median.as_secs_f64() * 1e3,
-            s.min.as_secs_f64() * 1e3,
-            s.max.as_secs_f64() * 1e3
-        )
-    };
     let times = |s: &tq_bench::Stats| s.median.as_secs_f64() / raw.median.as_secs_f64();
     println!();
     println!("### The controller's part of a clear: {keys} keys × 4 fields, {rounds} rounds");
@@ -409,7 +402,7 @@ fn print_clear_steps(
     println!("|---|---|---|");
     println!(
         "| raw TCP round trip, 64 B, to a sleeping thread | {} | 1.00 |",
-        ms(&raw)
+        ms_range(&raw)
     );
     let [empty, mark, release] = &steps;
     for (name, s) in [
@@ -417,7 +410,7 @@ fn print_clear_steps(
         ("`kv_mark_clearing`", mark),
         ("`release`", release),
     ] {
-        println!("| {name} | {} | {:.2} |", ms(s), times(s));
+        println!("| {name} | {} | {:.2} |", ms_range(s), times(s));
     }
     Ok(())
 }
