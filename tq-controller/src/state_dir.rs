@@ -63,7 +63,20 @@ impl Default for StateDirOptions {
 }
 
 /// Writes the controller's state after changes; see the module documentation.
+///
+/// It holds the directory's lock file (`controller.lock`, `flock`ed, with the holder's pid in
+/// it) for its whole life, so a second controller started on the same directory is refused
+/// instead of appending to the same log. Dropping it stops the committer thread and waits for
+/// it, so the lock is free once the drop returns.
 pub struct StateDir {
+    inner: Arc<Inner>,
+    committer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Held (locked) while this value lives; released by closing it.
+    _lock: File,
+}
+
+/// What the committer thread shares with [`StateDir`].
+struct Inner {
     dir: PathBuf,
     /// Version of the newest change (bumped after a change is made).
     requested: AtomicU64,
@@ -112,6 +125,8 @@ impl StateDir {
     ) -> Result<Arc<StateDir>> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir).map_err(|e| io_error("create", &dir, e))?;
+        // Before anything is read: a directory another controller writes to is not ours.
+        let lock = lock_dir(&dir)?;
         let log_path = dir.join(LOG_FILE);
         let (snapshot_len, log_len) = match recover(&dir, &controller)? {
             Some(found) => {
@@ -143,7 +158,7 @@ impl StateDir {
         }
         sync_dir(&dir)?;
         let (durable, _) = watch::channel(Ok(0));
-        let state = Arc::new(StateDir {
+        let inner = Arc::new(Inner {
             dir,
             requested: AtomicU64::new(0),
             wake: (Mutex::new(()), Condvar::new()),
@@ -157,14 +172,27 @@ impl StateDir {
                 must_compact: false,
             }),
         });
-        let committer = Arc::downgrade(&state);
-        std::thread::Builder::new()
+        let shared = inner.clone();
+        let committer = std::thread::Builder::new()
             .name("tq-state-dir".into())
-            .spawn(move || run(&committer, &controller))
+            .spawn(move || run(&shared, &controller))
             .map_err(|e| Error::internal(format!("cannot start the state-dir thread: {e}")))?;
-        Ok(state)
+        Ok(Arc::new(StateDir {
+            inner,
+            committer: Mutex::new(Some(committer)),
+            _lock: lock,
+        }))
     }
 
+    /// After a change to the controller's state: returns once a record that includes it is
+    /// on disk. An error means the change is in memory but may not survive a restart
+    /// (`OutcomeUnknown`).
+    pub async fn changed(&self) -> Result<()> {
+        self.inner.changed().await
+    }
+}
+
+impl Inner {
     /// After a change to the controller's state: returns once a record that includes it is
     /// on disk. An error means the change is in memory but may not survive a restart
     /// (`OutcomeUnknown`).
@@ -194,7 +222,7 @@ impl StateDir {
     fn round(&self, controller: &Controller, done: u64) -> u64 {
         {
             let guard = self.wake.0.lock().unwrap_or_else(|p| p.into_inner());
-            if self.requested.load(Ordering::SeqCst) == done {
+            if self.requested.load(Ordering::SeqCst) == done && !self.stop.load(Ordering::SeqCst) {
                 // Woken by `changed` (or, at worst, by the timeout: a missed wake-up costs
                 // latency, never durability).
                 let _ = self
@@ -378,19 +406,73 @@ fn sync_dir(dir: &Path) -> Result<()> {
 }
 
 /// The committer thread: runs rounds until the [`StateDir`] is dropped.
-fn run(state: &std::sync::Weak<StateDir>, controller: &Controller) {
+fn run(state: &Inner, controller: &Controller) {
     let mut done = 0;
-    while let Some(state) = state.upgrade() {
-        if state.stop.load(Ordering::SeqCst) {
-            return;
-        }
+    while !state.stop.load(Ordering::SeqCst) {
         done = state.round(controller, done);
     }
 }
 
 impl Drop for StateDir {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.wake.1.notify_one();
+        {
+            // Under the wake mutex, so the committer either sees `stop` before it waits or is
+            // waiting and gets the notification.
+            let _guard = self.inner.wake.0.lock().unwrap_or_else(|p| p.into_inner());
+            self.inner.stop.store(true, Ordering::SeqCst);
+            self.inner.wake.1.notify_all();
+        }
+        let committer = self
+            .committer
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(thread) = committer {
+            // At most one round: the thread checks `stop` after each.
+            if thread.join().is_err() {
+                tracing::error!("the state-dir committer thread panicked");
+            }
+        }
     }
+}
+
+/// The lock file of a state directory.
+const LOCK_FILE: &str = "controller.lock";
+
+/// Takes the lock of `dir`, or refuses with the pid the lock file names. The lock is an
+/// `flock` on `controller.lock` (released by the kernel when the holder exits, even by
+/// `kill -9`); the pid written into it is for the message only.
+fn lock_dir(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| io_error("open", &path, e))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            let holder = holder.trim();
+            let who = if holder.is_empty() {
+                "another controller".to_string()
+            } else {
+                format!("another controller (pid {holder})")
+            };
+            return Err(Error::conflict(format!(
+                "state dir `{}` is in use by {who}: two controllers on one state dir would \
+                 overwrite each other's state; stop it first or give this one another --state-dir",
+                dir.display()
+            )));
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io_error("lock", &path, e)),
+    }
+    let pid = std::process::id().to_string();
+    file.set_len(0)
+        .and_then(|()| file.write_all(pid.as_bytes()))
+        .and_then(|()| file.sync_data())
+        .map_err(|e| io_error("write", &path, e))?;
+    Ok(file)
 }

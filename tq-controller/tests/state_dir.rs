@@ -57,7 +57,7 @@ async fn durable_changes_come_back_and_damage_is_refused() {
 
     // A controller started on the directory has it all, in the same epoch.
     let second = controller();
-    let _state = StateDir::open(&dir, second.clone()).unwrap();
+    let second_state = StateDir::open(&dir, second.clone()).unwrap();
     assert_eq!(second.epoch(), epoch);
     assert_eq!(second.kv_list(Some("p")).await.unwrap(), listing);
     let status = second
@@ -74,6 +74,8 @@ async fn durable_changes_come_back_and_damage_is_refused() {
                 .unwrap()
         )
     );
+
+    drop(second_state);
 
     // One flipped byte: refused, naming the file; the new controller stays empty.
     let file = dir.join("controller.state");
@@ -246,5 +248,36 @@ async fn a_long_log_is_compacted_into_a_snapshot_and_nothing_is_lost() {
         second.kv_list(Some("p")).await.unwrap()[0].entries.len(),
         40
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two controllers on one state dir would append to one log and lose each other's changes:
+/// the second is refused, naming the holder's pid, and gets the directory once the first is
+/// gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_dir_has_one_controller_at_a_time() {
+    let dir = tempdir();
+    let first = controller();
+    let state = StateDir::open(&dir, first.clone()).unwrap();
+    put_keys(&first, &state, &["a".to_string()]).await;
+
+    let second = controller();
+    let e = StateDir::open(&dir, second.clone())
+        .err()
+        .expect("a state dir in use");
+    assert_eq!(e.kind(), &ErrorKind::Conflict, "{e}");
+    assert!(
+        e.message().contains(&format!("pid {}", std::process::id())),
+        "{e}"
+    );
+    assert!(
+        second.list_partitions().await.unwrap().is_empty(),
+        "nothing restored"
+    );
+
+    drop(state);
+    let third = controller();
+    let _state = StateDir::open(&dir, third.clone()).unwrap();
+    assert_eq!(third.kv_list(Some("p")).await.unwrap().len(), 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
