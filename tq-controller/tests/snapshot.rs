@@ -327,3 +327,101 @@ async fn a_held_snapshot_makes_clears_and_overwrites_wait() {
         "woken by the release, not by the hold's expiry"
     );
 }
+
+/// Where the committed files of each format live (see `tests/data/README.md`).
+fn data_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
+}
+
+/// A state dir of [`busy`] plus one change made after its snapshot (a record in the log).
+async fn busy_state_dir(dir: &std::path::Path) {
+    let (c, _) = busy().await;
+    let (bytes, _) = c.snapshot().unwrap();
+    let live = std::sync::Arc::new(controller());
+    live.restore(&bytes).unwrap();
+    let state = StateDir::open(dir, live.clone()).unwrap();
+    live.kv_retrieve_meta("late", &keys(&["l0", "l1"]), true)
+        .await
+        .unwrap();
+    state.changed().await.unwrap();
+}
+
+/// What a restored state dir shows: [`view`] and the late partition's keys.
+async fn state_dir_view(c: &Controller) -> Vec<String> {
+    let mut out = view(c).await;
+    out.push(format!("{:?}", c.kv_list(Some("late")).await));
+    out
+}
+
+/// Writes the files of the current format into `tests/data` (run by hand when a format is
+/// added: `cargo test -p tq-controller --test snapshot -- --ignored write_format_files`; the
+/// files of older formats stay as they are, written by the builds that had them).
+#[tokio::test]
+#[ignore = "writes tests/data: run by hand when a snapshot format is added"]
+async fn write_format_files() {
+    let data = data_dir();
+    std::fs::create_dir_all(&data).unwrap();
+    let (c, _) = busy().await;
+    let (bytes, _) = c.snapshot().unwrap();
+    let name = format!("snapshot-format{SNAPSHOT_FORMAT}");
+    std::fs::write(data.join(format!("{name}.tqcs")), &bytes).unwrap();
+    std::fs::write(data.join(format!("{name}.view")), view(&c).await.join("\n")).unwrap();
+
+    let dir = data.join(format!("state-dir-format{SNAPSHOT_FORMAT}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    busy_state_dir(&dir).await;
+    let _ = std::fs::remove_file(dir.join("controller.lock"));
+    let reopened = controller();
+    let live = std::sync::Arc::new(reopened);
+    let copy = common_copy(&dir);
+    let state = StateDir::open(&copy, live.clone()).unwrap();
+    drop(state);
+    std::fs::write(
+        data.join(format!("state-dir-format{SNAPSHOT_FORMAT}.view")),
+        state_dir_view(&live).await.join("\n"),
+    )
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&copy);
+}
+
+/// A copy of a committed state dir in a temporary directory (opening one writes to it).
+fn common_copy(dir: &std::path::Path) -> std::path::PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let copy = std::env::temp_dir().join(format!("tq-format-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&copy).unwrap();
+    for name in ["controller.state", "controller.log"] {
+        std::fs::copy(dir.join(name), copy.join(name)).unwrap();
+    }
+    copy
+}
+
+/// The snapshot and state-dir files of every format this build reads, committed as written by
+/// the build that introduced the format, load and show what they showed then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_files_of_every_format_load() {
+    let data = data_dir();
+    for format in 2..=SNAPSHOT_FORMAT {
+        let snapshot = data.join(format!("snapshot-format{format}.tqcs"));
+        let Ok(bytes) = std::fs::read(&snapshot) else {
+            assert!(format > 2, "format 2 files are committed");
+            continue;
+        };
+        let restored = controller();
+        restored.restore(&bytes).unwrap();
+        let expected = std::fs::read_to_string(snapshot.with_extension("view")).unwrap();
+        assert_eq!(view(&restored).await.join("\n"), expected, "format {format}");
+
+        let dir = data.join(format!("state-dir-format{format}"));
+        let copy = common_copy(&dir);
+        let live = std::sync::Arc::new(controller());
+        let state = StateDir::open(&copy, live.clone()).unwrap();
+        let expected =
+            std::fs::read_to_string(data.join(format!("state-dir-format{format}.view"))).unwrap();
+        assert_eq!(state_dir_view(&live).await.join("\n"), expected, "format {format}");
+        drop(state);
+        let _ = std::fs::remove_dir_all(&copy);
+    }
+}
