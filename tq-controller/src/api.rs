@@ -254,8 +254,11 @@ pub trait ControlPlane: Send + Sync + 'static {
     /// Partition names in creation order.
     async fn list_partitions(&self) -> Result<Vec<String>>;
 
-    /// Consumes samples handed out under `lease` (acknowledged mode); returns how many. Samples
-    /// whose lease expired meanwhile are not consumed (they may be with another consumer).
+    /// Consumes samples handed out under `lease` (acknowledged mode); returns how many are
+    /// consumed under that lease. Idempotent: samples this lease acknowledged before count
+    /// again, so a retry whose first answer was lost (a controller restart) gets the same
+    /// answer. Samples whose lease expired meanwhile are not consumed (they may be with
+    /// another consumer) and do not count.
     async fn ack(
         &self,
         partition: &str,

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use tq_core::{Error, LeaseId, Result};
 
 /// The snapshot format this build writes; it reads this one and older.
-/// Format 2 added the samplers' cached answers.
-pub const SNAPSHOT_FORMAT: u32 = 2;
+/// Format 2 added the samplers' cached answers; format 3 the lease that acknowledged each
+/// consumed sample (entries of the lease list, so format 2 decodes unchanged).
+pub const SNAPSHOT_FORMAT: u32 = 3;
 
 const MAGIC: &[u8; 4] = b"TQCS";
 const HEADER: usize = 4 + 4 + 8 + 4;
@@ -94,36 +95,59 @@ pub(crate) fn unframe_with_format(bytes: &[u8]) -> Result<(u32, &[u8])> {
     Ok((format, body))
 }
 
-/// Lease deadlines as the time they had left (an `Instant` means nothing in another process).
+/// Lease deadlines as the time they had left (an `Instant` means nothing in another process),
+/// and the leases that acknowledged consumed samples.
 pub(crate) mod deadlines {
     use super::*;
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    type Leases = HashMap<u32, (LeaseId, Instant)>;
+    /// Leases by slot, with their deadlines.
+    pub type Leases = HashMap<u32, (LeaseId, Instant)>;
 
-    pub fn serialize<S: Serializer>(leases: &Leases, s: S) -> std::result::Result<S::Ok, S::Error> {
+    /// One saved entry: slot, lease, milliseconds left (or [`ACKNOWLEDGED`]).
+    pub type Saved = Vec<(u32, LeaseId, u64)>;
+
+    /// The `ms` of an entry for a slot its lease acknowledged (format 3 on). No outstanding
+    /// lease has that much time left (585 million years), so formats 1 and 2, which do not
+    /// have such entries, decode the same way.
+    pub const ACKNOWLEDGED: u64 = u64::MAX;
+
+    pub fn encode(leases: &Leases, acked_by: &HashMap<u32, LeaseId>) -> Saved {
         let now = tokio::time::Instant::now().into_std();
-        let left: Vec<(u32, LeaseId, u64)> = leases
+        let mut saved: Saved = leases
             .iter()
             .map(|(slot, (lease, deadline))| {
                 let ms = deadline.saturating_duration_since(now).as_millis();
-                (*slot, *lease, u64::try_from(ms).unwrap_or(u64::MAX))
+                (
+                    *slot,
+                    *lease,
+                    u64::try_from(ms)
+                        .unwrap_or(ACKNOWLEDGED - 1)
+                        .min(ACKNOWLEDGED - 1),
+                )
             })
             .collect();
-        left.serialize(s)
+        saved.extend(
+            acked_by
+                .iter()
+                .map(|(slot, lease)| (*slot, *lease, ACKNOWLEDGED)),
+        );
+        saved
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Leases, D::Error> {
+    pub fn decode(saved: Saved) -> (Leases, HashMap<u32, LeaseId>) {
         let now = tokio::time::Instant::now().into_std();
-        let left: Vec<(u32, LeaseId, u64)> = Vec::deserialize(d)?;
-        Ok(left
-            .into_iter()
-            .map(|(slot, lease, ms)| {
-                let deadline = now
-                    .checked_add(Duration::from_millis(ms))
-                    .unwrap_or(now + Duration::from_secs(86_400));
-                (slot, (lease, deadline))
-            })
-            .collect())
+        let mut leases = Leases::new();
+        let mut acked_by = HashMap::new();
+        for (slot, lease, ms) in saved {
+            if ms == ACKNOWLEDGED {
+                acked_by.insert(slot, lease);
+                continue;
+            }
+            let deadline = now
+                .checked_add(Duration::from_millis(ms))
+                .unwrap_or(now + Duration::from_secs(86_400));
+            leases.insert(slot, (lease, deadline));
+        }
+        (leases, acked_by)
     }
 }

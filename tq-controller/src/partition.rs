@@ -189,15 +189,42 @@ impl FieldState {
 }
 
 /// What one task has taken from a partition.
-#[derive(Debug, Default, Serialize, Deserialize)]
+///
+/// Saved as consumed, leased, then one list of `(slot, lease, ms)`: the outstanding leases
+/// with the time each had left, and (format 3 on) the acknowledged ones with `ms` =
+/// [`crate::checkpoint::deadlines::ACKNOWLEDGED`].
+#[derive(Debug, Default)]
 struct TaskState {
     /// Consumed for good (at-most-once fetches, or acknowledged leases).
     consumed: Bitmap,
     /// Handed out under a lease that has not been acknowledged or expired yet.
     leased: Bitmap,
     /// Deadlines are saved as the time left, and restored from the time of loading.
-    #[serde(with = "crate::checkpoint::deadlines")]
     leases: HashMap<u32, (LeaseId, Instant)>,
+    /// The lease that acknowledged each consumed slot, so that a retried acknowledgement
+    /// (its first answer lost, say to a controller restart) answers as acknowledged again
+    /// instead of 0. Kept until the slot is released or its consumption undone.
+    acked_by: HashMap<u32, LeaseId>,
+}
+
+impl Serialize for TaskState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let leases = crate::checkpoint::deadlines::encode(&self.leases, &self.acked_by);
+        (&self.consumed, &self.leased, leases).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for TaskState {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let (consumed, leased, saved) = <(Bitmap, Bitmap, _)>::deserialize(d)?;
+        let (leases, acked_by) = crate::checkpoint::deadlines::decode(saved);
+        Ok(TaskState {
+            consumed,
+            leased,
+            leases,
+            acked_by,
+        })
+    }
 }
 
 impl TaskState {
@@ -205,6 +232,7 @@ impl TaskState {
         self.consumed.set(slot_u(slot), false);
         self.leased.set(slot_u(slot), false);
         self.leases.remove(&slot);
+        self.acked_by.remove(&slot);
     }
 }
 

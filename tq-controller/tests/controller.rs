@@ -854,3 +854,45 @@ async fn an_oversized_insert_is_refused_before_anything_is_allocated() {
         "a sane insert still works"
     );
 }
+
+/// An acknowledgement whose answer was lost is retried: the lease that acknowledged a sample
+/// gets it counted again (also after a snapshot and restore, as a controller restarted on its
+/// state dir does), while an expired lease whose sample another lease acknowledged still
+/// counts nothing.
+#[tokio::test(start_paused = true)]
+async fn a_retried_ack_answers_as_acknowledged() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 4).await;
+    produce(&c, "p", &ids, &["a"]).await;
+    let m = c.get_meta(leased("p", &["a"], "t", 3, 100)).await.unwrap();
+    let lease = m.lease().unwrap();
+    let (first, late) = m.samples().split_at(2);
+    assert_eq!(c.ack("p", "t", lease, first).await.unwrap(), 2);
+    assert_eq!(c.ack("p", "t", lease, first).await.unwrap(), 2, "a retry");
+    let twice = [first[0], first[0]];
+    assert_eq!(c.ack("p", "t", lease, &twice).await.unwrap(), 1);
+
+    // The third sample's lease expires; another lease takes and acknowledges it.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let again = c
+        .get_meta(leased("p", &["a"], "t", 1, 10_000))
+        .await
+        .unwrap();
+    assert_eq!(again.samples(), late);
+    let other = again.lease().unwrap();
+    assert_eq!(c.ack("p", "t", other, late).await.unwrap(), 1);
+    assert_eq!(
+        c.ack("p", "t", lease, late).await.unwrap(),
+        0,
+        "not this lease's"
+    );
+
+    let (bytes, _) = c.snapshot().unwrap();
+    let restored = controller(1);
+    restored.restore(&bytes).unwrap();
+    assert_eq!(restored.ack("p", "t", lease, m.samples()).await.unwrap(), 2);
+    assert_eq!(restored.ack("p", "t", other, late).await.unwrap(), 1);
+    // Undone consumption forgets who acknowledged.
+    restored.reset_consumption("p", Some("t")).await.unwrap();
+    assert_eq!(restored.ack("p", "t", lease, first).await.unwrap(), 0);
+}

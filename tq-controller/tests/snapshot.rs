@@ -110,6 +110,19 @@ async fn busy() -> (Controller, u64) {
         .await
         .unwrap();
     let lease = leased.lease().unwrap();
+    // A third task acknowledged one sample (format 3 keeps which lease did).
+    let judged = c
+        .get_meta(
+            GetMetaRequest::fetch("p", &["dense"], "judge", 1, Wait::NoWait)
+                .with_lease(Duration::from_secs(600)),
+        )
+        .await
+        .unwrap();
+    let judge = judged.lease().unwrap();
+    assert_eq!(
+        c.ack("p", "judge", judge, judged.samples()).await.unwrap(),
+        1
+    );
     // A cleared key whose index is reused: generation 1.
     let cleared = c.kv_mark_clearing("p", &keys(&["d"])).await.unwrap();
     c.release("p", cleared.samples()).await.unwrap();
@@ -128,6 +141,11 @@ async fn next_index(c: &Controller) -> Vec<SampleId> {
 }
 
 async fn view(c: &Controller) -> Vec<String> {
+    view_of(c, &["train", "score", "judge"]).await
+}
+
+/// [`view`] with the consumption of `tasks` (the format-2 files show `train` and `score`).
+async fn view_of(c: &Controller, tasks: &[&str]) -> Vec<String> {
     let mut out = vec![format!("{:?}", c.list_partitions().await.unwrap())];
     out.push(format!("{:?}", c.kv_list(None).await.unwrap()));
     for (p, fields) in [
@@ -141,7 +159,7 @@ async fn view(c: &Controller) -> Vec<String> {
         out.push(format!("{:?}", c.get_meta(force(p, &fields)).await));
         let names: Vec<String> = fields.iter().map(|s| s.to_string()).collect();
         out.push(format!("{:?}", c.production_status(p, &names).await));
-        for task in ["train", "score"] {
+        for task in tasks {
             out.push(format!("{:?}", c.consumption_status(p, task).await));
         }
     }
@@ -346,9 +364,9 @@ async fn busy_state_dir(dir: &std::path::Path) {
     state.changed().await.unwrap();
 }
 
-/// What a restored state dir shows: [`view`] and the late partition's keys.
-async fn state_dir_view(c: &Controller) -> Vec<String> {
-    let mut out = view(c).await;
+/// What a restored state dir shows: [`view_of`] and the late partition's keys.
+async fn state_dir_view(c: &Controller, tasks: &[&str]) -> Vec<String> {
+    let mut out = view_of(c, tasks).await;
     out.push(format!("{:?}", c.kv_list(Some("late")).await));
     out
 }
@@ -378,7 +396,9 @@ async fn write_format_files() {
     drop(state);
     std::fs::write(
         data.join(format!("state-dir-format{SNAPSHOT_FORMAT}.view")),
-        state_dir_view(&live).await.join("\n"),
+        state_dir_view(&live, &["train", "score", "judge"])
+            .await
+            .join("\n"),
     )
     .unwrap();
     let _ = std::fs::remove_dir_all(&copy);
@@ -412,7 +432,16 @@ async fn committed_files_of_every_format_load() {
         let restored = controller();
         restored.restore(&bytes).unwrap();
         let expected = std::fs::read_to_string(snapshot.with_extension("view")).unwrap();
-        assert_eq!(view(&restored).await.join("\n"), expected, "format {format}");
+        let tasks: &[&str] = if format == 2 {
+            &["train", "score"]
+        } else {
+            &["train", "score", "judge"]
+        };
+        assert_eq!(
+            view_of(&restored, tasks).await.join("\n"),
+            expected,
+            "format {format}"
+        );
 
         let dir = data.join(format!("state-dir-format{format}"));
         let copy = common_copy(&dir);
@@ -420,7 +449,11 @@ async fn committed_files_of_every_format_load() {
         let state = StateDir::open(&copy, live.clone()).unwrap();
         let expected =
             std::fs::read_to_string(data.join(format!("state-dir-format{format}.view"))).unwrap();
-        assert_eq!(state_dir_view(&live).await.join("\n"), expected, "format {format}");
+        assert_eq!(
+            state_dir_view(&live, tasks).await.join("\n"),
+            expected,
+            "format {format}"
+        );
         drop(state);
         let _ = std::fs::remove_dir_all(&copy);
     }

@@ -331,7 +331,8 @@ impl ControlPlane for RemoteControlPlane {
         }
     }
 
-    /// Idempotent: acknowledging the same lease again consumes nothing more.
+    /// Idempotent: acknowledging again with the same lease consumes nothing more and answers
+    /// the same count (the controller remembers which lease acknowledged each sample).
     async fn ack(
         &self,
         partition: &str,

@@ -36,6 +36,7 @@ impl Partition {
                 t.consumed.set(slot_u(s), true);
                 t.leased.set(slot_u(s), false);
                 t.leases.remove(&s);
+                t.acked_by.remove(&s);
             }
         }
     }
@@ -86,6 +87,7 @@ impl Partition {
                 None => {
                     let consumed = t.consumed.get(slot_u(s));
                     t.consumed.set(slot_u(s), false);
+                    t.acked_by.remove(&s);
                     consumed
                 }
             };
@@ -94,10 +96,15 @@ impl Partition {
         returned
     }
 
-    /// Consumes the samples `task` holds under `lease`; returns how many. Samples whose lease
-    /// expired (and may have been handed to someone else) are left alone.
+    /// Consumes the samples `task` holds under `lease`; returns how many are now consumed
+    /// under it. Idempotent: a sample this lease acknowledged before counts again (a retry
+    /// whose first answer was lost). Samples whose lease expired (and may have been handed to
+    /// someone else) are left alone.
     pub fn ack(&mut self, task: &str, lease: LeaseId, ids: &[SampleId]) -> usize {
-        let slots: Vec<u32> = ids.iter().filter_map(|&id| self.slot_for(id)).collect();
+        let mut slots: Vec<u32> = ids.iter().filter_map(|&id| self.slot_for(id)).collect();
+        // A sample named twice in one call counts once.
+        slots.sort_unstable();
+        slots.dedup();
         let Some(t) = self.tasks.get_mut(task) else {
             return 0;
         };
@@ -107,6 +114,9 @@ impl Partition {
                 t.leases.remove(&s);
                 t.leased.set(slot_u(s), false);
                 t.consumed.set(slot_u(s), true);
+                t.acked_by.insert(s, lease);
+                acked += 1;
+            } else if t.consumed.get(slot_u(s)) && t.acked_by.get(&s) == Some(&lease) {
                 acked += 1;
             }
         }
