@@ -46,7 +46,11 @@ pub async fn unit(id: &str, controller: &str) -> Result<Server> {
     let info = UnitInfo {
         id: id.to_string(),
         endpoint: server.local_endpoint().to_string(),
+        instance: tq_core::new_epoch(),
+        registration: 0,
     };
-    handler.adopt_epoch(control.register_unit(info).await?)?;
+    let registered = control.register_unit(info).await?;
+    handler.adopt_epoch(registered.epoch)?;
+    handler.adopt_registration(registered.registration);
     Ok(server)
 }

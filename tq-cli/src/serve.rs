@@ -302,10 +302,13 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
         // In the controller's process: its epoch from the start.
         handler.adopt_epoch(service.epoch())?;
         let endpoint = advertised(server.local_endpoint(), args.advertise_host.as_deref())?;
-        service.register_unit(UnitInfo {
+        let registration = service.register_unit(UnitInfo {
             id: id.clone(),
             endpoint: endpoint.clone(),
+            instance: tq_core::new_epoch(),
+            registration: 0,
         })?;
+        handler.adopt_registration(registration);
         println!("listening unit {id} {endpoint}");
         units.push(server);
         unit_handlers.push(handler);
@@ -431,6 +434,7 @@ const REGISTER_EVERY: Duration = Duration::from_millis(500);
 /// `tq storage-unit`: one storage unit that registers with a controller (and keeps doing so).
 pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
     let shutdown = shutdown_signal()?;
+    tokio::pin!(shutdown);
     let exporter = args.metrics.install()?;
     let config = args.security.load()?;
     let listen: Endpoint = args.listen.parse()?;
@@ -454,28 +458,31 @@ pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
         controller.clone(),
         config.request_timeout(),
     );
-    // The controller may start after us: keep trying for a while.
-    let info = UnitInfo {
+    // The controller may start after us: keep trying for a while (stopping at SIGTERM/Ctrl-C).
+    let mut info = UnitInfo {
         id: args.id.clone(),
         endpoint: advertised.clone(),
+        instance: tq_core::new_epoch(),
+        registration: 0,
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match control.register_unit(info.clone()).await {
-            Ok(epoch) => {
-                handler.adopt_epoch(epoch)?;
-                break;
-            }
-            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
-                tracing::info!(error = %e, "controller not reachable yet; retrying");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => {
-                server.shutdown().await;
-                return Err(e.context(format!("registering unit `{}` with {controller}", args.id)));
-            }
+    let registered = tokio::select! {
+        r = register_at_start(&control, &info) => r,
+        _ = &mut shutdown => {
+            eprintln!("shutting down before registering");
+            server.shutdown().await;
+            return Ok(());
         }
-    }
+    };
+    let registered = match registered {
+        Ok(r) => r,
+        Err(e) => {
+            server.shutdown().await;
+            return Err(e.context(format!("registering unit `{}` with {controller}", args.id)));
+        }
+    };
+    handler.adopt_epoch(registered.epoch)?;
+    handler.adopt_registration(registered.registration);
+    info.registration = registered.registration;
     println!("listening unit {} {}", args.id, advertised);
     let probe = Arc::new(ServerProbe {
         controller: None,
@@ -483,15 +490,50 @@ pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
     });
     let _metrics = args.metrics.serve(exporter, probe).await?;
     // Rejoin a controller that restarted (it starts with an empty unit table).
-    tokio::select! {
-        _ = shutdown => {}
-        _ = control.keep_registered(info, REGISTER_EVERY, |epoch| {
-            if let Err(e) = handler.adopt_epoch(epoch) {
+    let refused = tokio::select! {
+        _ = &mut shutdown => None,
+        e = control.keep_registered(info, REGISTER_EVERY, |r| {
+            handler.adopt_registration(r.registration);
+            if let Err(e) = handler.adopt_epoch(r.epoch) {
                 tracing::warn!(error = %e, "cannot make the unit anew for the controller's new epoch; retrying at the next registration");
             }
-        }) => {}
-    }
+        }) => Some(e),
+    };
     eprintln!("shutting down");
     server.shutdown().await;
-    Ok(())
+    match refused {
+        // Another process holds the id now: this one must not serve under it.
+        Some(e) => Err(e.context(format!("unit `{}` lost its registration", args.id))),
+        None => Ok(()),
+    }
+}
+
+/// The first registration of a `tq storage-unit`: retried while the controller is not
+/// reachable (for 30 s), and while the id is held by another process that may be a dead
+/// predecessor (until its registration lapses); a holder still alive after that is a
+/// duplicate, and the refusal is returned.
+async fn register_at_start(
+    control: &RemoteControlPlane,
+    info: &UnitInfo,
+) -> Result<tq_controller::Registration> {
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs(30);
+    let held_deadline = start + tq_controller::REGISTRATION_LAPSE + REGISTER_EVERY;
+    loop {
+        match control.register_unit(info.clone()).await {
+            Ok(r) => return Ok(r),
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                tracing::info!(error = %e, "controller not reachable yet; retrying");
+            }
+            Err(e)
+                if e.kind() == &tq_core::ErrorKind::Conflict
+                    && e.message().contains("held by a live unit")
+                    && tokio::time::Instant::now() < held_deadline =>
+            {
+                tracing::info!(error = %e, "unit id held; retrying until a dead holder's registration lapses");
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -58,3 +58,112 @@ fn a_second_controller_on_a_state_dir_is_refused() {
     let _ = third.terminate(Duration::from_secs(5));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A second `tq storage-unit` under the id of a live unit is refused (it exits, naming the
+/// holder's address; the controller logs a warning) and the deployment keeps routing to the
+/// holder; once the holder is dead, a unit under its id on another address takes its place
+/// after the holder's registration lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_unit_id_is_refused_while_its_holder_lives() {
+    use tq_core::{Batch, Column, Tensor};
+    let dir = tempdir("duplicate-unit");
+    let log = dir.join("controller.log");
+    let mut controller = Tq::spawn_logged(
+        &[
+            "controller",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--units",
+            "2",
+        ],
+        &[],
+        &log,
+    );
+    let url = Tq::controller_endpoint(&controller.listening(1));
+    let mut u0 = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-0"]);
+    let u0_endpoint = u0.listening(1)[0].endpoint.clone();
+    let mut u1 = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-1"]);
+    u1.listening(1);
+    let tq = tq_client::Client::connect(&url).await.unwrap();
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let values: Vec<i64> = (0..8).collect();
+    let batch = Batch::from_columns([(
+        "x",
+        Column::Dense(Tensor::from_slice(vec![8], &values).unwrap()),
+    )])
+    .unwrap();
+    tq.partition("p")
+        .kv_batch_put(&keys, &batch, None)
+        .await
+        .unwrap();
+
+    let duplicate = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-0"]);
+    let (status, stderr) = duplicate.wait_exit(Duration::from_secs(30));
+    assert!(!status.success(), "the duplicate must not serve");
+    assert!(stderr.contains("held by a live unit"), "{stderr}");
+    assert!(stderr.contains(&u0_endpoint), "names the holder: {stderr}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("refused a second storage unit"),
+        "controller log: {logged}"
+    );
+    // Nothing moved: every key reads back from the holder, also for a new client.
+    let fresh = tq_client::Client::connect(&url).await.unwrap();
+    for client in [&tq, &fresh] {
+        let got = client
+            .partition("p")
+            .kv_batch_get(&keys, None)
+            .await
+            .unwrap();
+        assert_eq!(got, batch);
+    }
+
+    // The holder dies; a unit under its id on another address takes over once it lapsed.
+    u0.kill();
+    let mut replacement = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-0"]);
+    let replacement_endpoint = replacement.listening(1)[0].endpoint.clone();
+    assert_ne!(replacement_endpoint, u0_endpoint);
+    let after = tq_client::Client::connect(&url).await.unwrap();
+    let put: Vec<String> = (0..8).map(|i| format!("n{i}")).collect();
+    after
+        .partition("p")
+        .kv_batch_put(&put, &batch, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        after.partition("p").kv_batch_get(&put, None).await.unwrap(),
+        batch
+    );
+    let _ = replacement.terminate(Duration::from_secs(5));
+    u1.kill();
+    let _ = controller.terminate(Duration::from_secs(5));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `tq storage-unit` stops at SIGTERM while it is still trying to register (its controller is
+/// not there), instead of ignoring it for up to 30 s.
+#[test]
+fn a_storage_unit_stops_at_sigterm_before_it_registered() {
+    let dir = tempdir("unit-sigterm");
+    let log = dir.join("unit.log");
+    let nobody = common::free_listen();
+    let mut unit = Tq::spawn_logged(
+        &["storage-unit", "--controller", &nobody, "--id", "unit-0"],
+        &[("RUST_LOG", "info")],
+        &log,
+    );
+    // Its log says it is retrying: the signal handlers are in place.
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("retrying")
+    {
+        assert!(started.elapsed() < Duration::from_secs(20), "never retried");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = unit
+        .terminate(Duration::from_secs(5))
+        .expect("SIGTERM ignored");
+    assert!(status.success(), "a clean stop: {status:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

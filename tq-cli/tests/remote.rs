@@ -275,17 +275,24 @@ async fn a_killed_unit_fails_fast_and_recovers_after_restart() {
         tq.partition("p").kv_batch_get(&fresh, None).await.unwrap(),
         rows(4, 100)
     );
-    // What the dead unit held is gone, and that is an error, not empty data.
+    // What the dead unit held is gone, and that is an error, not empty data: `DataLost`
+    // naming the replacement, since this client wrote to the unit's earlier process.
     let lost: Vec<&String> = keys.iter().filter(|k| !on_unit0.contains(k)).collect();
     let e = tq
         .partition("p")
         .kv_batch_get(&lost, None)
         .await
         .unwrap_err();
-    assert!(
-        matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DataLost),
-        "{e}"
-    );
+    assert_eq!(e.kind(), &ErrorKind::DataLost, "{e}");
+    assert!(e.message().contains("was replaced"), "{e}");
+    // A client that connected after the restart never wrote to the earlier process.
+    let late = Client::connect_with(&url, config(3_000)).await.unwrap();
+    let e = late
+        .partition("p")
+        .kv_batch_get(&lost, None)
+        .await
+        .unwrap_err();
+    assert!(!e.message().contains("was replaced"), "{e}");
     let _ = controller.terminate(Duration::from_secs(5));
 }
 

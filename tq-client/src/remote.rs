@@ -83,7 +83,9 @@ pub(crate) async fn connect(
                     e.context(format!("storage unit `{}` registered a bad endpoint", u.id))
                 })?;
                 Ok(Arc::new(
-                    RemoteUnit::new(u.id.clone(), ep, pool.clone()).with_epoch(topology.epoch),
+                    RemoteUnit::new(u.id.clone(), ep, pool.clone())
+                        .with_epoch(topology.epoch)
+                        .with_registration(u.registration),
                 ) as Arc<dyn tq_unit::StorageUnit>)
             })
             .collect::<Result<Vec<_>>>()?;

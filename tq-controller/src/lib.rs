@@ -32,7 +32,9 @@ pub use controller::{
 };
 pub use metrics::{ControllerOp, MeteredPlane};
 #[cfg(feature = "net")]
-pub use net::{ControllerServer, RemoteControlPlane, Topology, UnitInfo};
+pub use net::{
+    ControllerServer, Registration, RemoteControlPlane, Topology, UnitInfo, REGISTRATION_LAPSE,
+};
 pub use partition::{is_public, PUBLIC_PARTITION};
 pub use sampler::{
     Candidate, GrpoGroupNSampler, RankAwareSampler, Sampled, Sampler, SamplerContext, SamplerSpec,

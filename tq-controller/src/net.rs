@@ -22,6 +22,12 @@ pub struct UnitInfo {
     pub id: String,
     /// Where clients reach it (`tcp://host:port` or `unix:///path`).
     pub endpoint: String,
+    /// Drawn by the unit process when it starts: tells a unit that registers again from
+    /// another process claiming the same id (see `net/registry.rs`).
+    pub instance: u64,
+    /// Grows each time another process takes the id; clients send it with every unit request,
+    /// so a replaced unit's clients are told. A unit sends the one it holds (0 at first).
+    pub registration: u64,
 }
 
 /// The storage units, in routing order: sample index `i` lives on `units[i % expected_units]`;
@@ -207,9 +213,10 @@ enum ControlResponse {
     Holds(Vec<bool>),
     /// What a production notice replaced (protocol 4).
     Replaced(Vec<BackendMeta>),
-    /// A unit registered; the controller's epoch.
+    /// A unit registered: the controller's epoch and the unit's registration (protocol 6).
     Registered {
         epoch: u64,
+        registration: u64,
     },
     /// A snapshot (its bytes are the body frame) or a restore: what it holds.
     Snapshot(SnapshotCounts),
@@ -268,7 +275,7 @@ pub struct ControllerServer {
     plane: MeteredPlane<Controller>,
     /// The serving socket's open connections, reported by status requests.
     connections: std::sync::OnceLock<tq_net::ConnectionCount>,
-    topology: Mutex<Topology>,
+    registry: Mutex<registry::Registry>,
     /// With `--state-dir`: changes are durable before they are answered.
     state_dir: Option<Arc<crate::StateDir>>,
 }
@@ -281,12 +288,12 @@ impl ControllerServer {
             plane: MeteredPlane::new(controller.clone()),
             controller,
             connections: Default::default(),
-            topology: Mutex::new(Topology {
+            registry: Mutex::new(registry::Registry::new(Topology {
                 expected_units,
                 units: Vec::new(),
                 storage: None,
                 epoch,
-            }),
+            })),
             state_dir: None,
         }
     }
@@ -313,12 +320,12 @@ impl ControllerServer {
             plane: MeteredPlane::new(controller.clone()),
             controller,
             connections: Default::default(),
-            topology: Mutex::new(Topology {
+            registry: Mutex::new(registry::Registry::new(Topology {
                 expected_units: 0,
                 units: Vec::new(),
                 storage: Some(storage),
                 epoch,
-            }),
+            })),
             state_dir: None,
         }
     }
@@ -336,43 +343,31 @@ impl ControllerServer {
         status
     }
 
-    /// Adds a unit, or updates the endpoint of a unit that registered before (a restart).
-    pub fn register_unit(&self, info: UnitInfo) -> Result<()> {
-        let mut t = self.topology.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(known) = t.units.iter_mut().find(|u| u.id == info.id) {
-            if known.endpoint != info.endpoint {
-                tracing::info!(unit = %info.id, endpoint = %info.endpoint, "storage unit moved");
-            }
-            known.endpoint = info.endpoint;
-            return Ok(());
-        }
-        if t.storage.is_some() {
-            return Err(Error::conflict(format!(
-                "storage unit `{}` refused: this controller's storage is shared (a KV store), \
-                 it runs no storage units",
-                info.id
-            )));
-        }
-        if t.is_complete() {
-            return Err(Error::conflict(format!(
-                "all {} storage units are registered; unknown unit `{}` refused",
-                t.expected_units, info.id
-            )));
-        }
-        tracing::info!(unit = %info.id, endpoint = %info.endpoint, "storage unit registered");
-        t.units.push(info);
-        // Routing order is the order of unit ids, not of registration: a restarted controller
-        // that the units rejoin in another order still routes index `i` to the same unit.
-        t.units.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(())
+    /// Adds a unit in this process (never lapses); see [`ControllerServer::register_remote_unit`].
+    pub fn register_unit(&self, info: UnitInfo) -> Result<u64> {
+        self.registry()
+            .register(info, false, std::time::Instant::now())
+    }
+
+    /// Adds a unit that registers over the network, or refreshes one that registered before;
+    /// returns its registration. A second process under an id whose holder still registers is
+    /// refused (`Conflict`, naming the holder); see `net/registry.rs`.
+    pub fn register_remote_unit(&self, info: UnitInfo) -> Result<u64> {
+        self.registry()
+            .register(info, true, std::time::Instant::now())
+    }
+
+    /// Units that stopped registering (dead or cut off), with how long ago they last did.
+    pub fn lapsed_units(&self) -> Vec<(String, Duration)> {
+        self.registry().lapsed(std::time::Instant::now())
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, registry::Registry> {
+        self.registry.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn topology(&self) -> Topology {
-        let mut t = self
-            .topology
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let mut t = self.registry().topology.clone();
         // A restored checkpoint brings its epoch.
         t.epoch = self.epoch();
         t
@@ -482,9 +477,10 @@ impl ControllerServer {
                 fields,
             } => ControlResponse::Holds(c.still_hold(&partition, &samples, &fields).await?),
             ControlRequest::RegisterUnit(info) => {
-                self.register_unit(info)?;
+                let registration = self.register_remote_unit(info)?;
                 ControlResponse::Registered {
                     epoch: self.epoch(),
+                    registration,
                 }
             }
             ControlRequest::Topology => ControlResponse::Topology(self.topology()),
@@ -561,5 +557,7 @@ impl Handler for ControllerServer {
 }
 
 mod ops;
+mod registry;
 mod remote;
-pub use remote::RemoteControlPlane;
+pub use registry::REGISTRATION_LAPSE;
+pub use remote::{Registration, RemoteControlPlane};

@@ -302,7 +302,7 @@ impl GrpoGroupNSampler {
                 while i < ready.len() && out.len() < groups_wanted * n {
                     let start = ready[i].seq;
                     let window = &ready[i..(i + n).min(ready.len())];
-                    let aligned = start % n as u64 == 0;
+                    let aligned = start.is_multiple_of(n as u64);
                     let complete = window.len() == n
                         && window
                             .iter()
@@ -341,7 +341,7 @@ impl Sampler for GrpoGroupNSampler {
                 return Ok(hit.clone());
             }
         }
-        if batch_size % self.n != 0 {
+        if !batch_size.is_multiple_of(self.n) {
             return Err(Error::invalid(format!(
                 "batch size {batch_size} must be a multiple of n = {} samples per group",
                 self.n

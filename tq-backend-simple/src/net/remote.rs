@@ -18,6 +18,8 @@ pub struct RemoteUnit {
     /// The controller epoch of the metadata this stub serves (0: none), sent with every request.
     /// Changes when a checkpoint is loaded ([`StorageUnit::enter_epoch`]).
     epoch: AtomicU64,
+    /// The registration of the unit process this stub routes to (0: none), from the topology.
+    registration: u64,
 }
 
 impl RemoteUnit {
@@ -28,7 +30,16 @@ impl RemoteUnit {
             endpoint,
             pool,
             epoch: AtomicU64::new(0),
+            registration: 0,
         }
+    }
+
+    /// Requests carry `registration` (the unit's, from the topology): a unit process that
+    /// replaced the one this stub was made for refuses them, so the caller learns that what it
+    /// wrote there is gone.
+    pub fn with_registration(mut self, registration: u64) -> Self {
+        self.registration = registration;
+        self
     }
 
     /// Requests carry `epoch` (the controller's, from its topology): a unit that moved on to
@@ -41,6 +52,7 @@ impl RemoteUnit {
     fn envelope<'a>(&self, request: &'a UnitRequest) -> UnitEnvelope<&'a UnitRequest> {
         UnitEnvelope {
             epoch: self.epoch.load(Ordering::Relaxed),
+            registration: self.registration,
             request,
         }
     }

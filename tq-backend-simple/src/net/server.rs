@@ -22,6 +22,8 @@ pub struct UnitServer {
     /// `None` while the unit is being made anew.
     unit: std::sync::RwLock<Option<Arc<dyn StorageUnit>>>,
     epoch: std::sync::atomic::AtomicU64,
+    /// The registration this process holds for its unit id (0: none yet).
+    registration: std::sync::atomic::AtomicU64,
     fresh: Option<UnitFactory>,
 }
 
@@ -34,6 +36,7 @@ impl UnitServer {
             id: unit.id().to_string(),
             unit: std::sync::RwLock::new(Some(owned(unit))),
             epoch: std::sync::atomic::AtomicU64::new(0),
+            registration: std::sync::atomic::AtomicU64::new(0),
             fresh: None,
         }
     }
@@ -50,6 +53,18 @@ impl UnitServer {
     pub fn with_factory(mut self, fresh: UnitFactory) -> Self {
         self.fresh = Some(fresh);
         self
+    }
+
+    /// Takes the registration the controller answered (see `tq_controller` `net/registry.rs`):
+    /// requests sent for another registration are refused from now on.
+    pub fn adopt_registration(&self, registration: u64) {
+        self.registration
+            .store(registration, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The registration this unit holds (0: none yet).
+    pub fn registration(&self) -> u64 {
+        self.registration.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The epoch this unit serves (0: none yet).
@@ -133,6 +148,12 @@ impl Handler for UnitServer {
                 ours,
             ));
         }
+        let held = self.registration();
+        // A sender that routes to an earlier holder of this id wrote its cells to a process
+        // that is gone: what it misses here is lost, not "not found".
+        let replaced_since =
+            (envelope.registration != 0 && held != 0 && envelope.registration < held)
+                .then_some(envelope.registration);
         let Some(unit) = self.current() else {
             return Err(Error::unavailable(format!(
                 "storage unit `{}` is dropping the cells of an earlier controller epoch",
@@ -166,7 +187,15 @@ impl Handler for UnitServer {
             }
             UnitRequest::Get { fields, samples } => {
                 reader.finish()?;
-                let columns = unit.get(&fields, &samples).await?;
+                let columns = match unit.get(&fields, &samples).await {
+                    Err(e) if e.kind() == &tq_core::ErrorKind::NotFound => {
+                        return Err(match replaced_since {
+                            Some(sent) => replaced(&self.id, sent, held, e),
+                            None => e,
+                        })
+                    }
+                    other => other?,
+                };
                 let mut frames = Vec::with_capacity(columns.iter().map(Vec::len).sum());
                 let descs = columns.iter().map(|c| describe(c, &mut frames)).collect();
                 return Message::encode(&UnitResponse::Got(descs), frames);
@@ -200,6 +229,19 @@ impl Handler for UnitServer {
         };
         Message::encode(&response, Vec::new())
     }
+}
+
+/// A read that misses cells, from a sender that routes to registration `sent` of this unit id
+/// while this process holds `held` (a later one): the cells were written to a process that has
+/// been replaced, so they are lost (`DataLost`, not retried), and the message says so.
+fn replaced(id: &str, sent: u64, held: u64, missing: Error) -> Error {
+    Error::data_lost(format!(
+        "storage unit `{id}` was replaced since this client connected (it routes to \
+         registration {sent}, this process is registration {held}): cells written to the \
+         earlier process are gone ({})",
+        missing.message()
+    ))
+    .with_retry(tq_core::Retry::Never)
 }
 
 /// A unit as its server keeps it: metered, behind the gate through which checkpoints hold

@@ -60,11 +60,15 @@ impl WireMerge {
     }
 }
 
-/// Every unit request, with the controller epoch of the metadata it was made from (0: the
-/// sender does not know one).
+/// Every unit request, with the controller epoch of the metadata it was made from and the
+/// unit registration the sender routes to (0 for either: the sender does not know one).
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) struct UnitEnvelope<R> {
     pub(super) epoch: u64,
+    /// Protocol 6: the registration of the unit process the sender learned from the topology;
+    /// a unit that holds another one refuses the request (its sender wrote to a process that
+    /// has since been replaced).
+    pub(super) registration: u64,
     pub(super) request: R,
 }
 

@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// What a registration answers: the controller's epoch and the registration the unit holds
+/// (see `net/registry.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registration {
+    pub epoch: u64,
+    pub registration: u64,
+}
+
 /// The control plane of a remote controller.
 #[derive(Clone)]
 pub struct RemoteControlPlane {
@@ -98,22 +106,32 @@ impl RemoteControlPlane {
         }
     }
 
-    /// Registers `info` again every `every`, forever: registering is idempotent, and a
-    /// controller that restarted (and lost its unit table) is rejoined within one period.
-    /// `on_epoch` sees the controller's epoch after every registration (a unit whose
-    /// controller restarted without its state drops the earlier epoch's cells). Failures
-    /// (controller down) are logged and retried. Run it beside the unit's server.
-    pub async fn keep_registered(&self, info: UnitInfo, every: Duration, on_epoch: impl Fn(u64)) {
+    /// Registers `info` again every `every` until the controller refuses it: registering is
+    /// idempotent, and a controller that restarted (and lost its unit table) is rejoined
+    /// within one period. `on_registered` sees every answer (a unit whose controller
+    /// restarted without its state drops the earlier epoch's cells). Failures that may pass
+    /// (controller down) are logged and retried; a refusal (`Conflict`: another process took
+    /// the id after this one stopped registering for too long) is returned, since this unit
+    /// no longer holds its id and must stop serving. Run it beside the unit's server.
+    pub async fn keep_registered(
+        &self,
+        mut info: UnitInfo,
+        every: Duration,
+        on_registered: impl Fn(Registration),
+    ) -> Error {
         let mut was_ok = true;
         loop {
             tokio::time::sleep(every).await;
             match self.register_unit(info.clone()).await {
-                Ok(epoch) if !was_ok => {
-                    tracing::info!(unit = %info.id, controller = %self.endpoint, "registered with the controller again");
-                    was_ok = true;
-                    on_epoch(epoch);
+                Ok(r) => {
+                    if !was_ok {
+                        tracing::info!(unit = %info.id, controller = %self.endpoint, "registered with the controller again");
+                        was_ok = true;
+                    }
+                    info.registration = r.registration;
+                    on_registered(r);
                 }
-                Ok(epoch) => on_epoch(epoch),
+                Err(e) if e.kind() == &tq_core::ErrorKind::Conflict => return e,
                 Err(e) => {
                     if was_ok {
                         tracing::warn!(unit = %info.id, error = %e, "controller unreachable; will register again when it is back");
@@ -124,16 +142,22 @@ impl RemoteControlPlane {
         }
     }
 
-    /// Registers a storage unit (used by `tq storage-unit`); returns the controller's epoch.
-    /// A unit does not send an epoch (it learns it here), so it can rejoin a controller that
-    /// restarted.
-    pub async fn register_unit(&self, info: UnitInfo) -> Result<u64> {
+    /// Registers a storage unit (used by `tq storage-unit`); returns the controller's epoch
+    /// and the unit's registration. A unit does not send an epoch (it learns it here), so it
+    /// can rejoin a controller that restarted.
+    pub async fn register_unit(&self, info: UnitInfo) -> Result<Registration> {
         let request = ControlRequest::RegisterUnit(info);
         let reply = self
             .send(0, request, Vec::new(), true, Duration::ZERO)
             .await?;
         match reply.decode()? {
-            ControlResponse::Registered { epoch } => Ok(epoch),
+            ControlResponse::Registered {
+                epoch,
+                registration,
+            } => Ok(Registration {
+                epoch,
+                registration,
+            }),
             other => Err(self.unexpected("register_unit", other)),
         }
     }

@@ -138,7 +138,7 @@ pub(crate) fn karmarkar_karp(weights: &[f64], k: usize, equal_size: bool) -> Vec
     order.sort_by(|&a, &b| weights[a].total_cmp(&weights[b]).then(a.cmp(&b)));
 
     let mut heap = BinaryHeap::with_capacity(weights.len());
-    if equal_size && weights.len() % k == 0 {
+    if equal_size && weights.len().is_multiple_of(k) {
         for chunk in order.chunks(k) {
             let sets = chunk.iter().map(|&i| Set::one(i, weights[i])).collect();
             heap.push(BySpread::new(State::new(sets)));

@@ -130,7 +130,7 @@ impl SeqlenBalancedSampler {
     /// positions into it.
     fn split(&self, weights: &[f64]) -> Vec<Vec<usize>> {
         let (n, k) = (self.n(), self.dp_size);
-        if weights.len() % n == 0 && (weights.len() / n) % k == 0 {
+        if weights.len().is_multiple_of(n) && (weights.len() / n).is_multiple_of(k) {
             self.split_groups(weights, true)
         } else {
             karmarkar_karp(weights, k, false)
