@@ -84,6 +84,12 @@ async fn a_scrape_after_a_known_workload_shows_its_counts_and_the_state() {
     assert_eq!(q.fetch(&["x"], "actor", 2).await.unwrap().len(), 2);
     let refused = q.fetch(&["x"], "actor", 0).await;
     assert!(refused.is_err(), "a fetch of 0 samples is refused");
+    // A task that reads the complete partition to its end: the fetch after the last sample
+    // ends the stream (`Closed`), which is no request error.
+    q.complete().await.unwrap();
+    assert_eq!(q.fetch(&["x"], "finisher", 4).await.unwrap().len(), 4);
+    let end = q.fetch(&["x"], "finisher", 4).await.unwrap_err();
+    assert_eq!(end.kind(), &tq_core::ErrorKind::Closed, "{end}");
     r.kv_batch_put(&keys("c", 2), &rows(2), None).await.unwrap();
 
     let m = scrape(&metrics);
@@ -105,7 +111,7 @@ async fn a_scrape_after_a_known_workload_shows_its_counts_and_the_state() {
         c("tq_controller_request_errors_total", "NOTIFY_DATA_UPDATE"),
         0.0
     );
-    assert_eq!(c("tq_controller_request_total", "GET_META"), 2.0);
+    assert_eq!(c("tq_controller_request_total", "GET_META"), 4.0);
     let notifies = c("tq_controller_request_total", "NOTIFY_DATA_UPDATE");
     assert_eq!(notifies, 3.0, "one production notice per put");
     let timed = c(

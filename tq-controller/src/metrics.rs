@@ -179,7 +179,12 @@ impl<P: ControlPlane + ?Sized> ControlPlane for MeteredPlane<P> {
         };
         let rows = |m: &BatchMeta| m.len() as u64;
         let work = self.inner.get_meta(req);
-        self.meter.measure(op.index(), rows, work).await
+        // `Closed` is the normal end of a stream (the partition is complete and the task has
+        // consumed it), not a failed request.
+        let failed = |e: &tq_core::Error| e.kind() != &tq_core::ErrorKind::Closed;
+        self.meter
+            .measure_with(op.index(), rows, failed, work)
+            .await
     }
 
     async fn notify_production(

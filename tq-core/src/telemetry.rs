@@ -87,6 +87,23 @@ impl RequestMeter {
     where
         F: Future<Output = Result<T>>,
     {
+        self.measure_with(op, samples, |_| true, work).await
+    }
+
+    /// [`RequestMeter::measure`] where only errors for which `failed` holds count as errors:
+    /// some operations end normally with an error value (a fetch of a finished partition
+    /// answers `Closed`, the end of a stream), which must not look like a failure on the
+    /// error-rate alert.
+    pub async fn measure_with<T, F>(
+        &self,
+        op: usize,
+        samples: impl FnOnce(&T) -> u64,
+        failed: impl FnOnce(&crate::Error) -> bool,
+        work: F,
+    ) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
         let start = Instant::now();
         let result = work.await;
         if let Some(h) = self.ops.get(op) {
@@ -99,7 +116,11 @@ impl RequestMeter {
                         h.samples.increment(n);
                     }
                 }
-                Err(_) => h.errors.increment(1),
+                Err(e) => {
+                    if failed(e) {
+                        h.errors.increment(1);
+                    }
+                }
             }
         }
         result
