@@ -669,12 +669,19 @@ impl StorageManager for SimpleStorage {
         Some(self)
     }
 
+    /// Every unit's status; a unit that does not answer is listed as down (with the error)
+    /// instead of failing the whole status, so `tq stats` shows the rest.
     async fn status(&self) -> Result<Vec<tq_core::telemetry::UnitStatus>> {
-        Ok(self
-            .stats()
-            .await?
-            .iter()
-            .map(UnitStats::to_status)
+        let results = join_all(self.units.iter().map(|u| u.stats())).await;
+        Ok(results
+            .into_iter()
+            .zip(&self.units)
+            .map(|(r, u)| match r {
+                Ok(stats) => stats.to_status(),
+                Err(e) => {
+                    tq_core::telemetry::UnitStatus::unreachable(u.id(), &name_unit(e, u.id()))
+                }
+            })
             .collect())
     }
 }

@@ -192,16 +192,20 @@ pub async fn stats(args: StatsArgs) -> Result<()> {
     let client = connect(&args.url, args.config.as_deref()).await?;
     loop {
         let status = client.status().await?;
-        if args.json {
-            let text = serde_json::to_string(&status)
+        let text = if args.json {
+            let mut text = serde_json::to_string(&status)
                 .map_err(|e| Error::internal(format!("cannot encode the status: {e}")))?;
-            println!("{text}");
+            text.push('\n');
+            text
+        } else if args.watch.is_some() {
+            // Clear the screen and home the cursor, like `watch`.
+            format!("\x1b[2J\x1b[H{}", tables(&status))
         } else {
-            if args.watch.is_some() {
-                // Clear the screen and home the cursor, like `watch`.
-                print!("\x1b[2J\x1b[H");
-            }
-            print!("{}", tables(&status));
+            tables(&status)
+        };
+        if !write_out(&text)? {
+            // The reader went away (`tq stats --watch 1 | head`): a normal end.
+            return Ok(());
         }
         match args.watch {
             Some(secs) => tokio::time::sleep(Duration::from_secs_f64(secs)).await,
@@ -210,10 +214,38 @@ pub async fn stats(args: StatsArgs) -> Result<()> {
     }
 }
 
+/// Writes `text` to stdout; `false` when the reader closed the pipe.
+fn write_out(text: &str) -> Result<bool> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(Error::unavailable(format!("cannot write to stdout: {e}"))),
+    }
+}
+
 /// `tq health URL`: exit 0 when the controller answers and every storage unit does too.
 pub async fn health(args: HealthArgs) -> Result<()> {
     let client = connect(&args.url, args.config.as_deref()).await?;
     let status = client.status().await?;
+    let down: Vec<String> = status
+        .units
+        .iter()
+        .filter_map(|u| {
+            u.down
+                .as_ref()
+                .map(|why| format!("storage unit `{}`: {why}", u.id))
+        })
+        .collect();
+    if !down.is_empty() {
+        return Err(Error::unavailable(format!(
+            "{} of {} storage units are down: {}",
+            down.len(),
+            status.units.len(),
+            down.join("; ")
+        )));
+    }
     println!(
         "ok: controller epoch {:016x}, {} partitions, {} storage units",
         status.controller.epoch,
@@ -277,6 +309,10 @@ pub fn tables(status: &DeploymentStatus) -> String {
             "UNIT", "SAMPLES", "CELLS", "BYTES", "CAPACITY", "ON SSD"
         );
         for u in &status.units {
+            if let Some(why) = &u.down {
+                let _ = writeln!(out, "{:<16} DOWN: {why}", u.id);
+                continue;
+            }
             let capacity = u.capacity.map_or("-".to_string(), |c| c.to_string());
             let _ = writeln!(
                 out,

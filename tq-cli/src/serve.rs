@@ -414,6 +414,19 @@ impl Probe for ServerProbe {
                         t.expected_units
                     )));
                 }
+                let lapsed = c.lapsed_units();
+                if !lapsed.is_empty() {
+                    let names: Vec<String> = lapsed
+                        .iter()
+                        .map(|(id, ago)| {
+                            format!("`{id}` (last registered {:.1} s ago)", ago.as_secs_f64())
+                        })
+                        .collect();
+                    return Err(Error::unavailable(format!(
+                        "storage units down: {}",
+                        names.join(", ")
+                    )));
+                }
             }
             for unit in &self.units {
                 if unit.epoch() == 0 {

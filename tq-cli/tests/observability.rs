@@ -359,3 +359,94 @@ fn the_dashboard_queries_only_documented_metrics() {
         );
     }
 }
+
+/// With one storage unit dead: `tq stats` shows the rest and marks it, `tq health` and the
+/// controller's `/healthz` fail naming it; `tq stats --json` prints the epoch as the hex
+/// string the table shows; `tq stats --watch` into a pipe that closes ends cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_unit_is_shown_and_fails_health() {
+    let mut controller = Tq::spawn(&[
+        "controller",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--units",
+        "2",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let lines = controller.listening(2);
+    let url = Tq::controller_endpoint(&lines);
+    let metrics = lines.iter().find(|l| l.role == "metrics").unwrap();
+    let metrics = metrics.endpoint.trim_start_matches("http://").to_string();
+    let mut u0 = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-0"]);
+    u0.listening(1);
+    let mut u1 = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-1"]);
+    u1.listening(1);
+    let client = Client::connect_with(&url, config()).await.unwrap();
+    client
+        .partition("p")
+        .kv_batch_put(&keys("a", 4), &rows(4), None)
+        .await
+        .unwrap();
+    assert_eq!(http_get(&metrics, "/healthz").0, 200);
+    let tq = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
+            .args(args)
+            .env("TQ_NET_CONNECT_TIMEOUT_MS", "2000")
+            .output()
+            .unwrap()
+    };
+
+    let json = tq(&["stats", &url, "--json"]);
+    assert!(json.status.success(), "{json:?}");
+    let value: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let epoch = value["controller"]["epoch"].as_str().expect("a string");
+    assert_eq!(epoch.len(), 16, "{epoch}");
+    let parsed: tq_client::DeploymentStatus = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(format!("{:016x}", parsed.controller.epoch), epoch);
+
+    u1.kill();
+    let table = tq(&["stats", &url]);
+    assert!(table.status.success(), "{table:?}");
+    let text = String::from_utf8(table.stdout).unwrap();
+    let unit_lines: Vec<&str> = text.lines().filter(|l| l.starts_with("unit-")).collect();
+    assert_eq!(unit_lines.len(), 2, "{text}");
+    assert!(!unit_lines[0].contains("DOWN"), "{text}");
+    assert!(unit_lines[1].contains("DOWN"), "{text}");
+    let health = tq(&["health", &url]);
+    assert!(!health.status.success(), "{health:?}");
+    let why = String::from_utf8_lossy(&health.stderr);
+    assert!(why.contains("unit-1") && why.contains("down"), "{why}");
+    // The controller notices once the unit's registration lapses.
+    let started = std::time::Instant::now();
+    loop {
+        let (code, body) = http_get(&metrics, "/healthz");
+        if code == 503 {
+            assert!(body.contains("unit-1"), "{body}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still {code} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A reader that stops after the first line: the watcher ends without a panic.
+    let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
+        .args(["stats", &url, "--watch", "0.05"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = watch.stdout.take().unwrap();
+    let mut first = [0u8; 64];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout);
+    let out = watch.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    u0.kill();
+    let _ = controller.terminate(Duration::from_secs(5));
+}

@@ -228,6 +228,8 @@ pub fn render_status(status: &DeploymentStatus) -> String {
 
 /// The `tq_storage_*` gauges of `units` (label `storage_unit_id`).
 pub fn render_units(out: &mut String, units: &[UnitStatus]) {
+    // A unit that did not answer has no numbers to show (its zeros would look like a drop).
+    let units: Vec<&UnitStatus> = units.iter().filter(|u| u.down.is_none()).collect();
     let per_unit = |value: &dyn Fn(&UnitStatus) -> Option<f64>| -> Vec<(String, f64)> {
         units
             .iter()

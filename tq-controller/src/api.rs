@@ -387,7 +387,9 @@ pub struct LinkRequest {
 /// `tq_global_index_*` and `tq_controller_*` gauges.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ControllerStatus {
-    /// The epoch of the controller's state.
+    /// The epoch of the controller's state. In JSON (and other human-readable formats) a hex
+    /// string, as `tq stats` prints it: the number is above 2^53, which JSON readers round.
+    #[serde(with = "epoch_text")]
     pub epoch: u64,
     /// Seconds since this controller started.
     pub uptime_seconds: f64,
@@ -457,5 +459,29 @@ fn ratio(part: u64, whole: u64) -> f64 {
         0.0
     } else {
         part as f64 / whole as f64
+    }
+}
+
+/// An epoch as 16 hex digits in human-readable formats (JSON), as a number in binary ones
+/// (the wire).
+mod epoch_text {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(epoch: &u64, s: S) -> std::result::Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.serialize_str(&format!("{epoch:016x}"))
+        } else {
+            s.serialize_u64(*epoch)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
+        if d.is_human_readable() {
+            let text = String::deserialize(d)?;
+            u64::from_str_radix(&text, 16)
+                .map_err(|e| D::Error::custom(format!("epoch `{text}` is not hex: {e}")))
+        } else {
+            u64::deserialize(d)
+        }
     }
 }

@@ -158,6 +158,20 @@ pub struct UnitStatus {
     pub counters: BTreeMap<String, u64>,
     /// Resident memory of the process the unit runs in, where known.
     pub memory_rss_bytes: Option<u64>,
+    /// Why the unit did not answer (the other numbers are then zero); `None` when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down: Option<String>,
+}
+
+impl UnitStatus {
+    /// The status of unit `id` that could not be asked: `error` says why.
+    pub fn unreachable(id: impl Into<String>, error: &crate::Error) -> Self {
+        UnitStatus {
+            id: id.into(),
+            down: Some(error.to_string()),
+            ..UnitStatus::default()
+        }
+    }
 }
 
 /// The resident memory of this process in bytes (`VmRSS` of `/proc/self/status`), or `None`

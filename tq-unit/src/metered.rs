@@ -131,6 +131,7 @@ impl UnitStats {
             offloaded_bytes: self.offloaded_bytes,
             counters: self.counters.clone(),
             memory_rss_bytes: self.memory_rss_bytes,
+            down: None,
         }
     }
 }
