@@ -191,6 +191,12 @@ fn controller(
             config.storage.backend
         )));
     }
+    if shared {
+        // Refuse at start what every client would refuse on connecting.
+        config
+            .check_shared_storage()
+            .map_err(|e| e.context("the [storage] section this controller hands its clients"))?;
+    }
     let units = units.unwrap_or(config.storage.num_units);
     if units == 0 {
         return Err(Error::invalid("--units must be at least 1"));

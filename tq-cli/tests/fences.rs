@@ -167,3 +167,61 @@ fn a_storage_unit_stops_at_sigterm_before_it_registered() {
     assert!(status.success(), "a clean stop: {status:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A controller refuses at start a configuration its clients could not use, instead of serving
+/// it and leaving every client to fail: an unknown backend, `storage.num_units` for a backend
+/// without units, and (in a build without TLS) a `rediss://` store.
+#[test]
+fn a_controller_refuses_configuration_its_clients_cannot_use() {
+    let dir = tempdir("bad-config");
+    let mut cases = vec![
+        ("unknown-backend", "[storage]\nbackend = \"kvv\"\n", "`kvv` is not a built-in backend"),
+        (
+            "units-for-kv",
+            "[storage]\nbackend = \"kv\"\nnum_units = 4\n[[storage.kv.stores]]\nurl = \"memory://\"\n",
+            "storage.num_units applies to the `simple` backend",
+        ),
+    ];
+    if cfg!(feature = "redis") {
+        cases.push((
+            "tls-without-tls",
+            "[storage]\nbackend = \"kv\"\n[[storage.kv.stores]]\nurl = \"rediss://127.0.0.1:1\"\n",
+            "TLS",
+        ));
+    }
+    for (name, text, expected) in cases {
+        let file = dir.join(format!("{name}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let run = Tq::spawn(&[
+            "controller",
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "tcp://127.0.0.1:0",
+        ]);
+        let (status, stderr) = run.wait_exit(Duration::from_secs(30));
+        assert!(!status.success(), "{name}: the controller started");
+        assert!(stderr.contains(expected), "{name}: {stderr}");
+    }
+    // `TQ_STORAGE_NUM_UNITS` with a KV backend is refused the same way.
+    let file = dir.join("kv.toml");
+    std::fs::write(
+        &file,
+        "[storage]\nbackend = \"kv\"\n[[storage.kv.stores]]\nurl = \"memory://\"\n",
+    )
+    .unwrap();
+    let run = Tq::spawn_env(
+        &[
+            "controller",
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "tcp://127.0.0.1:0",
+        ],
+        &[("TQ_STORAGE_NUM_UNITS", "3")],
+    );
+    let (status, stderr) = run.wait_exit(Duration::from_secs(30));
+    assert!(!status.success());
+    assert!(stderr.contains("storage.num_units"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -27,7 +27,7 @@ pub(crate) fn build(
         Backend::Custom(name) => match custom.get(name) {
             Some(factory) => factory(config, &merges),
             None => Err(Error::invalid(format!(
-                "storage.backend `{name}` is not a built-in backend and none is registered \
+                "storage.backend `{name}` is not a built-in backend (simple, kv) and none is registered \
                  under that name (ClientBuilder::backend); registered: [{}]",
                 custom.keys().cloned().collect::<Vec<_>>().join(", ")
             ))),

@@ -284,6 +284,14 @@ impl Config {
         let c: Config =
             toml::from_str(text).map_err(|e| Error::invalid(format!("configuration: {e}")))?;
         c.validate()?;
+        // Whether a key was written cannot be told from its default: look at the text.
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| Error::invalid(format!("configuration: {e}")))?;
+        let set = table
+            .get("storage")
+            .and_then(|s| s.as_table())
+            .is_some_and(|s| s.contains_key("num_units"));
+        c.check_num_units(set)?;
         Ok(c)
     }
 
@@ -327,6 +335,7 @@ impl Config {
             .try_into()
             .map_err(|e| Error::invalid(format!("configuration from the environment: {e}")))?;
         c.validate()?;
+        c.check_num_units(vars.iter().any(|(k, _)| k == "TQ_STORAGE_NUM_UNITS"))?;
         *self = c;
         Ok(())
     }
@@ -447,6 +456,33 @@ impl Config {
             storage: &self.storage,
         })
         .map_err(|e| Error::internal(format!("the [storage] section does not serialize: {e}")))
+    }
+
+    /// Builds the shared storage this configuration names (a KV backend), as every client of
+    /// a controller serving it will, and drops it — no I/O. A controller checks this at start,
+    /// so that a backend this build lacks (a typo such as `kvv`, or a custom backend, which
+    /// only a program of its own can register), or a `rediss://` store in a build without the
+    /// `redis-tls` feature, stops it instead of being handed to clients that refuse it.
+    pub fn check_shared_storage(&self) -> Result<()> {
+        crate::backends::build(
+            self,
+            tq_core::MergeRegistry::default(),
+            &crate::backends::BackendRegistry::new(),
+            0,
+        )
+        .map(drop)
+    }
+
+    /// Refuses `storage.num_units` set (`set`) for a backend without storage units.
+    fn check_num_units(&self, set: bool) -> Result<()> {
+        if set && self.storage.backend != Backend::Simple {
+            return Err(Error::invalid(format!(
+                "storage.num_units applies to the `simple` backend's units; storage.backend is \
+                 `{}`, which has none: remove it",
+                self.storage.backend
+            )));
+        }
+        Ok(())
     }
 
     /// True when every process reaches the payloads directly (a KV store, a custom backend),
