@@ -225,3 +225,107 @@ fn a_controller_refuses_configuration_its_clients_cannot_use() {
     assert!(stderr.contains("storage.num_units"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A job written with the library alone — a producer of KV puts and an acknowledged stream
+/// consumer, neither with retry code of its own — rides out a `tq controller --state-dir`
+/// killed with SIGKILL and started again 0.5 s later: every put succeeds, every sample is
+/// consumed exactly once, and the client counts its retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_library_job_rides_out_a_controller_restart() {
+    use futures::StreamExt;
+    use tq_core::{Batch, Column, Tensor};
+    let dir = tempdir("ride-out");
+    let state = dir.join("state");
+    let listen = common::free_listen();
+    let start = || {
+        let mut c = Tq::spawn(&[
+            "controller",
+            "--listen",
+            &listen,
+            "--units",
+            "2",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ]);
+        c.listening(1);
+        c
+    };
+    let mut controller = start();
+    let mut units: Vec<Tq> = (0..2)
+        .map(|i| {
+            let id = format!("unit-{i}");
+            let mut u = Tq::spawn(&["storage-unit", "--controller", &listen, "--id", &id]);
+            u.listening(1);
+            u
+        })
+        .collect();
+    let client = tq_client::Client::connect(&listen).await.unwrap();
+    let (rounds, per_round) = (40usize, 5usize);
+    let producer = {
+        let p = client.partition("job");
+        tokio::spawn(async move {
+            for r in 0..rounds {
+                let keys: Vec<String> = (0..per_round).map(|i| format!("k{r}-{i}")).collect();
+                let ids: Vec<i64> = (0..per_round).map(|i| (r * per_round + i) as i64).collect();
+                let batch = Batch::from_columns([(
+                    "x",
+                    Column::Dense(Tensor::from_slice(vec![per_round], &ids).unwrap()),
+                )])
+                .unwrap();
+                p.kv_batch_put(&keys, &batch, None)
+                    .await
+                    .unwrap_or_else(|e| panic!("put {r}: {e}"));
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            p.complete().await.unwrap();
+        })
+    };
+    let consumer = {
+        let p = client.partition("job");
+        tokio::spawn(async move {
+            let config = tq_client::StreamConfig::new("train", &["x"], 4)
+                .acknowledged(Duration::from_secs(3))
+                .idle_timeout(Duration::from_secs(60));
+            let mut stream = p.stream(config).unwrap();
+            let mut seen = Vec::new();
+            while let Some(item) = stream.next().await {
+                let item = item.unwrap_or_else(|e| panic!("stream: {e}"));
+                let Some(Column::Dense(x)) = item.batch.column("x") else {
+                    panic!("dense x")
+                };
+                let ids = x.to_vec::<i64>().unwrap();
+                let acked = stream
+                    .ack(&item)
+                    .await
+                    .unwrap_or_else(|e| panic!("ack: {e}"));
+                if acked == ids.len() {
+                    seen.extend(ids);
+                }
+            }
+            seen
+        })
+    };
+    // Kill the controller mid-job, and start it again half a second later.
+    while client
+        .partition("job")
+        .kv_list()
+        .await
+        .map_or(0, |l| l.entries.len())
+        < 10 * per_round
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    controller.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut controller = start();
+    producer.await.unwrap();
+    let mut seen = consumer.await.unwrap();
+    seen.sort_unstable();
+    let all: Vec<i64> = (0..(rounds * per_round) as i64).collect();
+    assert_eq!(seen, all, "every sample consumed exactly once");
+    let _ = controller.terminate(Duration::from_secs(5));
+    for u in &mut units {
+        u.kill();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

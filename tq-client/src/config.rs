@@ -32,6 +32,7 @@
 //! request_timeout_ms = 30000
 //! connect_timeout_ms = 5000
 //! key_cache_entries = 16384        # remote clients: overlap small gets with the key lookup
+//! retry_max_elapsed_ms = 10000     # keep retrying what is safe to repeat through a restart
 //! ```
 //!
 //! # Environment overrides
@@ -87,6 +88,11 @@ pub struct NetSection {
     /// Keys whose metadata a remote client remembers so that small gets of them overlap the
     /// storage read with the key lookup (see `Client::with_key_cache`); `0` turns it off.
     pub key_cache_entries: usize,
+    /// How long a request that failed in transport (no connection, a lost one) and is safe to
+    /// repeat keeps being retried, with backoff and jitter, in milliseconds (never past the
+    /// request's own deadline): rides out a controller or storage-unit restart. `0`: only the
+    /// one retry an idempotent request always gets. Counted in `tq_net_retries_total`.
+    pub retry_max_elapsed_ms: u64,
 }
 
 impl std::fmt::Debug for NetSection {
@@ -96,6 +102,7 @@ impl std::fmt::Debug for NetSection {
             .field("request_timeout_ms", &self.request_timeout_ms)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("key_cache_entries", &self.key_cache_entries)
+            .field("retry_max_elapsed_ms", &self.retry_max_elapsed_ms)
             .finish()
     }
 }
@@ -107,6 +114,7 @@ impl Default for NetSection {
             request_timeout_ms: 30_000,
             connect_timeout_ms: 5_000,
             key_cache_entries: 16_384,
+            retry_max_elapsed_ms: 10_000,
         }
     }
 }

@@ -14,6 +14,10 @@ pub fn pool_config(config: &Config) -> ClientConfig {
         token: config.net.token.clone(),
         connect_timeout: config.connect_timeout(),
         request_timeout: config.request_timeout(),
+        retry: tq_net::RetryConfig {
+            max_elapsed: Duration::from_millis(config.net.retry_max_elapsed_ms),
+            ..tq_net::RetryConfig::default()
+        },
         ..ClientConfig::default()
     }
 }

@@ -41,6 +41,56 @@ pub struct ClientConfig {
     /// Connections kept per peer. More than one lets large transfers to one peer proceed on
     /// several sockets; a new one is opened only while every existing one is busy. Default 2.
     pub connections_per_peer: usize,
+    /// How requests are repeated after transport failures (see [`RetryConfig`]).
+    pub retry: RetryConfig,
+}
+
+/// How a [`Pool`] repeats a request after a transport failure (no connection, a lost one, no
+/// answer in time) — the shape of object_store's `RetryConfig`: backoff with jitter under a
+/// total deadline, on by default. Only what is safe is repeated: an idempotent request, or a
+/// request that was not sent at all. The first retry goes out at once on a fresh connection;
+/// each later one waits a backoff that doubles from `initial_backoff` up to `max_backoff`,
+/// with jitter (half to all of it). Retries stop once `max_elapsed` has passed since the first
+/// attempt, and never outlast the request's own deadline, so a dead peer still fails within
+/// its timeout; an idempotent request is always retried at least once. Each retry is counted
+/// in `tq_net_retries_total`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryConfig {
+    /// Default 10 s: rides out a controller or unit restart.
+    pub max_elapsed: Duration,
+    /// Default 20 ms.
+    pub initial_backoff: Duration,
+    /// Default 1 s.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_elapsed: Duration::from_secs(10),
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RetryConfig {
+    /// No retry beyond the one an idempotent request always gets.
+    pub fn once() -> Self {
+        RetryConfig {
+            max_elapsed: Duration::ZERO,
+            ..RetryConfig::default()
+        }
+    }
+
+    /// `backoff` with jitter: a uniformly drawn point between half of it and all of it.
+    fn jittered(backoff: Duration) -> Duration {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(backoff.as_nanos() as u64);
+        let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+        backoff.mul_f64(0.5 + 0.5 * unit)
+    }
 }
 
 impl Default for ClientConfig {
@@ -51,6 +101,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
             connections_per_peer: 2,
+            retry: RetryConfig::default(),
         }
     }
 }
@@ -67,7 +118,7 @@ pub struct CallOptions {
 }
 
 impl CallOptions {
-    /// Options for an idempotent request (retried once on a fresh connection).
+    /// Options for an idempotent request (retried on fresh connections, see [`RetryConfig`]).
     pub fn idempotent() -> Self {
         CallOptions {
             timeout: None,
@@ -192,6 +243,36 @@ fn summary(peer: &Endpoint, failure: &Failure, timeout: Duration) -> (ErrorKind,
             true,
         ),
     }
+}
+
+/// The error of a request whose last attempt failed with `kind` / `text` (`sent`: it may have
+/// reached the peer), after `retries` retries that followed a first failure `first`.
+fn retry_failed(
+    kind: ErrorKind,
+    text: String,
+    sent: bool,
+    idempotent: bool,
+    retries: u32,
+    first: Option<String>,
+) -> Error {
+    let retried = match (retries, first) {
+        (0, _) | (_, None) => String::new(),
+        (1, Some(first)) => format!("; retried once on a fresh connection after: {first}"),
+        (n, Some(first)) => format!("; retried {n} times on fresh connections after: {first}"),
+    };
+    if idempotent {
+        // Repeating it later is safe whatever happened.
+        return Error::new(kind, format!("{text}{retried}")).with_retry(Retry::Safe);
+    }
+    let (note, retry) = if sent {
+        (
+            "; the outcome of this request is unknown: it may or may not have been applied",
+            Retry::OutcomeUnknown,
+        )
+    } else {
+        ("; the request was not sent", Retry::Safe)
+    };
+    Error::new(kind, format!("{text}{retried}{note}")).with_retry(retry)
 }
 
 /// One multiplexed connection to a peer.
@@ -505,9 +586,10 @@ impl Pool {
     /// requests in flight per connection, matched by request id) and waits for its answer.
     ///
     /// - An error response becomes the `tq_core::Error` it carries (same kind and message).
-    /// - Connect failure, lost connection, passed deadline: an idempotent request is retried once
-    ///   on a fresh connection (each attempt has the full timeout); any other is not, and its
-    ///   error says whether it was sent, i.e. whether its outcome is unknown.
+    /// - Connect failure, lost connection, passed deadline: an idempotent request, or one that
+    ///   was not sent, is retried on fresh connections as [`RetryConfig`] says (each attempt has
+    ///   the full timeout); any other is not, and its error says whether it was sent, i.e.
+    ///   whether its outcome is unknown.
     /// - Failures are `Unavailable` (cannot connect, connection lost) or `Timeout`, and name the
     ///   peer.
     pub async fn call(
@@ -550,40 +632,50 @@ impl Pool {
         sinks: Option<&Arc<FrameSinks>>,
     ) -> Result<(Message, Option<Vec<Option<BytesMut>>>)> {
         let timeout = options.timeout.unwrap_or(self.inner.config.request_timeout);
-        let first = match self.attempt(peer, &request, timeout, false, sinks).await {
-            Ok(answer) => return Ok(answer),
-            Err(Failure::Final(e) | Failure::Remote(e)) => return Err(e),
-            Err(f) => f,
-        };
-        note_failure(peer, &first);
-        if !options.idempotent {
-            let (kind, text, sent) = summary(peer, &first, timeout);
-            let (note, retry) = if sent {
-                (
-                    "; the outcome of this request is unknown: it may or may not have been applied",
-                    Retry::OutcomeUnknown,
-                )
-            } else {
-                ("; the request was not sent", Retry::Safe)
+        let policy = &self.inner.config.retry;
+        let started = Instant::now();
+        let window = policy.max_elapsed.min(timeout);
+        let mut backoff = policy.initial_backoff;
+        let mut retries = 0u32;
+        let mut first_text: Option<String> = None;
+        loop {
+            let failure = match self
+                .attempt(peer, &request, timeout, retries > 0, sinks)
+                .await
+            {
+                Ok(answer) => return Ok(answer),
+                Err(Failure::Final(e) | Failure::Remote(e)) => return Err(e),
+                Err(f) => f,
             };
-            return Err(Error::new(kind, format!("{text}{note}")).with_retry(retry));
-        }
-        let (_, first_text, _) = summary(peer, &first, timeout);
-        debug!(%peer, "retrying an idempotent request on a fresh connection after: {first_text}");
-        metrics::counter!("tq_net_retries_total", "peer" => peer.to_string()).increment(1);
-        match self.attempt(peer, &request, timeout, true, sinks).await {
-            Ok(answer) => Ok(answer),
-            Err(Failure::Final(e) | Failure::Remote(e)) => Err(e),
-            Err(second) => {
-                note_failure(peer, &second);
-                let (kind, text, _) = summary(peer, &second, timeout);
-                // Idempotent: repeating it later is safe whatever happened.
-                Err(Error::new(
+            note_failure(peer, &failure);
+            let (kind, text, sent) = summary(peer, &failure, timeout);
+            // Safe to repeat: applying it twice is as once, or it never went out.
+            let safe = options.idempotent || !sent;
+            let pause = if retries == 0 {
+                Duration::ZERO
+            } else {
+                RetryConfig::jittered(backoff)
+            };
+            let in_time =
+                (retries == 0 && options.idempotent) || started.elapsed() + pause < window;
+            if !safe || !in_time {
+                return Err(retry_failed(
                     kind,
-                    format!("{text}; retried once on a fresh connection after: {first_text}"),
-                )
-                .with_retry(Retry::Safe))
+                    text,
+                    sent,
+                    options.idempotent,
+                    retries,
+                    first_text,
+                ));
             }
+            if retries > 0 {
+                tokio::time::sleep(pause).await;
+                backoff = (backoff * 2).min(policy.max_backoff);
+            }
+            debug!(%peer, retries, "repeating a request on a fresh connection after: {text}");
+            metrics::counter!("tq_net_retries_total", "peer" => peer.to_string()).increment(1);
+            first_text.get_or_insert(text);
+            retries += 1;
         }
     }
 

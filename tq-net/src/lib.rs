@@ -29,7 +29,7 @@ pub mod handshake;
 mod server;
 mod stream;
 
-pub use client::{CallOptions, ClientConfig, PlacedAnswer, Pool};
+pub use client::{CallOptions, ClientConfig, PlacedAnswer, Pool, RetryConfig};
 pub use endpoint::Endpoint;
 pub use error::WireError;
 pub use frame::{Limits, Message, MessageKind};

@@ -350,6 +350,7 @@ async fn callers_queued_behind_a_hanging_connect_fail_together() {
     let pool = tq_net::Pool::new(tq_net::ClientConfig {
         connect_timeout: Duration::from_millis(400),
         request_timeout: Duration::from_secs(30),
+        retry: tq_net::RetryConfig::once(),
         ..tq_net::ClientConfig::default()
     });
     const N: usize = 10;
@@ -376,4 +377,59 @@ async fn callers_queued_behind_a_hanging_connect_fail_together() {
         started.elapsed()
     );
     drop(listener);
+}
+
+/// The default retry policy rides out a restart: a call made while the server is down (even
+/// one that is not idempotent, since it is not sent) is answered once the server is back on
+/// its address; with the server gone for good, the call fails once the retry window has
+/// passed, saying how often it was retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_retry_policy_rides_out_a_restart_and_gives_up_after_its_window() {
+    let server = common::serve(common::Echo, ServerConfig::default()).await;
+    let peer = server.local_endpoint().clone();
+    let pool = tq_net::Pool::new(tq_net::ClientConfig::default());
+    common::assert_serving(&pool, &peer).await;
+    server.shutdown().await;
+    let calls: Vec<_> = [CallOptions::once(), CallOptions::idempotent()]
+        .into_iter()
+        .map(|options| {
+            let (pool, peer) = (pool.clone(), peer.clone());
+            tokio::spawn(async move { pool.call(&peer, Message::default(), options).await })
+        })
+        .collect();
+    // Bring the server back on the same address (the calls meet it down, or back: either
+    // way they are answered; tq-cli's fences test kills a real controller under a job).
+    let restarted = Server::bind(&peer, ServerConfig::default(), Arc::new(common::Echo))
+        .await
+        .expect("rebind the same port");
+    for call in calls {
+        call.await
+            .expect("task")
+            .expect("answered after the restart");
+    }
+    restarted.shutdown().await;
+
+    let short = tq_net::Pool::new(tq_net::ClientConfig {
+        retry: tq_net::RetryConfig {
+            max_elapsed: Duration::from_millis(400),
+            ..tq_net::RetryConfig::default()
+        },
+        ..tq_net::ClientConfig::default()
+    });
+    let started = Instant::now();
+    let err = short
+        .call(&peer, Message::default(), CallOptions::once())
+        .await
+        .expect_err("the server is gone");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert_eq!(err.kind(), &ErrorKind::Unavailable, "{err}");
+    assert!(
+        err.message().contains("times on fresh connections"),
+        "{err}"
+    );
+    assert!(err.message().contains("not sent"), "{err}");
 }

@@ -202,13 +202,19 @@ impl ControlPlane for RemoteControlPlane {
     }
 
     async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
-        // A fetch marks samples consumed and an insert allocates: replaying either after a lost
-        // answer would lose or leak samples, so only force mode is retried.
+        // An at-most-once fetch marks samples consumed and an insert allocates: replaying either
+        // after a lost answer would lose or leak samples. A fetch in acknowledged mode may be
+        // replayed: what a lost answer leased comes back when its lease expires, so nothing is
+        // lost or consumed twice (the replay hands out other samples).
         let (idempotent, wait) = match &req.mode {
-            GetMetaMode::Fetch {
-                wait: Wait::For(d), ..
-            } => (false, *d),
-            GetMetaMode::Fetch { .. } | GetMetaMode::Insert { .. } => (false, Duration::ZERO),
+            GetMetaMode::Fetch { wait, lease, .. } => (
+                lease.is_some(),
+                match wait {
+                    Wait::For(d) => *d,
+                    _ => Duration::ZERO,
+                },
+            ),
+            GetMetaMode::Insert { .. } => (false, Duration::ZERO),
             GetMetaMode::Force => (true, Duration::ZERO),
         };
         self.meta("get_meta", ControlRequest::GetMeta(req), idempotent, wait)

@@ -21,9 +21,12 @@ pub async fn serve(handler: impl Handler, config: ServerConfig) -> Server {
         .expect("bind")
 }
 
+/// A pool with a 20 s request timeout that retries only once (these tests look at single
+/// attempts; `faults.rs` tests the default retry policy on its own).
 pub fn pool() -> Pool {
     Pool::new(ClientConfig {
         request_timeout: Duration::from_secs(20),
+        retry: tq_net::RetryConfig::once(),
         ..ClientConfig::default()
     })
 }
