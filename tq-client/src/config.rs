@@ -456,14 +456,17 @@ impl Config {
     /// The `[storage]` section alone, as TOML: what a controller whose storage is shared hands
     /// to the clients that connect (it may hold credentials; never log it).
     pub fn storage_description(&self) -> Result<String> {
-        #[derive(Serialize)]
-        struct Description<'a> {
-            storage: &'a StorageSection,
+        let broken = |e: &dyn std::fmt::Display| {
+            Error::internal(format!("the [storage] section does not serialize: {e}"))
+        };
+        let mut storage = toml::Table::try_from(&self.storage).map_err(|e| broken(&e))?;
+        if self.storage_is_shared() {
+            // Units have no meaning for shared storage, and a client refuses the key there.
+            storage.remove("num_units");
         }
-        toml::to_string(&Description {
-            storage: &self.storage,
-        })
-        .map_err(|e| Error::internal(format!("the [storage] section does not serialize: {e}")))
+        let mut description = toml::Table::new();
+        description.insert("storage".into(), toml::Value::Table(storage));
+        toml::to_string(&description).map_err(|e| broken(&e))
     }
 
     /// Builds the shared storage this configuration names (a KV backend), as every client of
