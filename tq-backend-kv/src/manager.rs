@@ -439,6 +439,23 @@ impl StorageManager for KvStorageManager {
         &self.name
     }
 
+    /// One read of a key nobody writes, per store (concurrently); the first store that fails
+    /// is named.
+    async fn check_health(&self) -> Result<()> {
+        let probe = [format!("{}/__tq_health__", self.options.namespace)];
+        let results =
+            futures::future::join_all(self.stores.iter().map(|s| s.store.mget(&probe))).await;
+        for (s, r) in self.stores.iter().zip(results) {
+            if let Err(e) = r {
+                return Err(e.context(format!(
+                    "kv store `{}` is down",
+                    String::from_utf8_lossy(&s.tag)
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             update: true,

@@ -669,6 +669,11 @@ impl StorageManager for SimpleStorage {
         Some(self)
     }
 
+    /// Every unit answers its stats request.
+    async fn check_health(&self) -> Result<()> {
+        self.stats().await.map(drop)
+    }
+
     /// Every unit's status; a unit that does not answer is listed as down (with the error)
     /// instead of failing the whole status, so `tq stats` shows the rest.
     async fn status(&self) -> Result<Vec<tq_core::telemetry::UnitStatus>> {

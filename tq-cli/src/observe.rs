@@ -246,6 +246,17 @@ pub async fn health(args: HealthArgs) -> Result<()> {
             down.join("; ")
         )));
     }
+    // A shared store (Redis, object storage) answers too.
+    let deadline = Duration::from_secs(5);
+    match tokio::time::timeout(deadline, client.storage().check_health()).await {
+        Ok(checked) => checked?,
+        Err(_) => {
+            return Err(Error::timeout(format!(
+                "storage `{}` did not answer within {deadline:?}",
+                client.storage().name()
+            )))
+        }
+    }
     println!(
         "ok: controller epoch {:016x}, {} partitions, {} storage units",
         status.controller.epoch,

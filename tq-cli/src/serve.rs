@@ -197,6 +197,7 @@ fn controller(
             .check_shared_storage()
             .map_err(|e| e.context("the [storage] section this controller hands its clients"))?;
     }
+
     let units = units.unwrap_or(config.storage.num_units);
     if units == 0 {
         return Err(Error::invalid("--units must be at least 1"));
@@ -319,7 +320,8 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
         units.push(server);
         unit_handlers.push(handler);
     }
-    let (server, probe) = start_controller(&listen, &args.security, service, unit_handlers).await?;
+    let (server, probe) =
+        start_controller(&listen, &args.security, service, unit_handlers, None).await?;
     let _metrics = args.metrics.serve(exporter, probe).await?;
     shutdown.await;
     eprintln!("shutting down");
@@ -337,6 +339,7 @@ async fn start_controller(
     security: &Security,
     service: Arc<ControllerServer>,
     units: Vec<Arc<UnitServer>>,
+    storage: Option<Arc<dyn tq_core::StorageManager>>,
 ) -> Result<(Server, Arc<dyn Probe>)> {
     let server = Server::bind(
         listen,
@@ -349,6 +352,7 @@ async fn start_controller(
     let probe = Arc::new(ServerProbe {
         controller: Some(service),
         units,
+        storage,
     });
     Ok((server, probe))
 }
@@ -364,8 +368,20 @@ pub async fn controller_server(mut args: ControllerArgs) -> Result<()> {
     if let Some(dir) = &args.state_dir {
         service = service.with_state_dir(dir)?;
     }
-    let (server, probe) =
-        start_controller(&listen, &args.security, Arc::new(service), Vec::new()).await?;
+    // Shared storage (a KV store) that the health check probes.
+    let storage = if config.storage_is_shared() {
+        Some(config.build_shared_storage()?)
+    } else {
+        None
+    };
+    let (server, probe) = start_controller(
+        &listen,
+        &args.security,
+        Arc::new(service),
+        Vec::new(),
+        storage,
+    )
+    .await?;
     let _metrics = args.metrics.serve(exporter, probe).await?;
     shutdown.await;
     eprintln!("shutting down");
@@ -378,6 +394,8 @@ pub async fn controller_server(mut args: ControllerArgs) -> Result<()> {
 struct ServerProbe {
     controller: Option<Arc<ControllerServer>>,
     units: Vec<Arc<UnitServer>>,
+    /// The shared storage (a KV store) of a controller that has no units, probed by health.
+    storage: Option<Arc<dyn tq_core::StorageManager>>,
 }
 
 impl ServerProbe {
@@ -434,6 +452,17 @@ impl Probe for ServerProbe {
                     )));
                 }
             }
+            if let Some(storage) = &self.storage {
+                match tokio::time::timeout(HEALTH_DEADLINE, storage.check_health()).await {
+                    Ok(checked) => checked?,
+                    Err(_) => {
+                        return Err(Error::timeout(format!(
+                            "storage `{}` did not answer within {HEALTH_DEADLINE:?}",
+                            storage.name()
+                        )))
+                    }
+                }
+            }
             for unit in &self.units {
                 if unit.epoch() == 0 {
                     return Err(Error::unavailable(
@@ -446,6 +475,9 @@ impl Probe for ServerProbe {
         })
     }
 }
+
+/// How long a health check waits for the storage to answer.
+const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
 
 /// How often a storage unit registers again, so a restarted controller is rejoined quickly.
 const REGISTER_EVERY: Duration = Duration::from_millis(500);
@@ -506,6 +538,7 @@ pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
     let probe = Arc::new(ServerProbe {
         controller: None,
         units: vec![handler.clone()],
+        storage: None,
     });
     let _metrics = args.metrics.serve(exporter, probe).await?;
     // Rejoin a controller that restarted (it starts with an empty unit table).

@@ -818,3 +818,49 @@ fn bench_measures_a_kv_store_next_to_its_raw_commands() {
         String::from_utf8_lossy(&out.stderr).contains("--deployment embedded-kv needs --kv-url")
     );
 }
+
+/// Health of a deployment whose payloads are in Redis: `tq health` and the controller's
+/// `/healthz` answer ok while Redis serves, and fail naming the store once it is down (every
+/// put would fail then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_fails_while_the_kv_store_is_down() {
+    if !redis_available("health_fails_while_the_kv_store_is_down") {
+        return;
+    }
+    let mut job = kv_job();
+    let mut controller = controller_at(
+        &job.listen,
+        &job.config,
+        &["--metrics-listen", "127.0.0.1:0"],
+    );
+    let lines = controller.listening(2);
+    let metrics = lines.iter().find(|l| l.role == "metrics").unwrap();
+    let metrics = metrics.endpoint.trim_start_matches("http://").to_string();
+    let healthz = |addr: &str| {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(s, "GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        reply
+    };
+    let health = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
+            .args(["health", &job.listen])
+            .output()
+            .unwrap()
+    };
+    assert!(health().status.success());
+    assert!(healthz(&metrics).starts_with("HTTP/1.1 200"));
+
+    job.redis.kill();
+    let down = health();
+    assert!(!down.status.success(), "{down:?}");
+    let why = String::from_utf8_lossy(&down.stderr);
+    assert!(why.contains("kv store `redis` is down"), "{why}");
+    let reply = healthz(&metrics);
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    assert!(reply.contains("kv store `redis`"), "{reply}");
+    let _ = controller.terminate(Duration::from_secs(5));
+}

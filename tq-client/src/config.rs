@@ -475,13 +475,19 @@ impl Config {
     /// only a program of its own can register), or a `rediss://` store in a build without the
     /// `redis-tls` feature, stops it instead of being handed to clients that refuse it.
     pub fn check_shared_storage(&self) -> Result<()> {
+        self.build_shared_storage().map(drop)
+    }
+
+    /// The shared storage this configuration names, built as a client builds it (no custom
+    /// backends, keys outside any epoch, no I/O): what a controller serving it probes for its
+    /// health checks.
+    pub fn build_shared_storage(&self) -> Result<std::sync::Arc<dyn tq_core::StorageManager>> {
         crate::backends::build(
             self,
             tq_core::MergeRegistry::default(),
             &crate::backends::BackendRegistry::new(),
             0,
         )
-        .map(drop)
     }
 
     /// Refuses `storage.num_units` set (`set`) for a backend without storage units.

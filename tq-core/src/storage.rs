@@ -146,6 +146,14 @@ pub trait StorageManager: Send + Sync + 'static {
         None
     }
 
+    /// Checks that the storage can serve: every store or unit it writes to answers a cheap
+    /// probe (a KV store: a read of a key nobody writes). For `tq health` and `/healthz`; the
+    /// error names the part that is down. Bound it with a deadline of your own. Default:
+    /// nothing to check.
+    async fn check_health(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// What each storage unit holds, for `tq stats` and the `tq_storage_*` gauges. Backends
     /// without units of their own (a KV store, which has its own monitoring) report none: the
     /// default.

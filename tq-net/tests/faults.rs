@@ -423,7 +423,7 @@ async fn the_default_retry_policy_rides_out_a_restart_and_gives_up_after_its_win
         .expect_err("the server is gone");
     let took = started.elapsed();
     assert!(
-        took >= Duration::from_millis(200) && took < Duration::from_secs(3),
+        took >= Duration::from_millis(100) && took < Duration::from_secs(3),
         "{took:?}"
     );
     assert_eq!(err.kind(), &ErrorKind::Unavailable, "{err}");
