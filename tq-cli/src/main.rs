@@ -10,10 +10,10 @@ mod serve;
 mod soak;
 mod work;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Subcommand};
 use std::process::ExitCode;
 
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(
     name = "tq",
     version,
@@ -71,8 +71,37 @@ enum Command {
     Health(observe::HealthArgs),
 }
 
+/// The storage backends this binary was built with (`tq --version` lists them): a controller
+/// configured for one that is missing refuses to start.
+fn backends() -> Vec<&'static str> {
+    let mut out = vec!["simple", "ssd"];
+    if cfg!(feature = "kv") {
+        out.push("kv (memory://)");
+    }
+    if cfg!(feature = "redis") {
+        out.push("redis");
+    }
+    if cfg!(feature = "object-store") {
+        out.push("object-store (file://)");
+    }
+    out
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Built once per process, so leaking it is the same as a static.
+    let version: &'static str = Box::leak(
+        format!(
+            "{} (storage backends: {})",
+            env!("CARGO_PKG_VERSION"),
+            backends().join(", ")
+        )
+        .into_boxed_str(),
+    );
+    let matches = Cli::command().version(version).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     // Colours only on a terminal: a log file or collector gets plain text.

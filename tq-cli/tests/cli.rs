@@ -170,3 +170,26 @@ fn a_short_soak_on_redis_with_faults_loses_nothing() {
     );
     assert!(report.contains(", 0 Redis keys"), "{report}");
 }
+
+/// `tq --version` names the storage backends compiled in; the default build has Redis and
+/// object storage.
+#[test]
+fn the_version_names_the_compiled_in_backends() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with(&format!("tq {}", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    assert!(text.contains("storage backends: simple, ssd"), "{text}");
+    assert_eq!(text.contains("redis"), cfg!(feature = "redis"), "{text}");
+    assert_eq!(
+        text.contains("object-store"),
+        cfg!(feature = "object-store"),
+        "{text}"
+    );
+}
