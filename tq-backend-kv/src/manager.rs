@@ -439,6 +439,48 @@ impl StorageManager for KvStorageManager {
         &self.name
     }
 
+    /// The claim is a key `<namespace>/<epoch>/__owner__` in the first store holding the
+    /// owner and when it renewed, written with a TTL of the lease: present means owned. A
+    /// read then a write, not a compare-and-set: two controllers claiming an unowned epoch in
+    /// the same instant could both pass, which no operator action does (a load or a restart
+    /// meets a controller that has renewed for seconds).
+    async fn claim_epoch(&self, epoch: u64, owner: u64) -> Result<()> {
+        let Some(first) = self.stores.first() else {
+            return Ok(());
+        };
+        let key = format!("{}/{epoch:016x}/__owner__", self.options.namespace);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let found = first.store.mget(std::slice::from_ref(&key)).await?;
+        if let Some(Some(held)) = found.first() {
+            let text = String::from_utf8_lossy(held);
+            let mut parts = text.split_whitespace();
+            let holder = parts.next().and_then(|h| u64::from_str_radix(h, 16).ok());
+            let renewed = parts.next().and_then(|t| t.parse::<u64>().ok());
+            if holder != Some(owner) {
+                let ago = renewed.map_or("unknown".to_string(), |t| {
+                    format!("{} ms ago", now_ms.saturating_sub(t))
+                });
+                return Err(Error::conflict(format!(
+                    "namespace `{}`, epoch {epoch:016x} of kv store `{}` {} (it renewed its \
+                     claim {ago}): two controllers in one epoch would overwrite each other's \
+                     cells. Stop it first; a dead controller's claim lapses {} s after it \
+                     stopped",
+                    self.options.namespace,
+                    String::from_utf8_lossy(&first.tag),
+                    tq_core::EPOCH_CLAIMED,
+                    tq_core::EPOCH_CLAIM_LEASE.as_secs()
+                )));
+            }
+        }
+        let value = KvValue::new(Bytes::from(format!("{owner:016x} {now_ms}")), Bytes::new());
+        first
+            .store
+            .mset(vec![(key, value)], Some(tq_core::EPOCH_CLAIM_LEASE))
+            .await
+    }
+
     /// One read of a key nobody writes, per store (concurrently); the first store that fails
     /// is named.
     async fn check_health(&self) -> Result<()> {

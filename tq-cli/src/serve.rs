@@ -368,25 +368,79 @@ pub async fn controller_server(mut args: ControllerArgs) -> Result<()> {
     if let Some(dir) = &args.state_dir {
         service = service.with_state_dir(dir)?;
     }
-    // Shared storage (a KV store) that the health check probes.
+    // Shared storage (a KV store): the health check probes it, and this controller claims
+    // its epoch there (one live controller per epoch).
     let storage = if config.storage_is_shared() {
         Some(config.build_shared_storage()?)
     } else {
         None
     };
-    let (server, probe) = start_controller(
-        &listen,
-        &args.security,
-        Arc::new(service),
-        Vec::new(),
-        storage,
-    )
-    .await?;
+    if let Some(storage) = &storage {
+        service = service.with_epoch_claim(storage.clone(), owner_id(args.state_dir.as_deref())?);
+    }
+    let service = Arc::new(service);
+    claim_at_start(&service).await?;
+    let renewing = {
+        let service = service.clone();
+        tokio::spawn(async move { service.renew_claim().await })
+    };
+    let (server, probe) =
+        start_controller(&listen, &args.security, service, Vec::new(), storage).await?;
     let _metrics = args.metrics.serve(exporter, probe).await?;
     shutdown.await;
     eprintln!("shutting down");
+    renewing.abort();
     server.shutdown().await;
     Ok(())
+}
+
+/// The owner number under which a controller claims its epoch of shared storage: drawn once
+/// per state dir (kept in `<state-dir>/controller.owner`, so a controller restarted on it is
+/// the same owner and need not wait for its own claim to lapse), or per process without one.
+fn owner_id(state_dir: Option<&std::path::Path>) -> Result<u64> {
+    let Some(dir) = state_dir else {
+        return Ok(tq_core::new_epoch());
+    };
+    let path = dir.join("controller.owner");
+    let io = |what: &str, e: std::io::Error| {
+        Error::unavailable(format!(
+            "state dir: cannot {what} `{}`: {e}",
+            path.display()
+        ))
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => u64::from_str_radix(text.trim(), 16).map_err(|e| {
+            Error::corrupted(format!(
+                "state dir: `{}` is not an owner number: {e}",
+                path.display()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let owner = tq_core::new_epoch();
+            std::fs::write(&path, format!("{owner:016x}\n")).map_err(|e| io("write", e))?;
+            Ok(owner)
+        }
+        Err(e) => Err(io("read", e)),
+    }
+}
+
+/// Claims the controller's epoch before serving, waiting (one lease at most) for a dead
+/// predecessor's claim to lapse; a claim still renewed after that belongs to a live controller,
+/// and this one does not start.
+async fn claim_at_start(service: &ControllerServer) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + tq_core::EPOCH_CLAIM_LEASE + REGISTER_EVERY;
+    loop {
+        match service.claim_epoch().await {
+            Err(e)
+                if e.message().contains(tq_core::EPOCH_CLAIMED)
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::info!(error = %e, "epoch claimed; waiting for a dead owner's claim to lapse");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The `/metrics` state and `/healthz` answer of a server process: its controller (if it runs

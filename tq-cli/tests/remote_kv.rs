@@ -864,3 +864,64 @@ async fn health_fails_while_the_kv_store_is_down() {
     assert!(reply.contains("kv store `redis`"), "{reply}");
     let _ = controller.terminate(Duration::from_secs(5));
 }
+
+/// A checkpoint of Redis-backed state (payloads left in Redis) loaded next to the live
+/// controller it came from would make two controllers own one epoch — the same indexes, the
+/// same generations, each overwriting the other's cells. The load is refused while that
+/// controller lives (naming the claim), changing nothing; once it is dead, its claim lapses and
+/// the same load goes through and the job finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_is_not_loaded_next_to_its_live_controller() {
+    if !redis_available("a_checkpoint_is_not_loaded_next_to_its_live_controller") {
+        return;
+    }
+    let job = kv_job();
+    let checkpoint = job.dir.0.join("checkpoint");
+    let mut live = controller_at(&job.listen, &job.config, &[]);
+    live.listening(1);
+    common::produce(&job.listen, 40);
+    let url = format!("file://{}", checkpoint.display());
+    common::checkpoint("save", &url, &job.listen);
+
+    let second_listen = common::free_listen();
+    let mut second = controller_at(&second_listen, &job.config, &[]);
+    second.listening(1);
+    let load = Tq::spawn(&[
+        "checkpoint",
+        "load",
+        checkpoint.to_str().unwrap(),
+        "--controller",
+        &second_listen,
+    ]);
+    let (status, stderr) = load.wait_exit(Duration::from_secs(60));
+    assert!(!status.success(), "loaded next to its live controller");
+    assert!(stderr.contains(tq_core::EPOCH_CLAIMED), "{stderr}");
+    let fresh = Client::connect_with(&second_listen, Config::default())
+        .await
+        .unwrap();
+    assert!(
+        fresh
+            .partition("work")
+            .kv_list()
+            .await
+            .unwrap()
+            .entries
+            .is_empty()
+            && fresh
+                .controller_status()
+                .await
+                .unwrap()
+                .partitions
+                .is_empty(),
+        "the refused load changed nothing"
+    );
+    // The live controller's job is whole: finish it there.
+    common::finish_job(&job.listen, &[], 40);
+
+    // Its controller dies: the load is accepted once the claim lapses, and the checkpointed
+    // job (40 samples, none consumed at save time) can be run again from it.
+    live.kill();
+    common::checkpoint("load", checkpoint.to_str().unwrap(), &second_listen);
+    common::finish_job(&second_listen, &[], 40);
+    let _ = second.terminate(Duration::from_secs(5));
+}

@@ -19,7 +19,7 @@ mod partitions;
 mod plane;
 mod snapshot;
 use partitions::Partitions;
-pub use snapshot::{snapshot_cells, snapshot_in_epoch, StoredCells};
+pub use snapshot::{snapshot_cells, snapshot_epoch, snapshot_in_epoch, StoredCells};
 use tq_core::{BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
 
 /// The largest `Insert` one request may ask for: bigger requests are refused before anything is

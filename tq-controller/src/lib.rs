@@ -27,8 +27,8 @@ pub use api::{
 };
 pub use checkpoint::{SnapshotCounts, SNAPSHOT_FORMAT};
 pub use controller::{
-    sampler_from_name, snapshot_cells, snapshot_in_epoch, Controller, ControllerConfig,
-    StoredCells, MAX_INSERT_COUNT,
+    sampler_from_name, snapshot_cells, snapshot_epoch, snapshot_in_epoch, Controller,
+    ControllerConfig, StoredCells, MAX_INSERT_COUNT,
 };
 pub use metrics::{ControllerOp, MeteredPlane};
 #[cfg(feature = "net")]

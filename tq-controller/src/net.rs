@@ -278,6 +278,15 @@ pub struct ControllerServer {
     registry: Mutex<registry::Registry>,
     /// With `--state-dir`: changes are durable before they are answered.
     state_dir: Option<Arc<crate::StateDir>>,
+    /// With shared storage: the claim on the epoch this controller serves (see
+    /// [`ControllerServer::with_epoch_claim`]).
+    claim: Option<EpochClaim>,
+}
+
+/// A controller's claim on its epoch of shared storage.
+struct EpochClaim {
+    storage: Arc<dyn tq_core::StorageManager>,
+    owner: u64,
 }
 
 impl ControllerServer {
@@ -295,6 +304,7 @@ impl ControllerServer {
                 epoch,
             })),
             state_dir: None,
+            claim: None,
         }
     }
 
@@ -327,6 +337,44 @@ impl ControllerServer {
                 epoch,
             })),
             state_dir: None,
+            claim: None,
+        }
+    }
+
+    /// Claims the controller's epoch of the shared `storage` for `owner` (see
+    /// [`tq_core::StorageManager::claim_epoch`]): before a restore (a checkpoint's epoch must
+    /// not be served by a live controller), and through [`ControllerServer::claim_epoch`]
+    /// and [`ControllerServer::renew_claim`], which the process calls before serving and then
+    /// forever.
+    pub fn with_epoch_claim(
+        mut self,
+        storage: Arc<dyn tq_core::StorageManager>,
+        owner: u64,
+    ) -> Self {
+        self.claim = Some(EpochClaim { storage, owner });
+        self
+    }
+
+    /// Claims the epoch served now; `Conflict` (with [`tq_core::EPOCH_CLAIMED`]) while
+    /// another live controller owns it.
+    pub async fn claim_epoch(&self) -> Result<()> {
+        match &self.claim {
+            Some(c) => c.storage.claim_epoch(self.epoch(), c.owner).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Renews the claim every third of its lease, forever; failures are logged (a refusal
+    /// means another controller took this epoch over: this one must be stopped).
+    pub async fn renew_claim(&self) {
+        if self.claim.is_none() {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(tq_core::EPOCH_CLAIM_LEASE / 3).await;
+            if let Err(e) = self.claim_epoch().await {
+                tracing::error!(error = %e, epoch = %format_args!("{:016x}", self.epoch()), "cannot renew this controller's claim on its epoch of the shared storage");
+            }
         }
     }
 
@@ -497,6 +545,11 @@ impl ControllerServer {
                 let body = body.ok_or_else(|| {
                     Error::invalid("a restore request carries the snapshot as one body frame")
                 })?;
+                if let Some(c) = &self.claim {
+                    // A checkpoint's epoch may still be served by the controller it came from.
+                    let epoch = crate::snapshot_epoch(&body)?;
+                    c.storage.claim_epoch(epoch, c.owner).await?;
+                }
                 ControlResponse::Snapshot(self.controller.restore(&body)?)
             }
         })

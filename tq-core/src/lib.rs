@@ -32,7 +32,10 @@ pub use error::{Error, ErrorKind, Result, Retry};
 pub use merge::{apply_merge, MergeRegistry};
 pub use meta::{BackendMeta, BatchMeta, LeaseId, Links, SampleId, TagValue, Tags};
 pub use schema::{FieldKind, FieldMeta};
-pub use storage::{Capabilities, FieldFilter, MergeFn, MergeOp, PutReceipt, StorageManager};
+pub use storage::{
+    Capabilities, FieldFilter, MergeFn, MergeOp, PutReceipt, StorageManager, EPOCH_CLAIMED,
+    EPOCH_CLAIM_LEASE,
+};
 pub use tensor::{numel, Tensor, Value};
 
 /// Re-exported so downstream crates name the same `Bytes` type.

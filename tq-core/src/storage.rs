@@ -79,6 +79,15 @@ impl std::fmt::Debug for MergeOp {
     }
 }
 
+/// How long a controller's claim on an epoch of shared storage lasts without renewal
+/// ([`StorageManager::claim_epoch`]): another controller can take over a dead one's epoch this
+/// long after it stopped.
+pub const EPOCH_CLAIM_LEASE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Words in the `Conflict` of a refused epoch claim, for callers that wait for a dead owner's
+/// claim to lapse.
+pub const EPOCH_CLAIMED: &str = "is owned by another live controller";
+
 /// The data plane. Implemented by SimpleStorage, the KV adapter and any third-party backend, and
 /// checked by [`crate::testkit`] (feature `testkit`).
 ///
@@ -144,6 +153,19 @@ pub trait StorageManager: Send + Sync + 'static {
     /// default) when the backend cannot copy them.
     fn payload_copy(&self) -> Option<&dyn crate::cells::PayloadCopy> {
         None
+    }
+
+    /// Claims controller epoch `epoch` of this storage for the controller `owner` (a number it
+    /// keeps for its life, and across restarts on its state dir) for [`EPOCH_CLAIM_LEASE`].
+    /// Storage every process shares (a KV store) holds one owner per epoch: two controllers
+    /// in one epoch — a checkpoint loaded next to the live controller it came from, a copied
+    /// state dir — would hand out the same indexes and generations and overwrite each other's
+    /// cells. `Conflict` naming [`EPOCH_CLAIMED`] while another owner's claim is unexpired; a
+    /// controller renews its claim well within the lease. Default (storage a controller does
+    /// not share, whose units follow one controller's epoch): nothing to claim.
+    async fn claim_epoch(&self, epoch: u64, owner: u64) -> Result<()> {
+        let _ = (epoch, owner);
+        Ok(())
     }
 
     /// Checks that the storage can serve: every store or unit it writes to answers a cheap

@@ -151,8 +151,13 @@ impl RedisServer {
     /// How many keys the server holds that have not expired. `DBSIZE` would also count keys
     /// whose deadline has passed but that Redis has not reclaimed yet (retired cells expire
     /// shortly after an overwrite, by design); `SCAN` skips them.
+    /// Keys holding data (or generations): controllers' epoch claims (`…/__owner__`, which
+    /// expire by themselves) are not counted.
     pub fn live_keys(&self) -> usize {
-        self.cli(&["--scan"]).lines().count()
+        self.cli(&["--scan"])
+            .lines()
+            .filter(|k| !k.ends_with("/__owner__"))
+            .count()
     }
 
     fn wait_ready(&self) {

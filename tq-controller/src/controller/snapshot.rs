@@ -82,6 +82,11 @@ pub fn snapshot_cells(snapshot: &[u8]) -> Result<Vec<(String, StoredCells)>> {
         .collect())
 }
 
+/// The epoch a snapshot restores (checked and decoded as [`Controller::restore`] would).
+pub fn snapshot_epoch(snapshot: &[u8]) -> Result<u64> {
+    decode(snapshot).map(|b| b.epoch)
+}
+
 /// `snapshot` with its epoch replaced by `epoch` (re-encoded in the current format, checked
 /// as [`Controller::restore`] would check it). A checkpoint whose KV payloads were copied is
 /// loaded in a fresh epoch: its cells are written back under keys no store holds yet, so a
