@@ -438,7 +438,15 @@ async fn claim_at_start(service: &ControllerServer) -> Result<()> {
                 tracing::info!(error = %e, "epoch claimed; waiting for a dead owner's claim to lapse");
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
-            other => return other,
+            Err(e) if e.kind() == &tq_core::ErrorKind::Conflict => return Err(e),
+            Err(e) => {
+                // The store does not answer yet (it may start after the controller): serve,
+                // say so, and claim at the first renewal that reaches it. `/healthz` reports
+                // the store down meanwhile.
+                tracing::warn!(error = %e, "cannot claim this controller's epoch in the shared storage yet; serving, and retrying");
+                return Ok(());
+            }
+            Ok(()) => return Ok(()),
         }
     }
 }
