@@ -12,6 +12,11 @@
 //! partition is complete and consumed.
 //!
 //! At the end it checks that every response was trained exactly once, in a complete group.
+//!
+//! Against a running deployment (`--connect`) it keeps to partitions of its own
+//! (`demo-<run>/prompts`, `demo-<run>/train`, unique per run, so other jobs and other demos are
+//! untouched), checks that the controller has the `grpo` sampler before writing anything, and
+//! clears what it wrote whether it succeeds or fails.
 
 use clap::Args;
 use futures::StreamExt;
@@ -20,7 +25,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tq_client::{Client, Config, GetMetaMode, GetMetaRequest, StreamConfig, StreamItem};
+use tq_client::{Client, Config, GetMetaMode, GetMetaRequest, StreamConfig, StreamItem, Wait};
 use tq_core::{Batch, BatchMeta, Column, Error, Result, TagValue, Tensor};
 
 #[derive(Args, Debug, Clone)]
@@ -79,6 +84,24 @@ impl Traffic {
     }
 }
 
+/// The partitions of one run.
+#[derive(Debug, Clone)]
+struct Names {
+    prompts: String,
+    train: String,
+}
+
+impl Names {
+    /// Unique per run: `demo-<8 hex digits>/prompts` and `…/train`.
+    fn new() -> Self {
+        let run = format!("demo-{:08x}", tq_core::new_epoch() as u32);
+        Names {
+            prompts: format!("{run}/prompts"),
+            train: format!("{run}/train"),
+        }
+    }
+}
+
 /// How long a stage may see no data before its stream gives up.
 const IDLE: Duration = Duration::from_secs(30);
 
@@ -110,7 +133,12 @@ fn response_len(args: &DemoArgs, uid: i64, j: usize) -> usize {
     1 + ((uid as usize * 31 + j * 17) % max)
 }
 
-async fn write_prompts(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()> {
+async fn write_prompts(
+    tq: Client,
+    args: DemoArgs,
+    names: Names,
+    traffic: Arc<Traffic>,
+) -> Result<()> {
     let chunk = args.rollout_batch.max(1);
     let mut uid = 0usize;
     while uid < args.prompts {
@@ -125,7 +153,7 @@ async fn write_prompts(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Res
         )])?;
         let mut meta = tq
             .get_meta(GetMetaRequest {
-                partition: "prompts".into(),
+                partition: names.prompts.clone(),
                 fields: vec![],
                 mode: GetMetaMode::Insert { count: rows },
                 sampler: None,
@@ -140,12 +168,12 @@ async fn write_prompts(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Res
         traffic.wrote(&batch);
         uid += rows;
     }
-    tq.partition("prompts").complete().await
+    tq.partition(&names.prompts).complete().await
 }
 
-async fn rollout(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()> {
+async fn rollout(tq: Client, args: DemoArgs, names: Names, traffic: Arc<Traffic>) -> Result<()> {
     let n = args.responses;
-    let mut prompts = tq.partition("prompts").stream(
+    let mut prompts = tq.partition(&names.prompts).stream(
         StreamConfig::new("rollout", &["prompt_ids"], args.rollout_batch).idle_timeout(IDLE),
     )?;
     while let Some(item) = prompts.next().await {
@@ -184,7 +212,7 @@ async fn rollout(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()
         ])?;
         let mut out = tq
             .get_meta(GetMetaRequest {
-                partition: "train".into(),
+                partition: names.train.clone(),
                 fields: vec![],
                 mode: GetMetaMode::Insert { count: batch.len() },
                 sampler: None,
@@ -197,11 +225,11 @@ async fn rollout(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()
         traffic.wrote(&batch);
         tq.clear_samples(&meta).await?;
     }
-    tq.partition("train").complete().await
+    tq.partition(&names.train).complete().await
 }
 
-async fn reward(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()> {
-    let mut responses = tq.partition("train").stream(
+async fn reward(tq: Client, args: DemoArgs, names: Names, traffic: Arc<Traffic>) -> Result<()> {
+    let mut responses = tq.partition(&names.train).stream(
         StreamConfig::new("reward", &["response_ids"], args.reward_batch).idle_timeout(IDLE),
     )?;
     while let Some(item) = responses.next().await {
@@ -230,13 +258,14 @@ async fn reward(tq: Client, args: DemoArgs, traffic: Arc<Traffic>) -> Result<()>
 async fn train(
     tq: Client,
     args: DemoArgs,
+    names: Names,
     traffic: Arc<Traffic>,
     trained: Arc<Mutex<HashMap<(i64, i64), u32>>>,
     progress: ProgressBar,
 ) -> Result<()> {
     let n = args.responses;
     let fields = ["prompt_ids", "response_ids", "reward"];
-    let mut groups = tq.partition("train").stream(
+    let mut groups = tq.partition(&names.train).stream(
         StreamConfig::new("trainer", &fields, args.train_groups * n)
             .sampler("grpo")
             .acknowledged(Duration::from_secs(60))
@@ -302,6 +331,102 @@ pub async fn run(args: DemoArgs) -> Result<()> {
             Client::embedded(config)?
         }
     };
+    let names = Names::new();
+    // Before anything is written: the trainer needs the controller's `grpo` sampler.
+    check_sampler(&tq, &names).await?;
+    let outcome = run_stages(&tq, &args, &names).await;
+    // Its own partitions only, whatever happened (a failed run leaves nothing behind either).
+    let mut leftover = Vec::new();
+    for p in [&names.prompts, &names.train] {
+        let part = tq.partition(p.as_str());
+        let held = part
+            .consumption_status("none")
+            .await
+            .map_or(0, |s| s.samples.len());
+        if let Err(e) = part.clear().await {
+            tracing::warn!(partition = %p, error = %e, "cannot clear a demo partition");
+            leftover.push(format!("{p} ({held} samples, not cleared: {e})"));
+        } else if held > 0 && outcome.is_ok() {
+            leftover.push(format!("{p} ({held} samples)"));
+        }
+    }
+    let report = outcome?;
+    report.print(&args, &tq, &leftover);
+    if report.missing == 0 && report.duplicated == 0 && leftover.is_empty() {
+        println!("  check             OK: every sample trained exactly once, all data cleared");
+        Ok(())
+    } else {
+        Err(Error::internal(format!(
+            "check failed: {} samples never trained, {} trained more than once, partitions left: {leftover:?}",
+            report.missing, report.duplicated
+        )))
+    }
+}
+
+/// Refuses to start when the controller has no sampler `grpo` (a connected deployment must
+/// configure it), asking with a fetch from an empty partition that takes nothing.
+async fn check_sampler(tq: &Client, names: &Names) -> Result<()> {
+    let probe = GetMetaRequest::fetch(&names.train, &["reward"], "trainer", 1, Wait::NoWait)
+        .with_sampler("grpo");
+    let answer = tq.get_meta(probe).await;
+    // The probe created nothing worth keeping.
+    let _ = tq.partition(&names.train).clear().await;
+    answer.map(drop).map_err(|e| {
+        e.context(
+            "the demo's trainer needs the sampler `grpo` (configure the controller with \
+             `[controller.samplers] grpo = \"grpo:<responses>\"`)",
+        )
+    })
+}
+
+/// What a run measured and checked.
+struct Report {
+    total: u64,
+    elapsed: f64,
+    missing: usize,
+    duplicated: usize,
+    traffic: Arc<Traffic>,
+}
+
+impl Report {
+    fn print(&self, args: &DemoArgs, tq: &Client, leftover: &[String]) {
+        let (w, r) = (
+            self.traffic.written.load(Ordering::Relaxed),
+            self.traffic.read.load(Ordering::Relaxed),
+        );
+        let storage = if args.connect.is_some() {
+            format!("storage `{}`", tq.storage().name())
+        } else {
+            format!("{} storage units", args.units)
+        };
+        println!(
+            "tq demo: {} prompts x {} responses, {storage}",
+            args.prompts, args.responses
+        );
+        println!(
+            "  trained samples   {} in {:.2} s ({:.0} samples/s)",
+            self.total,
+            self.elapsed,
+            self.total as f64 / self.elapsed
+        );
+        println!(
+            "  bytes moved       {:.1} MiB written, {:.1} MiB read ({:.2} Gbit/s)",
+            w as f64 / 1048576.0,
+            r as f64 / 1048576.0,
+            (w + r) as f64 * 8.0 / 1e9 / self.elapsed
+        );
+        match crate::procs::peak_rss_bytes(None) {
+            Some(b) => println!("  peak memory (RSS) {:.1} MiB", b as f64 / 1048576.0),
+            None => println!("  peak memory (RSS) unavailable"),
+        }
+        println!("  partitions left   {leftover:?}");
+    }
+}
+
+/// Runs the four stages to their end and counts what the trainer saw.
+async fn run_stages(tq: &Client, args: &DemoArgs, names: &Names) -> Result<Report> {
+    let tq = tq.clone();
+    let args = args.clone();
     let total = (args.prompts * args.responses) as u64;
     let progress = if args.quiet {
         ProgressBar::hidden()
@@ -320,12 +445,28 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let trained = Arc::new(Mutex::new(HashMap::new()));
     let start = Instant::now();
     let stages = vec![
-        tokio::spawn(write_prompts(tq.clone(), args.clone(), traffic.clone())),
-        tokio::spawn(rollout(tq.clone(), args.clone(), traffic.clone())),
-        tokio::spawn(reward(tq.clone(), args.clone(), traffic.clone())),
+        tokio::spawn(write_prompts(
+            tq.clone(),
+            args.clone(),
+            names.clone(),
+            traffic.clone(),
+        )),
+        tokio::spawn(rollout(
+            tq.clone(),
+            args.clone(),
+            names.clone(),
+            traffic.clone(),
+        )),
+        tokio::spawn(reward(
+            tq.clone(),
+            args.clone(),
+            names.clone(),
+            traffic.clone(),
+        )),
         tokio::spawn(train(
             tq.clone(),
             args.clone(),
+            names.clone(),
             traffic.clone(),
             trained.clone(),
             progress.clone(),
@@ -358,45 +499,11 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         }
         (missing, duplicated)
     };
-    // Both partitions are empty now; dropping them removes their completion marks.
-    let mut leftover = Vec::new();
-    for p in tq.list_partitions().await? {
-        let status = tq.partition(&p).consumption_status("none").await?;
-        if status.samples.is_empty() {
-            tq.partition(&p).clear().await?;
-        } else {
-            leftover.push(format!("{p} ({} samples)", status.samples.len()));
-        }
-    }
-    let (w, r) = (
-        traffic.written.load(Ordering::Relaxed),
-        traffic.read.load(Ordering::Relaxed),
-    );
-    println!(
-        "tq demo: {} prompts x {} responses, {} storage units",
-        args.prompts, args.responses, args.units
-    );
-    println!(
-        "  trained samples   {total} in {elapsed:.2} s ({:.0} samples/s)",
-        total as f64 / elapsed
-    );
-    println!(
-        "  bytes moved       {:.1} MiB written, {:.1} MiB read ({:.2} Gbit/s)",
-        w as f64 / 1048576.0,
-        r as f64 / 1048576.0,
-        (w + r) as f64 * 8.0 / 1e9 / elapsed
-    );
-    match crate::procs::peak_rss_bytes(None) {
-        Some(b) => println!("  peak memory (RSS) {:.1} MiB", b as f64 / 1048576.0),
-        None => println!("  peak memory (RSS) unavailable"),
-    }
-    println!("  partitions left   {leftover:?}");
-    if missing == 0 && duplicated == 0 && leftover.is_empty() {
-        println!("  check             OK: every sample trained exactly once, all data cleared");
-        Ok(())
-    } else {
-        Err(Error::internal(format!(
-            "check failed: {missing} samples never trained, {duplicated} trained more than once, partitions left: {leftover:?}"
-        )))
-    }
+    Ok(Report {
+        total,
+        elapsed,
+        missing,
+        duplicated,
+        traffic,
+    })
 }

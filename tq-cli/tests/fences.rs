@@ -1,28 +1,20 @@
-//! Operator mistakes that used to lose data silently, each with real `tq` processes on free
-//! loopback ports: two controllers on one state dir, a duplicate storage-unit id, a retried
-//! acknowledgement after a controller restart.
+//! Operator mistakes that used to lose data silently, and the restarts a job must ride out,
+//! each with real `tq` processes on free loopback ports: two controllers on one state dir, a
+//! duplicate storage-unit id, a unit that must stop at SIGTERM, configuration a controller
+//! cannot serve, a library-only job across a controller kill -9, and `tq demo --connect` on a
+//! deployment other jobs use.
 
 mod common;
 
 use common::Tq;
 use std::time::Duration;
 
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let dir = std::env::temp_dir().join(format!("tq-{name}-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// A second `tq controller` on a `--state-dir` that a live controller uses exits at once with
 /// an error naming the holder's pid, and writes nothing there; once the holder is gone (even by
 /// SIGKILL) the directory can be used again.
 #[test]
 fn a_second_controller_on_a_state_dir_is_refused() {
-    let dir = tempdir("state-dir-lock");
+    let dir = common::tempdir("state-dir-lock");
     let state = dir.join("state");
     let state = state.to_str().unwrap();
     let start = |listen: &str| {
@@ -66,7 +58,7 @@ fn a_second_controller_on_a_state_dir_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_unit_id_is_refused_while_its_holder_lives() {
     use tq_core::{Batch, Column, Tensor};
-    let dir = tempdir("duplicate-unit");
+    let dir = common::tempdir("duplicate-unit");
     let log = dir.join("controller.log");
     let mut controller = Tq::spawn_logged(
         &[
@@ -144,7 +136,7 @@ async fn a_duplicate_unit_id_is_refused_while_its_holder_lives() {
 /// not there), instead of ignoring it for up to 30 s.
 #[test]
 fn a_storage_unit_stops_at_sigterm_before_it_registered() {
-    let dir = tempdir("unit-sigterm");
+    let dir = common::tempdir("unit-sigterm");
     let log = dir.join("unit.log");
     let nobody = common::free_listen();
     let mut unit = Tq::spawn_logged(
@@ -173,7 +165,7 @@ fn a_storage_unit_stops_at_sigterm_before_it_registered() {
 /// without units, and (in a build without TLS) a `rediss://` store.
 #[test]
 fn a_controller_refuses_configuration_its_clients_cannot_use() {
-    let dir = tempdir("bad-config");
+    let dir = common::tempdir("bad-config");
     let mut cases = vec![
         ("unknown-backend", "[storage]\nbackend = \"kvv\"\n", "`kvv` is not a built-in backend"),
         (
@@ -234,7 +226,7 @@ fn a_controller_refuses_configuration_its_clients_cannot_use() {
 async fn a_library_job_rides_out_a_controller_restart() {
     use futures::StreamExt;
     use tq_core::{Batch, Column, Tensor};
-    let dir = tempdir("ride-out");
+    let dir = common::tempdir("ride-out");
     let state = dir.join("state");
     let listen = common::free_listen();
     let start = || {
@@ -326,6 +318,76 @@ async fn a_library_job_rides_out_a_controller_restart() {
     let _ = controller.terminate(Duration::from_secs(5));
     for u in &mut units {
         u.kill();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `tq demo --connect` on a deployment in use: without the `grpo` sampler it stops before
+/// writing anything (naming the setting); with it, it runs in partitions of its own, leaving
+/// another job's `prompts` and `train` partitions as they were, and clears only what it wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_keeps_to_its_own_partitions_on_a_shared_deployment() {
+    use tq_core::{Batch, Column, Tensor};
+    let demo = |url: &str| {
+        Tq::spawn(&[
+            "demo",
+            "--connect",
+            url,
+            "--prompts",
+            "16",
+            "--responses",
+            "4",
+            "--prompt-len",
+            "16",
+            "--response-len",
+            "16",
+            "--quiet",
+        ])
+    };
+    // No sampler `grpo`: refused before anything is written.
+    let (_plain, url) = common::serve(2, &[]);
+    let (status, stderr) = demo(&url).wait_exit(Duration::from_secs(60));
+    assert!(!status.success());
+    assert!(stderr.contains("sampler `grpo`"), "{stderr}");
+    let client = tq_client::Client::connect(&url).await.unwrap();
+    assert!(
+        client.list_partitions().await.unwrap().is_empty(),
+        "nothing written"
+    );
+
+    let dir = common::tempdir("demo-shared");
+    let config = dir.join("tq.toml");
+    std::fs::write(&config, "[controller.samplers]\ngrpo = \"grpo:4\"\n").unwrap();
+    let (_serve, url) = common::serve(2, &["--config", config.to_str().unwrap()]);
+    let client = tq_client::Client::connect(&url).await.unwrap();
+    let one = Batch::from_columns([(
+        "x",
+        Column::Dense(Tensor::from_slice(vec![1], &[7i64]).unwrap()),
+    )])
+    .unwrap();
+    for p in ["prompts", "train"] {
+        client
+            .partition(p)
+            .kv_batch_put(&["theirs"], &one, None)
+            .await
+            .unwrap();
+    }
+    let (status, stderr) = demo(&url).wait_exit(Duration::from_secs(120));
+    assert!(status.success(), "{stderr}");
+    let mut left = client.list_partitions().await.unwrap();
+    left.sort();
+    assert_eq!(
+        left,
+        ["prompts", "train"],
+        "only the other job's partitions remain"
+    );
+    for p in ["prompts", "train"] {
+        let got = client
+            .partition(p)
+            .kv_batch_get(&["theirs"], None)
+            .await
+            .unwrap();
+        assert_eq!(got, one, "{p} untouched");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

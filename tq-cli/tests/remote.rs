@@ -858,24 +858,13 @@ async fn a_timed_out_update_reports_outcome_unknown_and_a_timed_out_read_is_safe
     assert_eq!(e.retry(), tq_core::Retry::Safe, "{e}");
 }
 
-/// A fresh directory under the system's temporary directory.
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let dir = std::env::temp_dir().join(format!("tq-{name}-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// `tq controller --state-dir`, killed with SIGKILL while two producers and a consumer (in
 /// processes of their own, acknowledged delivery) are at work, and started again on the same
 /// directory and address: the storage units rejoin without losing their cells (same epoch), the
 /// workers ride out the outage, and every sample is consumed — none twice, none lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_with_a_state_dir_survives_kill_9() {
-    let dir = tempdir("state-dir");
+    let dir = common::tempdir("state-dir");
     let listen = common::free_listen();
     let state = dir.join("state");
     let start = || {
@@ -943,7 +932,7 @@ async fn samples_given_back_over_the_network_are_fetched_again() {
 /// finishes the job: every sample consumed exactly once, with its data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_carries_storage_unit_payloads_to_new_processes() {
-    let dir = tempdir("unit-checkpoint");
+    let dir = common::tempdir("unit-checkpoint");
     let checkpoint = dir.join("checkpoint");
     let ssd = dir.join("ssd");
     let listen = common::free_listen();

@@ -388,3 +388,14 @@ pub fn produce(listen: &str, count: i64) {
     let (status, stderr) = run.wait_exit(Duration::from_secs(60));
     assert!(status.success(), "produce: {stderr}");
 }
+
+/// A new empty directory under the system's temp dir, named after `name` and this process.
+pub fn tempdir(name: &str) -> std::path::PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970")
+        .as_nanos();
+    let dir = std::env::temp_dir().join(format!("tq-{name}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create a temp dir");
+    dir
+}
