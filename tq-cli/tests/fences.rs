@@ -391,3 +391,27 @@ async fn the_demo_keeps_to_its_own_partitions_on_a_shared_deployment() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client pointed at a storage unit's address instead of the controller's is told so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_pointed_at_a_unit_is_told_it_is_a_unit() {
+    let mut serve = Tq::spawn(&["serve", "--listen", "tcp://127.0.0.1:0", "--units", "1"]);
+    let lines = serve.listening(2);
+    let unit = lines
+        .iter()
+        .find(|l| l.role == "unit")
+        .unwrap()
+        .endpoint
+        .clone();
+    let mut config = tq_client::Config::default();
+    config.net.connect_timeout_ms = 5_000;
+    let Err(e) = tq_client::Client::connect_with(&unit, config).await else {
+        panic!("a unit is not a controller");
+    };
+    assert!(
+        e.message()
+            .contains("this is storage unit `unit-0`, not a controller"),
+        "{e}"
+    );
+    serve.kill();
+}

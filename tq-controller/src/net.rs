@@ -565,7 +565,11 @@ impl Handler for ControllerServer {
                 self.plane
                     .meter()
                     .rejected(ControllerOp::Undecodable.index());
-                return Err(e);
+                return Err(Error::invalid(format!(
+                    "this is a tq controller, and the request does not decode as a controller \
+                     request (a storage-unit request goes to the unit's own address): {}",
+                    e.message()
+                )));
             }
         };
         let op = envelope.request.op();

@@ -130,7 +130,15 @@ impl UnitServer {
 #[async_trait]
 impl Handler for UnitServer {
     async fn handle(&self, request: Message) -> Result<Message> {
-        let envelope: UnitEnvelope<UnitRequest> = request.decode()?;
+        let envelope: UnitEnvelope<UnitRequest> = request.decode().map_err(|e| {
+            // Most likely a client pointed at this unit's address instead of its controller's.
+            Error::invalid(format!(
+                "this is storage unit `{}`, not a controller: clients connect to the \
+                 controller's address (the request does not decode as a storage request: {})",
+                self.id,
+                e.message()
+            ))
+        })?;
         let op = envelope.request.op();
         tracing::debug!(unit = %self.id, op, "storage request");
         if let UnitRequest::EnterEpoch = envelope.request {
