@@ -214,6 +214,21 @@ pub async fn stats(args: StatsArgs) -> Result<()> {
     }
 }
 
+/// How long a health check waits for the storage to answer.
+const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
+
+/// [`tq_core::StorageManager::check_health`] within [`HEALTH_DEADLINE`] (for `tq health` and
+/// `/healthz`).
+pub async fn storage_health(storage: &dyn tq_core::StorageManager) -> Result<()> {
+    match tokio::time::timeout(HEALTH_DEADLINE, storage.check_health()).await {
+        Ok(checked) => checked,
+        Err(_) => Err(Error::timeout(format!(
+            "storage `{}` did not answer within {HEALTH_DEADLINE:?}",
+            storage.name()
+        ))),
+    }
+}
+
 /// Writes `text` to stdout; `false` when the reader closed the pipe.
 fn write_out(text: &str) -> Result<bool> {
     use std::io::Write as _;
@@ -247,16 +262,7 @@ pub async fn health(args: HealthArgs) -> Result<()> {
         )));
     }
     // A shared store (Redis, object storage) answers too.
-    let deadline = Duration::from_secs(5);
-    match tokio::time::timeout(deadline, client.storage().check_health()).await {
-        Ok(checked) => checked?,
-        Err(_) => {
-            return Err(Error::timeout(format!(
-                "storage `{}` did not answer within {deadline:?}",
-                client.storage().name()
-            )))
-        }
-    }
+    storage_health(client.storage().as_ref()).await?;
     println!(
         "ok: controller epoch {:016x}, {} partitions, {} storage units",
         status.controller.epoch,

@@ -428,26 +428,16 @@ fn owner_id(state_dir: Option<&std::path::Path>) -> Result<u64> {
 /// predecessor's claim to lapse; a claim still renewed after that belongs to a live controller,
 /// and this one does not start.
 async fn claim_at_start(service: &ControllerServer) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + tq_core::EPOCH_CLAIM_LEASE + REGISTER_EVERY;
-    loop {
-        match service.claim_epoch().await {
-            Err(e)
-                if e.message().contains(tq_core::EPOCH_CLAIMED)
-                    && tokio::time::Instant::now() < deadline =>
-            {
-                tracing::info!(error = %e, "epoch claimed; waiting for a dead owner's claim to lapse");
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            Err(e) if e.kind() == &tq_core::ErrorKind::Conflict => return Err(e),
-            Err(e) => {
-                // The store does not answer yet (it may start after the controller): serve,
-                // say so, and claim at the first renewal that reaches it. `/healthz` reports
-                // the store down meanwhile.
-                tracing::warn!(error = %e, "cannot claim this controller's epoch in the shared storage yet; serving, and retrying");
-                return Ok(());
-            }
-            Ok(()) => return Ok(()),
+    match tq_core::waiting_out_claims(|| service.claim_epoch()).await {
+        Err(e) if e.kind() == &tq_core::ErrorKind::Conflict => Err(e),
+        Err(e) => {
+            // The store does not answer yet (it may start after the controller): serve, say
+            // so, and claim at the first renewal that reaches it. `/healthz` reports the store
+            // down meanwhile.
+            tracing::warn!(error = %e, "cannot claim this controller's epoch in the shared storage yet; serving, and retrying");
+            Ok(())
         }
+        Ok(()) => Ok(()),
     }
 }
 
@@ -515,15 +505,7 @@ impl Probe for ServerProbe {
                 }
             }
             if let Some(storage) = &self.storage {
-                match tokio::time::timeout(HEALTH_DEADLINE, storage.check_health()).await {
-                    Ok(checked) => checked?,
-                    Err(_) => {
-                        return Err(Error::timeout(format!(
-                            "storage `{}` did not answer within {HEALTH_DEADLINE:?}",
-                            storage.name()
-                        )))
-                    }
-                }
+                crate::observe::storage_health(storage.as_ref()).await?;
             }
             for unit in &self.units {
                 if unit.epoch() == 0 {
@@ -537,9 +519,6 @@ impl Probe for ServerProbe {
         })
     }
 }
-
-/// How long a health check waits for the storage to answer.
-const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
 
 /// How often a storage unit registers again, so a restarted controller is rejoined quickly.
 const REGISTER_EVERY: Duration = Duration::from_millis(500);
@@ -641,7 +620,7 @@ async fn register_at_start(
             }
             Err(e)
                 if e.kind() == &tq_core::ErrorKind::Conflict
-                    && e.message().contains("held by a live unit")
+                    && e.message().contains(tq_controller::UNIT_ID_HELD)
                     && tokio::time::Instant::now() < held_deadline =>
             {
                 tracing::info!(error = %e, "unit id held; retrying until a dead holder's registration lapses");

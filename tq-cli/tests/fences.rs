@@ -243,14 +243,7 @@ async fn a_library_job_rides_out_a_controller_restart() {
         c
     };
     let mut controller = start();
-    let mut units: Vec<Tq> = (0..2)
-        .map(|i| {
-            let id = format!("unit-{i}");
-            let mut u = Tq::spawn(&["storage-unit", "--controller", &listen, "--id", &id]);
-            u.listening(1);
-            u
-        })
-        .collect();
+    let mut units = common::storage_units(&listen, 2);
     let client = tq_client::Client::connect(&listen).await.unwrap();
     let (rounds, per_round) = (40usize, 5usize);
     let producer = {

@@ -880,14 +880,7 @@ async fn a_controller_with_a_state_dir_survives_kill_9() {
     };
     let mut controller = start();
     controller.listening(1);
-    let mut units: Vec<Tq> = (0..2)
-        .map(|i| {
-            let id = format!("unit-{i}");
-            let mut u = Tq::spawn(&["storage-unit", "--controller", &listen, "--id", &id]);
-            u.listening(1);
-            u
-        })
-        .collect();
+    let mut units = common::storage_units(&listen, 2);
     let mut controller =
         common::a_job_across_a_controller_kill(&listen, controller, start, 2, 200).await;
     let _ = controller.terminate(Duration::from_secs(5));

@@ -34,6 +34,7 @@ pub use metrics::{ControllerOp, MeteredPlane};
 #[cfg(feature = "net")]
 pub use net::{
     ControllerServer, Registration, RemoteControlPlane, Topology, UnitInfo, REGISTRATION_LAPSE,
+    UNIT_ID_HELD,
 };
 pub use partition::{is_public, PUBLIC_PARTITION};
 pub use sampler::{

@@ -616,5 +616,5 @@ impl Handler for ControllerServer {
 mod ops;
 mod registry;
 mod remote;
-pub use registry::REGISTRATION_LAPSE;
+pub use registry::{REGISTRATION_LAPSE, UNIT_ID_HELD};
 pub use remote::{Registration, RemoteControlPlane};

@@ -33,8 +33,8 @@ pub use merge::{apply_merge, MergeRegistry};
 pub use meta::{BackendMeta, BatchMeta, LeaseId, Links, SampleId, TagValue, Tags};
 pub use schema::{FieldKind, FieldMeta};
 pub use storage::{
-    Capabilities, FieldFilter, MergeFn, MergeOp, PutReceipt, StorageManager, EPOCH_CLAIMED,
-    EPOCH_CLAIM_LEASE,
+    waiting_out_claims, Capabilities, FieldFilter, MergeFn, MergeOp, PutReceipt, StorageManager,
+    EPOCH_CLAIMED, EPOCH_CLAIM_LEASE,
 };
 pub use tensor::{numel, Tensor, Value};
 

@@ -88,6 +88,31 @@ pub const EPOCH_CLAIM_LEASE: std::time::Duration = std::time::Duration::from_sec
 /// claim to lapse.
 pub const EPOCH_CLAIMED: &str = "is owned by another live controller";
 
+/// Runs `attempt` until it is not refused by another owner's epoch claim ([`EPOCH_CLAIMED`]),
+/// for at most one [`EPOCH_CLAIM_LEASE`] and a second: a dead owner's claim lapses by then, and
+/// a claim still held after it belongs to a live controller, whose refusal is returned. For a
+/// controller starting in an epoch and a checkpoint load restoring one.
+pub async fn waiting_out_claims<T, F, Fut>(mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let deadline =
+        tokio::time::Instant::now() + EPOCH_CLAIM_LEASE + std::time::Duration::from_secs(1);
+    loop {
+        match attempt().await {
+            Err(e)
+                if e.message().contains(EPOCH_CLAIMED)
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::info!(error = %e, "epoch claimed; waiting for a dead owner's claim to lapse");
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// The data plane. Implemented by SimpleStorage, the KV adapter and any third-party backend, and
 /// checked by [`crate::testkit`] (feature `testkit`).
 ///

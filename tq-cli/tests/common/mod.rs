@@ -399,3 +399,15 @@ pub fn tempdir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).expect("create a temp dir");
     dir
 }
+
+/// `n` `tq storage-unit` processes `unit-0`… registered with the controller at `listen`.
+pub fn storage_units(listen: &str, n: usize) -> Vec<Tq> {
+    (0..n)
+        .map(|i| {
+            let id = format!("unit-{i}");
+            let mut u = Tq::spawn(&["storage-unit", "--controller", listen, "--id", &id]);
+            u.listening(1);
+            u
+        })
+        .collect()
+}

@@ -445,25 +445,9 @@ impl Client {
         }
         // A checkpoint of shared storage restores the epoch its controller served: refused
         // while that controller lives, and taken once a dead one's claim lapses.
-        let claim_deadline = tokio::time::Instant::now()
-            + tq_core::EPOCH_CLAIM_LEASE
-            + std::time::Duration::from_secs(1);
-        let counts = loop {
-            match self.control().restore(state.clone()).await {
-                Err(e)
-                    if e.message().contains(tq_core::EPOCH_CLAIMED)
-                        && tokio::time::Instant::now() < claim_deadline =>
-                {
-                    tracing::info!(error = %e, "checkpoint epoch claimed; waiting for a dead controller's claim to lapse");
-                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-                }
-                other => {
-                    break other.map_err(|e| {
-                        e.context(format!("checkpoint `{}`", place.describe(&file.name)))
-                    })?
-                }
-            }
-        };
+        let counts = tq_core::waiting_out_claims(|| self.control().restore(state.clone()))
+            .await
+            .map_err(|e| e.context(format!("checkpoint `{}`", place.describe(&file.name))))?;
         // The controller is in the checkpoint's epoch now (a fresh one with copied KV
         // payloads); this client's storage follows, to find the keys of that epoch, and
         // units in other processes, to accept its cells.

@@ -30,6 +30,10 @@ use tq_core::{Error, Result};
 /// Four registration periods, so a unit that misses a few (a busy machine) keeps its id.
 pub const REGISTRATION_LAPSE: Duration = Duration::from_secs(2);
 
+/// Words in the `Conflict` refusing a second process under a live unit's id, for a starting
+/// unit that waits for a dead predecessor's registration to lapse.
+pub const UNIT_ID_HELD: &str = "is held by a live unit";
+
 /// When a unit last registered; `None` for a unit in the controller's process (never lapses).
 type LastSeen = Option<Instant>;
 
@@ -91,7 +95,7 @@ impl Registry {
                     "refused a second storage unit under an id a live unit holds"
                 );
                 return Err(Error::conflict(format!(
-                    "storage unit id `{}` is held by a live unit at {} ({ago}); a second unit \
+                    "storage unit id `{}` {UNIT_ID_HELD} at {} ({ago}); a second unit \
                      under the same id would split its samples between two processes. Give \
                      this one another --id, or stop the holder: its id is free {} ms after its \
                      last registration",
