@@ -315,6 +315,144 @@ async fn a_library_job_rides_out_a_controller_restart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An insert and an at-most-once fetch whose answers are lost on the way (the controller applied
+/// them; a proxy drops the answer and cuts the connection) are retried and get their first
+/// answers: no sample is allocated twice, none is consumed and lost. The same after a `tq
+/// controller --state-dir` killed with SIGKILL: a job of `put_new` and `fetch` (no retry code of
+/// its own) ends with every sample consumed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_answers_to_inserts_and_fetches_are_answered_again_not_applied_twice() {
+    use tq_core::{Batch, Column, Tensor};
+    let dir = common::tempdir("lost-answers");
+    let state = dir.join("state");
+    let listen = common::free_listen();
+    let start = || {
+        let mut c = Tq::spawn(&[
+            "controller",
+            "--listen",
+            &listen,
+            "--units",
+            "2",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ]);
+        c.listening(1);
+        c
+    };
+    let mut controller = start();
+    let mut units = common::storage_units(&listen, 2);
+    let proxy = common::AnswerEater::start(&listen).await;
+    let client = tq_client::Client::connect(&proxy.url).await.unwrap();
+    let batch = |from: i64, n: usize| {
+        let ids: Vec<i64> = (from..from + n as i64).collect();
+        Batch::from_columns([(
+            "x",
+            Column::Dense(Tensor::from_slice(vec![n], &ids).unwrap()),
+        )])
+        .unwrap()
+    };
+    let ids_of = |b: &Batch| match b.column("x") {
+        Some(Column::Dense(x)) => x.to_vec::<i64>().unwrap(),
+        other => panic!("dense x, got {other:?}"),
+    };
+
+    // Lost answers, controller alive.
+    let p = client.partition("once");
+    proxy.eat_next();
+    let first = p.put_new(&batch(0, 4)).await.expect("an insert retried");
+    assert_eq!(proxy.eaten(), 1, "the insert's answer was dropped");
+    p.put_new(&batch(4, 4)).await.unwrap();
+    let status = p.production_status(&["x"]).await.unwrap();
+    assert_eq!(
+        status.samples.len(),
+        8,
+        "one allocation per insert: {status:?}"
+    );
+    assert_eq!(first.len(), 4);
+    proxy.eat_next();
+    let fetched = p.fetch(&["x"], "train", 4).await.expect("a fetch retried");
+    assert_eq!(proxy.eaten(), 2, "the fetch's answer was dropped");
+    let rest = p.fetch(&["x"], "train", 4).await.unwrap();
+    let mut seen = ids_of(&client.get_data(&fetched).await.unwrap());
+    seen.extend(ids_of(&client.get_data(&rest).await.unwrap()));
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..8).collect::<Vec<_>>(),
+        "nothing lost, nothing twice"
+    );
+
+    // A job across a controller kill -9 (straight to the controller: no proxy).
+    let direct = tq_client::Client::connect(&listen).await.unwrap();
+    let rounds = 60i64;
+    let producer = {
+        let p = direct.partition("job");
+        tokio::spawn(async move {
+            for r in 0..rounds {
+                p.put_new(&batch(r * 4, 4))
+                    .await
+                    .unwrap_or_else(|e| panic!("put {r}: {e}"));
+            }
+            p.complete().await.unwrap();
+        })
+    };
+    let consumer = {
+        let (client, p) = (direct.clone(), direct.partition("job"));
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            loop {
+                match p.fetch(&["x"], "train", 3).await {
+                    Ok(meta) if meta.is_empty() => {}
+                    Ok(meta) => {
+                        let data = client
+                            .get_data(&meta)
+                            .await
+                            .unwrap_or_else(|e| panic!("get: {e}"));
+                        seen.extend(ids_of(&data));
+                    }
+                    Err(e) if e.kind() == &tq_core::ErrorKind::Closed => return seen,
+                    Err(e) => panic!("fetch: {e}"),
+                }
+            }
+        })
+    };
+    while direct
+        .partition("job")
+        .production_status(&["x"])
+        .await
+        .map_or(0, |s| s.samples.len())
+        < 40
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    controller.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut controller = start();
+    producer.await.unwrap();
+    let mut seen = consumer.await.unwrap();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (0..rounds * 4).collect::<Vec<_>>(),
+        "every sample consumed exactly once"
+    );
+    let status = direct
+        .partition("job")
+        .production_status(&["x"])
+        .await
+        .unwrap();
+    assert_eq!(
+        status.samples.len(),
+        (rounds * 4) as usize,
+        "no sample allocated twice"
+    );
+    let _ = controller.terminate(Duration::from_secs(5));
+    for u in &mut units {
+        u.kill();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `tq demo --connect` on a deployment in use: without the `grpo` sampler it stops before
 /// writing anything (naming the setting); with it, it runs in partitions of its own, leaving
 /// another job's `prompts` and `train` partitions as they were, and clears only what it wrote.

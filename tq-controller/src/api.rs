@@ -39,6 +39,21 @@ pub enum GetMetaMode {
     Force,
 }
 
+/// Names one request of one remote client, so that the controller applies it once however
+/// often it arrives (a retry after a lost answer gets the first answer; see
+/// `Controller::get_meta_once`). The remote stub tags inserts and at-most-once fetches with
+/// one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestId {
+    /// Drawn at random by the client when it starts.
+    pub client: u64,
+    /// Grows with each tagged request of the client.
+    pub seq: u64,
+    /// Every tagged request of the client below this number is finished (answered, or given
+    /// up on): the controller may forget their answers.
+    pub done_below: u64,
+}
+
 /// A `get_meta` request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GetMetaRequest {

@@ -16,8 +16,9 @@ use tq_core::{Error, LeaseId, Result};
 
 /// The snapshot format this build writes; it reads this one and older.
 /// Format 2 added the samplers' cached answers; format 3 the lease that acknowledged each
-/// consumed sample (entries of the lease list, so format 2 decodes unchanged).
-pub const SNAPSHOT_FORMAT: u32 = 3;
+/// consumed sample (entries of the lease list, so format 2 decodes unchanged); format 4 the
+/// answers remembered for requests that must not be applied twice (beside the state).
+pub const SNAPSHOT_FORMAT: u32 = 4;
 
 const MAGIC: &[u8; 4] = b"TQCS";
 const HEADER: usize = 4 + 4 + 8 + 4;

@@ -13,11 +13,13 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
+mod answers;
 mod changes;
 mod hold;
 mod partitions;
 mod plane;
 mod snapshot;
+pub use answers::{ANSWER_MEMORY, MAX_ANSWERS_PER_CLIENT};
 use partitions::Partitions;
 pub use snapshot::{snapshot_cells, snapshot_epoch, snapshot_in_epoch, StoredCells};
 use tq_core::{BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
@@ -77,6 +79,10 @@ struct State {
     /// Public sample → the (partition, sample, field) cells linking to it. Never holds an
     /// empty set: "linked" means a non-empty entry.
     linked_by: HashMap<SampleId, HashSet<(String, SampleId, FieldName)>>,
+    /// Answers remembered for requests that must not be applied twice (see `answers`).
+    /// Snapshots carry them beside the state (format 4 on), so formats 1-3 decode as before.
+    #[serde(skip)]
+    answers: answers::Answers,
 }
 
 impl State {
@@ -208,6 +214,8 @@ pub struct Controller {
     epoch: std::sync::atomic::AtomicU64,
     /// A checkpoint's hold on removals while it copies payloads (see `hold`).
     removals: hold::RemovalHold,
+    /// Request ids being answered now (see `answers::RequestTurn`).
+    in_flight: Mutex<HashMap<(u64, u64), Arc<tokio::sync::Mutex<()>>>>,
     telemetry: Telemetry,
 }
 
@@ -248,6 +256,7 @@ impl Controller {
                 alloc: IndexAllocator::new(config.storage_units),
                 next_lease: 0,
                 linked_by: HashMap::new(),
+                answers: Default::default(),
             }),
             waiters: Mutex::new(HashMap::new()),
             samplers: RwLock::new(HashMap::new()),
@@ -256,6 +265,7 @@ impl Controller {
             links_supported: config.links_supported,
             epoch: std::sync::atomic::AtomicU64::new(tq_core::new_epoch()),
             removals: hold::RemovalHold::default(),
+            in_flight: Mutex::new(HashMap::new()),
             telemetry: Telemetry {
                 started: Instant::now(),
                 waiting_fetches: Default::default(),
@@ -439,6 +449,7 @@ impl Controller {
         batch_size: usize,
         lease: Option<Duration>,
         sampler: &dyn Sampler,
+        once: Option<&RequestId>,
     ) -> Result<Attempt> {
         let mut st = self.lock();
         let st = &mut *st;
@@ -517,10 +528,13 @@ impl Controller {
             Err(_) => return Ok(Attempt::NotReady { next_expiry }),
         };
         let lease_id = reserve(p, &mut st.next_lease, task, &picked, lease, now);
-        Ok(Attempt::Got(
-            p.build_meta(&slots, &fids, Production::AllReady)
-                .with_lease(lease_id),
-        ))
+        let meta = p
+            .build_meta(&slots, &fids, Production::AllReady)
+            .with_lease(lease_id);
+        if let Some(id) = once {
+            st.answers.remember(id, &meta);
+        }
+        Ok(Attempt::Got(meta))
     }
 
     async fn fetch(
@@ -530,6 +544,7 @@ impl Controller {
         batch_size: usize,
         wait: Wait,
         lease: Option<Duration>,
+        once: Option<&RequestId>,
     ) -> Result<BatchMeta> {
         if batch_size == 0 {
             return Err(Error::invalid("fetch batch size must be at least 1"));
@@ -558,7 +573,7 @@ impl Controller {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let next_expiry =
-                match self.try_fetch(req, task, batch_size, lease, sampler.as_ref())? {
+                match self.try_fetch(req, task, batch_size, lease, sampler.as_ref(), once)? {
                     Attempt::Got(meta) => return Ok(meta),
                     Attempt::Finished => {
                         return Err(Error::closed(format!(

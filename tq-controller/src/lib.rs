@@ -23,12 +23,13 @@ mod state_dir;
 
 pub use api::{
     ConsumptionStatus, ControlPlane, ControllerStatus, GetMetaMode, GetMetaRequest, KeyListing,
-    KvMeta, LinkRequest, PartitionStatus, ProductionNotice, ProductionStatus, TaskStatus, Wait,
+    KvMeta, LinkRequest, PartitionStatus, ProductionNotice, ProductionStatus, RequestId,
+    TaskStatus, Wait,
 };
 pub use checkpoint::{SnapshotCounts, SNAPSHOT_FORMAT};
 pub use controller::{
     sampler_from_name, snapshot_cells, snapshot_epoch, snapshot_in_epoch, Controller,
-    ControllerConfig, StoredCells, MAX_INSERT_COUNT,
+    ControllerConfig, StoredCells, ANSWER_MEMORY, MAX_ANSWERS_PER_CLIENT, MAX_INSERT_COUNT,
 };
 pub use metrics::{ControllerOp, MeteredPlane};
 #[cfg(feature = "net")]

@@ -162,6 +162,38 @@ impl<P: ControlPlane + ?Sized> MeteredPlane<P> {
     }
 }
 
+impl MeteredPlane<crate::Controller> {
+    /// [`crate::Controller::get_meta_once`], metered as a `get_meta`.
+    pub async fn get_meta_once(
+        &self,
+        req: GetMetaRequest,
+        id: crate::RequestId,
+    ) -> Result<BatchMeta> {
+        let op = get_meta_op(&req);
+        let work = self.inner.get_meta_once(req, id);
+        measure_get_meta(&self.meter, op, work).await
+    }
+}
+
+fn get_meta_op(req: &GetMetaRequest) -> ControllerOp {
+    match req.mode {
+        GetMetaMode::Force => ControllerOp::GetPartitionMeta,
+        _ => ControllerOp::GetMeta,
+    }
+}
+
+async fn measure_get_meta(
+    meter: &RequestMeter,
+    op: ControllerOp,
+    work: impl std::future::Future<Output = Result<BatchMeta>>,
+) -> Result<BatchMeta> {
+    let rows = |m: &BatchMeta| m.len() as u64;
+    // `Closed` is the normal end of a stream (the partition is complete and the task has
+    // consumed it), not a failed request.
+    let failed = |e: &tq_core::Error| e.kind() != &tq_core::ErrorKind::Closed;
+    meter.measure_with(op.index(), rows, failed, work).await
+}
+
 fn none<T>(_: &T) -> u64 {
     0
 }
@@ -173,18 +205,9 @@ impl<P: ControlPlane + ?Sized> ControlPlane for MeteredPlane<P> {
     }
 
     async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
-        let op = match req.mode {
-            GetMetaMode::Force => ControllerOp::GetPartitionMeta,
-            _ => ControllerOp::GetMeta,
-        };
-        let rows = |m: &BatchMeta| m.len() as u64;
+        let op = get_meta_op(&req);
         let work = self.inner.get_meta(req);
-        // `Closed` is the normal end of a stream (the partition is complete and the task has
-        // consumed it), not a failed request.
-        let failed = |e: &tq_core::Error| e.kind() != &tq_core::ErrorKind::Closed;
-        self.meter
-            .measure_with(op.index(), rows, failed, work)
-            .await
+        measure_get_meta(&self.meter, op, work).await
     }
 
     async fn notify_production(

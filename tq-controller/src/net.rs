@@ -78,6 +78,9 @@ impl Topology {
 struct ControlEnvelope {
     epoch: u64,
     request: ControlRequest,
+    /// A request that must not be applied twice (an insert, an at-most-once fetch) names
+    /// itself, so that a retry gets the first answer (protocol 6; `Controller::get_meta_once`).
+    once: Option<RequestId>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -605,7 +608,19 @@ impl Handler for ControllerServer {
             );
         }
         let changes = envelope.request.changes_state();
-        let resp = self.dispatch(envelope.request, body).await?;
+        let resp = match (envelope.once, envelope.request) {
+            (None, request) => self.dispatch(request, body).await?,
+            (Some(id), ControlRequest::GetMeta(r)) => {
+                ControlResponse::Meta(self.plane.get_meta_once(r, id).await?)
+            }
+            (Some(_), other) => {
+                self.plane.meter().rejected(op.index());
+                return Err(Error::invalid(format!(
+                    "a request id is honoured on get_meta only, not on {}",
+                    other.op().name()
+                )));
+            }
+        };
         if let (true, Some(state)) = (changes, &self.state_dir) {
             state.changed().await?;
         }

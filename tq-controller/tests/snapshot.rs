@@ -33,6 +33,13 @@ fn force(p: &str, fields: &[&str]) -> GetMetaRequest {
 }
 
 /// A controller with something of everything.
+/// The id of `busy`'s tagged fetch.
+const TRAIN_FETCH: RequestId = RequestId {
+    client: 7,
+    seq: 1,
+    done_below: 1,
+};
+
 async fn busy() -> (Controller, u64) {
     let c = controller();
     // Keys with a dense, a ragged and an object field, tags and backend meta.
@@ -90,15 +97,13 @@ async fn busy() -> (Controller, u64) {
     })
     .await
     .unwrap();
-    // Consumption: one task consumed two samples; another holds a lease on two.
+    // Consumption: one task consumed two samples (a tagged fetch, whose answer format 4
+    // keeps); another holds a lease on two.
     let taken = c
-        .get_meta(GetMetaRequest::fetch(
-            "p",
-            &["dense"],
-            "train",
-            2,
-            Wait::NoWait,
-        ))
+        .get_meta_once(
+            GetMetaRequest::fetch("p", &["dense"], "train", 2, Wait::NoWait),
+            TRAIN_FETCH,
+        )
         .await
         .unwrap();
     assert_eq!(taken.len(), 2);
@@ -442,6 +447,18 @@ async fn committed_files_of_every_format_load() {
             expected,
             "format {format}"
         );
+        if format >= 4 {
+            // The tagged fetch comes again: its first answer, and nothing more consumed.
+            assert_eq!(restored.remembered_answers(), 1);
+            let again = GetMetaRequest::fetch("p", &["dense"], "train", 2, Wait::NoWait);
+            let answer = restored.get_meta_once(again, TRAIN_FETCH).await.unwrap();
+            assert_eq!(answer.len(), 2);
+            let view = view_of(&restored, tasks).await.join("\n");
+            assert_eq!(
+                view, expected,
+                "format {format}, after the fetch came again"
+            );
+        }
 
         let dir = data.join(format!("state-dir-format{format}"));
         let copy = common_copy(&dir);
@@ -454,6 +471,9 @@ async fn committed_files_of_every_format_load() {
             expected,
             "format {format}"
         );
+        if format >= 4 {
+            assert_eq!(live.remembered_answers(), 1, "format {format} state dir");
+        }
         drop(state);
         let _ = std::fs::remove_dir_all(&copy);
     }

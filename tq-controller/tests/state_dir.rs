@@ -281,3 +281,108 @@ async fn a_state_dir_has_one_controller_at_a_time() {
     assert_eq!(third.kv_list(Some("p")).await.unwrap().len(), 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A request tagged with a [`RequestId`] is applied once: an insert and an at-most-once fetch
+/// that come again — in the same life, and after a restart on the state dir (also from a
+/// compacted snapshot) — get their first answer, and the partition is as one application left
+/// it. A request below what its client said is finished is refused as of unknown outcome, and
+/// the answers below it are dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tagged_request_is_applied_once_across_restarts() {
+    let dir = tempdir();
+    let id = |seq, done_below| RequestId {
+        client: 0xc1,
+        seq,
+        done_below,
+    };
+    let insert = || GetMetaRequest {
+        partition: "p".into(),
+        fields: vec!["x".into()],
+        mode: GetMetaMode::Insert { count: 4 },
+        sampler: None,
+        dp_rank: None,
+        batch_index: None,
+    };
+    let fetch = || GetMetaRequest::fetch("p", &["x"], "train", 2, Wait::NoWait);
+    let first = controller();
+    let state = StateDir::open(&dir, first.clone()).unwrap();
+    let inserted = first.get_meta_once(insert(), id(1, 1)).await.unwrap();
+    state.changed().await.unwrap();
+    assert_eq!(
+        first.get_meta_once(insert(), id(1, 1)).await.unwrap(),
+        inserted
+    );
+    assert_eq!(first.samples_in_use(), 4, "one insert, not two");
+    first
+        .notify_production(ProductionNotice {
+            partition: "p".into(),
+            samples: inserted.samples().to_vec(),
+            schemas: [("x".to_string(), FieldMeta::dense(DType::I64, vec![2]))].into(),
+            tags: None,
+            backend_meta: None,
+        })
+        .await
+        .unwrap();
+    let fetched = first.get_meta_once(fetch(), id(2, 1)).await.unwrap();
+    state.changed().await.unwrap();
+    assert_eq!(fetched.len(), 2);
+    assert_eq!(first.remembered_answers(), 2);
+    drop(state);
+
+    // A restart replays the log: the same ids get the same answers; nothing is applied again.
+    let second = controller();
+    let state = StateDir::open(&dir, second.clone()).unwrap();
+    assert_eq!(
+        second.get_meta_once(insert(), id(1, 1)).await.unwrap(),
+        inserted
+    );
+    assert_eq!(
+        second.get_meta_once(fetch(), id(2, 1)).await.unwrap(),
+        fetched
+    );
+    assert_eq!(second.samples_in_use(), 4);
+    let status = second.consumption_status("p", "train").await.unwrap();
+    let consumed = status.consumed.iter().filter(|c| **c).count();
+    assert_eq!(consumed, 2, "{status:?}");
+    // The next fetch (a new id) takes the other two.
+    let rest = second.get_meta_once(fetch(), id(3, 1)).await.unwrap();
+    state.changed().await.unwrap();
+    let mut all: Vec<_> = fetched.samples().iter().chain(rest.samples()).collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 4);
+    drop(state);
+
+    // From a compacted snapshot (format 4 carries the answers), with the client saying that
+    // everything below 3 is finished: 3 is answered, 1 and 2 are forgotten and refused.
+    let third = controller();
+    let state = StateDir::open_with(
+        &dir,
+        third.clone(),
+        StateDirOptions {
+            compact_min_bytes: 0,
+        },
+    )
+    .unwrap();
+    assert_eq!(third.get_meta_once(fetch(), id(3, 1)).await.unwrap(), rest);
+    let again = third.get_meta_once(fetch(), id(4, 3)).await;
+    assert_eq!(again.unwrap().len(), 0, "nothing left to fetch");
+    state.changed().await.unwrap();
+    let e = third
+        .get_meta_once(insert(), id(1, 3))
+        .await
+        .expect_err("below done_below");
+    assert_eq!(e.retry(), tq_core::Retry::OutcomeUnknown, "{e}");
+    assert!(
+        e.message().contains("whether it was applied is unknown"),
+        "{e}"
+    );
+    assert_eq!(third.samples_in_use(), 4);
+    assert_eq!(third.remembered_answers(), 1, "the answer to 3 is kept");
+    drop(state);
+    let fourth = controller();
+    let _state = StateDir::open(&dir, fourth.clone()).unwrap();
+    assert_eq!(fourth.remembered_answers(), 1);
+    assert_eq!(fourth.get_meta_once(fetch(), id(3, 3)).await.unwrap(), rest);
+    let _ = std::fs::remove_dir_all(&dir);
+}

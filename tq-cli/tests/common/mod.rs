@@ -411,3 +411,93 @@ pub fn storage_units(listen: &str, n: usize) -> Vec<Tq> {
         })
         .collect()
 }
+
+/// A TCP proxy in front of `upstream` (`tcp://host:port`) that can lose answers: after
+/// [`AnswerEater::eat_next`], the next bytes coming back from upstream are dropped and that
+/// connection is cut on both sides, as when a controller's answer is lost on the way (the
+/// request was applied; the client never hears). Serves until dropped.
+pub struct AnswerEater {
+    pub url: String,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    eaten: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AnswerEater {
+    pub async fn start(upstream: &str) -> AnswerEater {
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        use std::sync::Arc;
+        let upstream = upstream.trim_start_matches("tcp://").to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("tcp://{}", listener.local_addr().unwrap());
+        let armed = Arc::new(AtomicBool::new(false));
+        let eaten = Arc::new(AtomicUsize::new(0));
+        let (a, e) = (armed.clone(), eaten.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                tokio::spawn(Self::pipe(client, server, a.clone(), e.clone()));
+            }
+        });
+        AnswerEater {
+            url,
+            armed,
+            eaten,
+            task,
+        }
+    }
+
+    async fn pipe(
+        client: tokio::net::TcpStream,
+        server: tokio::net::TcpStream,
+        armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        eaten: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut client_rx, mut client_tx) = client.into_split();
+        let (mut server_rx, mut server_tx) = server.into_split();
+        let up = async {
+            let _ = tokio::io::copy(&mut client_rx, &mut server_tx).await;
+        };
+        let down = async {
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                let n = match server_rx.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if armed.swap(false, Ordering::SeqCst) {
+                    eaten.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+                if client_tx.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        };
+        // Whichever side ends first ends the connection (both halves are dropped).
+        tokio::select! {
+            () = up => {}
+            () = down => {}
+        }
+    }
+
+    /// Drops the next answer that comes back, and cuts its connection.
+    pub fn eat_next(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many answers were dropped so far.
+    pub fn eaten(&self) -> usize {
+        self.eaten.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for AnswerEater {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -9,7 +9,8 @@
 //! record's also gives that state (what a crash during compaction leaves).
 
 use super::*;
-use crate::checkpoint::{frame, unframe};
+use crate::checkpoint::{frame, unframe_with_format};
+use answers::AnswerChanges;
 
 type LinkedBy = HashMap<SampleId, HashSet<(String, SampleId, FieldName)>>;
 
@@ -25,6 +26,8 @@ struct RecordRef<'a> {
     partitions: Vec<(&'a str, Option<&'a Partition>)>,
     /// Every sampler's saved state (small: the answers cached for batches in flight).
     samplers: &'a [(String, Vec<u8>)],
+    /// Remembered answers of the clients whose entry changed (format 4 on).
+    answers: AnswerChanges,
 }
 
 #[derive(Deserialize)]
@@ -37,12 +40,43 @@ struct Record {
     all: bool,
     partitions: Vec<(String, Option<Partition>)>,
     samplers: Vec<(String, Vec<u8>)>,
+    answers: AnswerChanges,
+}
+
+/// A record of formats 1-3: no remembered answers.
+#[derive(Deserialize)]
+struct RecordV3 {
+    epoch: u64,
+    order: Vec<String>,
+    alloc: IndexAllocator,
+    next_lease: LeaseId,
+    linked_by: LinkedBy,
+    all: bool,
+    partitions: Vec<(String, Option<Partition>)>,
+    samplers: Vec<(String, Vec<u8>)>,
+}
+
+impl From<RecordV3> for Record {
+    fn from(r: RecordV3) -> Self {
+        Record {
+            epoch: r.epoch,
+            order: r.order,
+            alloc: r.alloc,
+            next_lease: r.next_lease,
+            linked_by: r.linked_by,
+            all: r.all,
+            partitions: r.partitions,
+            samplers: r.samplers,
+            answers: Vec::new(),
+        }
+    }
 }
 
 /// The framed record of `st`'s changes since the last one; the changes are taken (the next
 /// record starts empty).
 fn take_record(st: &mut State, epoch: u64, samplers: &[(String, Vec<u8>)]) -> Result<Vec<u8>> {
     let changed = st.partitions.take_changed();
+    let answers = st.answers.take_changed();
     let partitions: Vec<(&str, Option<&Partition>)> = if changed.all {
         st.partitions
             .iter()
@@ -64,6 +98,7 @@ fn take_record(st: &mut State, epoch: u64, samplers: &[(String, Vec<u8>)]) -> Re
         all: changed.all,
         partitions,
         samplers,
+        answers,
     })
     .map_err(|e| Error::internal(format!("cannot encode a controller change record: {e}")))?;
     Ok(frame(&body))
@@ -79,7 +114,9 @@ impl Controller {
 
     /// Forgets the changes since the last record: what the state dir recovered is on disk.
     pub(crate) fn forget_changes(&self) {
-        let _taken = self.lock().partitions.take_changed();
+        let mut st = self.lock();
+        let _taken = st.partitions.take_changed();
+        let _answers = st.answers.take_changed();
     }
 
     /// The changes since the last call and a whole snapshot, both of the same instant (one
@@ -95,8 +132,13 @@ impl Controller {
     /// Applies one framed record of this controller's epoch (recovery from a state dir).
     /// Everything is decoded and checked before anything changes.
     pub(crate) fn apply_changes(&self, framed: &[u8]) -> Result<()> {
-        let body = unframe(framed)?;
-        let record: Record = postcard::from_bytes(body).map_err(|e| {
+        let (format, body) = unframe_with_format(framed)?;
+        let decoded = if format < 4 {
+            postcard::from_bytes::<RecordV3>(body).map(Record::from)
+        } else {
+            postcard::from_bytes::<Record>(body)
+        };
+        let record = decoded.map_err(|e| {
             Error::corrupted(format!("controller change record does not decode: {e}"))
         })?;
         if record.epoch == 0 {
@@ -136,6 +178,13 @@ impl Controller {
         st.alloc = record.alloc;
         st.next_lease = record.next_lease;
         st.linked_by = record.linked_by;
+        if record.all {
+            let all = record.answers.into_iter();
+            st.answers
+                .replace(all.filter_map(|(id, a)| Some((id, a?))).collect());
+        } else {
+            st.answers.apply(record.answers);
+        }
         Ok(())
     }
 }

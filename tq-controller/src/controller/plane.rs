@@ -11,49 +11,7 @@ impl ControlPlane for Controller {
     }
 
     async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
-        // Embedded calls that never wait must still let other tasks run (a NoWait poll loop).
-        tokio::task::consume_budget().await;
-        match &req.mode {
-            GetMetaMode::Fetch {
-                task,
-                batch_size,
-                wait,
-                lease,
-            } => self.fetch(&req, task, *batch_size, *wait, *lease).await,
-            GetMetaMode::Insert { count } => {
-                if *count == 0 {
-                    return Err(Error::invalid(format!(
-                        "partition `{}`: insert of zero samples",
-                        req.partition
-                    )));
-                }
-                if *count > MAX_INSERT_COUNT {
-                    return Err(Error::invalid(format!(
-                        "partition `{}`: insert of {count} samples; at most {MAX_INSERT_COUNT} \
-                         per request",
-                        req.partition
-                    )));
-                }
-                let mut st = self.lock();
-                if *count as u64 > st.alloc.available() {
-                    return Err(Error::capacity_exceeded(format!(
-                        "partition `{}`: insert of {count} samples, but only {} sample indexes \
-                         are left (clear samples to reuse theirs)",
-                        req.partition,
-                        st.alloc.available()
-                    )));
-                }
-                let (p, alloc) = st.partition_or_create(&req.partition)?;
-                let slots = p.allocate(alloc, *count);
-                // The fields the inserter is about to write (see `note_fields_written`).
-                p.note_fields_written(&req.fields);
-                Ok(p.build_meta(&slots, &[], Production::NoneReady))
-            }
-            GetMetaMode::Force => {
-                let st = self.lock();
-                Ok(st.partition(&req.partition)?.force_meta(&req.fields))
-            }
-        }
+        self.get_meta_with(req, None).await
     }
 
     async fn notify_production(&self, notice: ProductionNotice) -> Result<Vec<BackendMeta>> {
@@ -602,4 +560,83 @@ fn mark_unlinked(st: &mut State, public_partition: &str, prefix: &str) -> Result
         missing: Vec::new(),
         clearing: Vec::new(),
     })
+}
+
+impl Controller {
+    /// [`ControlPlane::get_meta`] applied at most once for `id`: a request that comes again
+    /// with the same id (a retry after a lost answer, also across a restart on the state
+    /// dir) gets the first answer instead of a second insert or a second batch. A retry that
+    /// overtakes its first attempt waits for it. See `controller/answers.rs`.
+    pub async fn get_meta_once(&self, req: GetMetaRequest, id: RequestId) -> Result<BatchMeta> {
+        let _turn = self.request_turn(&id).await;
+        if let Some(answer) = self.lock().answers.lookup(&id)? {
+            tracing::debug!(client = %format_args!("{:016x}", id.client), seq = id.seq, partition = %req.partition, "a request came again: answered as the first time");
+            return Ok(answer);
+        }
+        self.get_meta_with(req, Some(&id)).await
+    }
+
+    /// How many remembered answers the controller keeps (see [`Controller::get_meta_once`]).
+    pub fn remembered_answers(&self) -> usize {
+        self.lock().answers.len()
+    }
+
+    /// [`ControlPlane::get_meta`]; with `once`, an answer that changed the state is
+    /// remembered under that id in the same critical section as the change.
+    pub(super) async fn get_meta_with(
+        &self,
+        req: GetMetaRequest,
+        once: Option<&RequestId>,
+    ) -> Result<BatchMeta> {
+        // Embedded calls that never wait must still let other tasks run (a NoWait poll loop).
+        tokio::task::consume_budget().await;
+        match &req.mode {
+            GetMetaMode::Fetch {
+                task,
+                batch_size,
+                wait,
+                lease,
+            } => {
+                self.fetch(&req, task, *batch_size, *wait, *lease, once)
+                    .await
+            }
+            GetMetaMode::Insert { count } => {
+                if *count == 0 {
+                    return Err(Error::invalid(format!(
+                        "partition `{}`: insert of zero samples",
+                        req.partition
+                    )));
+                }
+                if *count > MAX_INSERT_COUNT {
+                    return Err(Error::invalid(format!(
+                        "partition `{}`: insert of {count} samples; at most {MAX_INSERT_COUNT} \
+                         per request",
+                        req.partition
+                    )));
+                }
+                let mut st = self.lock();
+                if *count as u64 > st.alloc.available() {
+                    return Err(Error::capacity_exceeded(format!(
+                        "partition `{}`: insert of {count} samples, but only {} sample indexes \
+                         are left (clear samples to reuse theirs)",
+                        req.partition,
+                        st.alloc.available()
+                    )));
+                }
+                let (p, alloc) = st.partition_or_create(&req.partition)?;
+                let slots = p.allocate(alloc, *count);
+                // The fields the inserter is about to write (see `note_fields_written`).
+                p.note_fields_written(&req.fields);
+                let meta = p.build_meta(&slots, &[], Production::NoneReady);
+                if let Some(id) = once {
+                    st.answers.remember(id, &meta);
+                }
+                Ok(meta)
+            }
+            GetMetaMode::Force => {
+                let st = self.lock();
+                Ok(st.partition(&req.partition)?.force_meta(&req.fields))
+            }
+        }
+    }
 }

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::checkpoint::{frame, unframe_with_format, SnapshotCounts};
+use answers::ClientAnswers;
 use tq_core::BackendMeta;
 
 #[derive(Serialize)]
@@ -11,10 +12,22 @@ struct BodyRef<'a> {
     state: &'a State,
     /// Sampler states by name (format 2 on).
     samplers: &'a [(String, Vec<u8>)],
+    /// Remembered answers by client (format 4 on; see `answers`).
+    answers: Vec<(u64, &'a ClientAnswers)>,
 }
 
 #[derive(Deserialize)]
 struct Body {
+    epoch: u64,
+    units: u32,
+    state: State,
+    samplers: Vec<(String, Vec<u8>)>,
+    answers: Vec<(u64, ClientAnswers)>,
+}
+
+/// Formats 2 and 3: no remembered answers.
+#[derive(Deserialize)]
+struct BodyV2 {
     epoch: u64,
     units: u32,
     state: State,
@@ -46,15 +59,22 @@ fn counts(state: &State) -> SnapshotCounts {
 /// Checks and decodes a snapshot (any format this build reads).
 fn decode(snapshot: &[u8]) -> Result<Body> {
     let (format, body) = unframe_with_format(snapshot)?;
-    let decoded = if format == 1 {
-        postcard::from_bytes::<BodyV1>(body).map(|b| Body {
+    let decoded = match format {
+        1 => postcard::from_bytes::<BodyV1>(body).map(|b| Body {
             epoch: b.epoch,
             units: b.units,
             state: b.state,
             samplers: Vec::new(),
-        })
-    } else {
-        postcard::from_bytes::<Body>(body)
+            answers: Vec::new(),
+        }),
+        2 | 3 => postcard::from_bytes::<BodyV2>(body).map(|b| Body {
+            epoch: b.epoch,
+            units: b.units,
+            state: b.state,
+            samplers: b.samplers,
+            answers: Vec::new(),
+        }),
+        _ => postcard::from_bytes::<Body>(body),
     };
     decoded.map_err(|e| {
         Error::corrupted(format!(
@@ -103,6 +123,7 @@ pub fn snapshot_in_epoch(snapshot: &[u8], epoch: u64) -> Result<Vec<u8>> {
         units: body.units,
         state: &body.state,
         samplers: &body.samplers,
+        answers: body.answers.iter().map(|(id, a)| (*id, a)).collect(),
     })
     .map_err(|e| Error::internal(format!("cannot encode the controller state: {e}")))?;
     Ok(frame(&encoded))
@@ -131,6 +152,7 @@ impl Controller {
             units: st.alloc.units(),
             state: st,
             samplers,
+            answers: st.answers.all(),
         })
         .map_err(|e| Error::internal(format!("cannot encode the controller state: {e}")))?;
         Ok((frame(&body), counts(st)))
@@ -147,6 +169,7 @@ impl Controller {
             units,
             state,
             samplers,
+            answers,
         } = decode(snapshot)?;
         let counts = counts(&state);
         let names: Vec<String> = {
@@ -172,6 +195,7 @@ impl Controller {
             self.load_sampler_states(&samplers, &state.order)
                 .map_err(|e| e.context("controller snapshot"))?;
             *st = state;
+            st.answers.replace(answers);
             // A state dir's next record must carry the whole restored state.
             st.partitions.mark_all_changed();
             self.epoch

@@ -70,6 +70,7 @@ mod tests {
         let stale = ControlEnvelope {
             epoch: server.epoch() + 1,
             request: ControlRequest::ListPartitions,
+            once: None,
         };
         let refused = server
             .handle(Message::encode(&stale, Vec::new()).unwrap())
@@ -80,6 +81,7 @@ mod tests {
         let current = ControlEnvelope {
             epoch: server.epoch(),
             request: ControlRequest::ListPartitions,
+            once: None,
         };
         server
             .handle(Message::encode(&current, Vec::new()).unwrap())

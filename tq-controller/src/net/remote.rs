@@ -21,6 +21,56 @@ pub struct RemoteControlPlane {
     /// request, so a controller that restarted without its state refuses this client's
     /// metadata instead of applying it to its new samples.
     epoch: Arc<std::sync::atomic::AtomicU64>,
+    /// Ids for the requests that must not be applied twice.
+    tags: Arc<RequestTags>,
+}
+
+/// Hands out [`RequestId`]s: one client id per stub (and its clones), a sequence number per
+/// request, and the lowest number still in flight, below which the controller may forget.
+struct RequestTags {
+    client: u64,
+    next: std::sync::atomic::AtomicU64,
+    in_flight: Mutex<std::collections::BTreeSet<u64>>,
+}
+
+/// A tagged request in flight; dropping it (answered, failed or abandoned) finishes it.
+struct Tagged<'a> {
+    tags: &'a RequestTags,
+    seq: u64,
+}
+
+impl RequestTags {
+    fn new() -> Self {
+        RequestTags {
+            client: tq_core::new_epoch(),
+            next: std::sync::atomic::AtomicU64::new(1),
+            in_flight: Mutex::new(Default::default()),
+        }
+    }
+
+    fn start(&self) -> (RequestId, Tagged<'_>) {
+        let seq = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        in_flight.insert(seq);
+        let done_below = in_flight.first().copied().unwrap_or(seq);
+        let id = RequestId {
+            client: self.client,
+            seq,
+            done_below,
+        };
+        (id, Tagged { tags: self, seq })
+    }
+}
+
+impl Drop for Tagged<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self
+            .tags
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        in_flight.remove(&self.seq);
+    }
 }
 
 impl RemoteControlPlane {
@@ -32,6 +82,7 @@ impl RemoteControlPlane {
             endpoint,
             request_timeout,
             epoch: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            tags: Arc::new(RequestTags::new()),
         }
     }
 
@@ -54,7 +105,23 @@ impl RemoteControlPlane {
         idempotent: bool,
         extra_wait: Duration,
     ) -> Result<Message> {
-        let msg = Message::encode(&ControlEnvelope { epoch, request }, frames)?;
+        let envelope = ControlEnvelope {
+            epoch,
+            request,
+            once: None,
+        };
+        self.send_envelope(envelope, frames, idempotent, extra_wait)
+            .await
+    }
+
+    async fn send_envelope(
+        &self,
+        envelope: ControlEnvelope,
+        frames: Vec<Bytes>,
+        idempotent: bool,
+        extra_wait: Duration,
+    ) -> Result<Message> {
+        let msg = Message::encode(&envelope, frames)?;
         self.pool
             .call(
                 &self.endpoint,
@@ -203,9 +270,10 @@ impl ControlPlane for RemoteControlPlane {
 
     async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
         // An at-most-once fetch marks samples consumed and an insert allocates: replaying either
-        // after a lost answer would lose or leak samples. A fetch in acknowledged mode may be
-        // replayed: what a lost answer leased comes back when its lease expires, so nothing is
-        // lost or consumed twice (the replay hands out other samples).
+        // after a lost answer would lose or leak samples, so they carry a request id, and the
+        // controller answers a replay with the first answer. A fetch in acknowledged mode may be
+        // replayed as it is: what a lost answer leased comes back when its lease expires, so
+        // nothing is lost or consumed twice (the replay hands out other samples).
         let (idempotent, wait) = match &req.mode {
             GetMetaMode::Fetch { wait, lease, .. } => (
                 lease.is_some(),
@@ -217,8 +285,25 @@ impl ControlPlane for RemoteControlPlane {
             GetMetaMode::Insert { .. } => (false, Duration::ZERO),
             GetMetaMode::Force => (true, Duration::ZERO),
         };
-        self.meta("get_meta", ControlRequest::GetMeta(req), idempotent, wait)
-            .await
+        if idempotent {
+            return self
+                .meta("get_meta", ControlRequest::GetMeta(req), true, wait)
+                .await;
+        }
+        let (id, _in_flight) = self.tags.start();
+        let envelope = ControlEnvelope {
+            epoch: self.epoch(),
+            request: ControlRequest::GetMeta(req),
+            once: Some(id),
+        };
+        match self
+            .send_envelope(envelope, Vec::new(), true, wait)
+            .await?
+            .decode()?
+        {
+            ControlResponse::Meta(m) => Ok(m),
+            other => Err(self.unexpected("get_meta", other)),
+        }
     }
 
     async fn notify_production(&self, notice: ProductionNotice) -> Result<Vec<BackendMeta>> {
