@@ -3,8 +3,7 @@
 //! their store or, with `--copy-payloads`, copied too (see `tq_client`'s checkpoint module).
 
 use clap::{Args, Subcommand};
-use std::path::PathBuf;
-use tq_client::{CheckpointManifest, CheckpointOptions, Client, Config};
+use tq_client::{CheckpointManifest, CheckpointOptions, Client};
 use tq_core::Result;
 
 #[derive(Args, Debug)]
@@ -34,17 +33,13 @@ struct Target {
     /// Where the checkpoint lives: a directory (a path or `file://DIR`), or `s3://bucket/prefix`
     /// (a tq built with feature `s3`; credentials from the `AWS_*` environment).
     dir: String,
-    /// The controller (`tcp://host:port`).
-    #[arg(long)]
-    controller: String,
-    /// Configuration file (network settings: token, timeouts).
-    #[arg(long)]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    deployment: crate::deployment::DeploymentArgs,
 }
 
 impl Target {
     async fn client(&self) -> Result<Client> {
-        Client::connect_with(&self.controller, Config::load(self.config.as_deref())?).await
+        self.deployment.connect().await
     }
 }
 

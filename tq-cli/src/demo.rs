@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tq_client::{Client, Config, GetMetaMode, GetMetaRequest, StreamConfig, StreamItem, Wait};
+use tq_client::{Client, GetMetaMode, GetMetaRequest, StreamConfig, StreamItem, Wait};
 use tq_core::{Batch, BatchMeta, Column, Error, Result, TagValue, Tensor};
 
 #[derive(Args, Debug, Clone)]
@@ -54,15 +54,12 @@ pub struct DemoArgs {
     /// Number of in-memory storage units (embedded runs on the default storage).
     #[arg(long, default_value_t = 2)]
     units: u32,
-    /// Run the stages against a running deployment (`tcp://host:port`) instead of an embedded
-    /// one, whatever its storage. Its controller must know the sampler `grpo`
-    /// (`[controller.samplers] grpo = "grpo:<responses>"` in its configuration).
-    #[arg(long)]
-    connect: Option<String>,
-    /// Configuration file (TOML): the storage of an embedded run (e.g. Redis), or the network
-    /// settings (token, timeouts) of a connected one.
-    #[arg(long)]
-    config: Option<std::path::PathBuf>,
+    /// With `--controller URL`: run the stages against a running deployment instead of an
+    /// embedded one, whatever its storage. Its controller must know the sampler `grpo`
+    /// (`[controller.samplers] grpo = "grpo:<responses>"` in its configuration). Without it,
+    /// `--config` is the storage of the embedded run (e.g. Redis).
+    #[command(flatten)]
+    deployment: crate::deployment::DeploymentArgs,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -317,11 +314,11 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     {
         return Err(Error::invalid("counts and batch sizes must be at least 1"));
     }
-    let mut config = Config::load(args.config.as_deref())?;
-    let tq = match &args.connect {
+    let mut config = args.deployment.config()?;
+    let tq = match &args.deployment.controller {
         Some(url) => Client::connect_with(url, config).await?,
         None => {
-            if args.config.is_none() {
+            if args.deployment.config.is_none() {
                 config.storage.num_units = args.units;
             }
             config
@@ -394,7 +391,7 @@ impl Report {
             self.traffic.written.load(Ordering::Relaxed),
             self.traffic.read.load(Ordering::Relaxed),
         );
-        let storage = if args.connect.is_some() {
+        let storage = if args.deployment.controller.is_some() {
             format!("storage `{}`", tq.storage().name())
         } else {
             format!("{} storage units", args.units)

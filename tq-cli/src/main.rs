@@ -4,7 +4,9 @@
 mod bench;
 mod checkpoint;
 mod demo;
+mod deployment;
 mod observe;
+mod partition;
 mod procs;
 mod serve;
 mod soak;
@@ -66,6 +68,9 @@ enum Command {
     /// Show a running deployment: partitions (samples, production and consumption per task,
     /// leases), storage units (cells, bytes, capacity, SSD) and the controller.
     Stats(observe::StatsArgs),
+    /// Look after a running deployment's partitions: list, clear, drop, complete,
+    /// reset-consumption.
+    Partition(partition::PartitionArgs),
     /// Check that a deployment answers (the controller and every storage unit); exit code 0
     /// when it does, 1 with the reason otherwise. For probes and scripts.
     Health(observe::HealthArgs),
@@ -137,6 +142,7 @@ fn main() -> ExitCode {
         Command::Checkpoint(args) => runtime.block_on(checkpoint::run(args)),
         Command::Stats(args) => runtime.block_on(observe::stats(args)),
         Command::Health(args) => runtime.block_on(observe::health(args)),
+        Command::Partition(args) => runtime.block_on(partition::run(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

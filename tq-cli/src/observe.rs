@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tq_client::{Client, DeploymentStatus, MetricsExporter};
+use tq_client::{DeploymentStatus, MetricsExporter};
 use tq_core::{Error, Result};
 
 /// What a scrape shows and whether the server is healthy, computed per request.
@@ -156,32 +156,25 @@ async fn answer(
 /// `tq stats`.
 #[derive(Args, Debug, Clone)]
 pub struct StatsArgs {
-    /// The controller (`tcp://host:port` or `unix:///path`).
-    url: String,
+    /// The controller (`tcp://host:port` or `unix:///path`); the same as `--controller`.
+    url: Option<String>,
     /// Print the status as JSON (one object per refresh) instead of tables.
     #[arg(long)]
     json: bool,
     /// Refresh every this many seconds until interrupted.
     #[arg(long, value_name = "SECS")]
     watch: Option<f64>,
-    /// The configuration file (token, timeouts), as for clients.
-    #[arg(long)]
-    config: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    deployment: crate::deployment::DeploymentArgs,
 }
 
 /// `tq health`.
 #[derive(Args, Debug, Clone)]
 pub struct HealthArgs {
-    /// The controller (`tcp://host:port` or `unix:///path`).
-    url: String,
-    /// The configuration file (token, timeouts), as for clients.
-    #[arg(long)]
-    config: Option<std::path::PathBuf>,
-}
-
-async fn connect(url: &str, config: Option<&std::path::Path>) -> Result<Client> {
-    let config = tq_client::Config::load(config)?;
-    Client::builder().config(config).connect(url).await
+    /// The controller (`tcp://host:port` or `unix:///path`); the same as `--controller`.
+    url: Option<String>,
+    #[command(flatten)]
+    deployment: crate::deployment::DeploymentArgs,
 }
 
 /// `tq stats URL`: partitions, storage units and the controller, as tables or JSON.
@@ -189,7 +182,12 @@ pub async fn stats(args: StatsArgs) -> Result<()> {
     if args.watch.is_some_and(|s| !(s > 0.0 && s.is_finite())) {
         return Err(Error::invalid("--watch needs a positive number of seconds"));
     }
-    let client = connect(&args.url, args.config.as_deref()).await?;
+    let client = args
+        .deployment
+        .clone()
+        .with_positional(args.url.clone())?
+        .connect()
+        .await?;
     loop {
         let status = client.status().await?;
         let text = if args.json {
@@ -242,7 +240,12 @@ fn write_out(text: &str) -> Result<bool> {
 
 /// `tq health URL`: exit 0 when the controller answers and every storage unit does too.
 pub async fn health(args: HealthArgs) -> Result<()> {
-    let client = connect(&args.url, args.config.as_deref()).await?;
+    let client = args
+        .deployment
+        .clone()
+        .with_positional(args.url.clone())?
+        .connect()
+        .await?;
     let status = client.status().await?;
     let down: Vec<String> = status
         .units

@@ -137,7 +137,7 @@ pub struct ControllerArgs {
 #[derive(Args, Debug, Clone)]
 pub struct UnitArgs {
     /// The controller to register with.
-    #[arg(long)]
+    #[arg(long, visible_alias = "connect", value_name = "URL")]
     controller: String,
     /// Endpoint to listen on (port 0 picks one).
     #[arg(long, default_value = "tcp://127.0.0.1:0")]

@@ -16,17 +16,13 @@ use clap::Args;
 use futures::StreamExt;
 use std::io::Write;
 use std::time::{Duration, Instant};
-use tq_client::{Client, Config, StreamConfig};
+use tq_client::StreamConfig;
 use tq_core::{Batch, Column, Error, ErrorKind, Result, Retry, TagValue, Tags, Tensor};
 
 #[derive(Args, Debug, Clone)]
 pub struct ProduceArgs {
-    /// The controller (`tcp://host:port`).
-    #[arg(long)]
-    connect: String,
-    /// Configuration file (network settings: token, timeouts).
-    #[arg(long)]
-    config: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    deployment: crate::deployment::DeploymentArgs,
     #[arg(long, default_value = "work")]
     partition: String,
     /// First sample id.
@@ -54,12 +50,8 @@ pub struct ProduceArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct ConsumeArgs {
-    /// The controller (`tcp://host:port`).
-    #[arg(long)]
-    connect: String,
-    /// Configuration file (network settings: token, timeouts).
-    #[arg(long)]
-    config: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    deployment: crate::deployment::DeploymentArgs,
     #[arg(long, default_value = "work")]
     partition: String,
     /// The consumer task; consumers of one task share the samples.
@@ -81,6 +73,11 @@ pub struct ConsumeArgs {
     /// Keep reopening the stream after retryable errors for this long, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     retry_ms: u64,
+    /// Clear each batch's samples once it is acknowledged (their payloads are deleted from
+    /// storage), as the last stage of a pipeline does; without it, consumed samples stay
+    /// until the partition is cleared (`tq partition drop`).
+    #[arg(long)]
+    clear: bool,
 }
 
 /// Consecutive retryable failures, with backoff, up to a budget.
@@ -117,15 +114,11 @@ impl Backoff {
     }
 }
 
-async fn connect(url: &str, config: Option<&std::path::Path>) -> Result<Client> {
-    Client::connect_with(url, Config::load(config)?).await
-}
-
 pub async fn produce(args: ProduceArgs) -> Result<()> {
     if args.batch == 0 || args.width == 0 {
         return Err(Error::invalid("--batch and --width must be at least 1"));
     }
-    let tq = connect(&args.connect, args.config.as_deref()).await?;
+    let tq = args.deployment.connect().await?;
     let partition = tq.partition(args.partition.clone());
     let last = args.first + args.count as i64;
     let mut next = args.first;
@@ -165,7 +158,7 @@ pub async fn produce(args: ProduceArgs) -> Result<()> {
 }
 
 pub async fn consume(args: ConsumeArgs) -> Result<()> {
-    let tq = connect(&args.connect, args.config.as_deref()).await?;
+    let tq = args.deployment.connect().await?;
     let open = || {
         tq.partition(args.partition.clone()).stream(
             StreamConfig::new(args.task.clone(), &["x"], args.batch)
@@ -221,6 +214,15 @@ pub async fn consume(args: ConsumeArgs) -> Result<()> {
                 Err(e) => backoff.retry("ack", e).await?,
             }
         };
+        if args.clear && acked > 0 {
+            // Idempotent (samples already cleared are skipped): retried like the ack.
+            loop {
+                match tq.clear_samples(&item.meta).await {
+                    Ok(()) => break,
+                    Err(e) => backoff.retry("clear", e).await?,
+                }
+            }
+        }
         backoff.succeeded();
         if acked == ids.len() {
             for id in &ids {

@@ -546,3 +546,162 @@ async fn a_client_pointed_at_a_unit_is_told_it_is_a_unit() {
     );
     serve.kill();
 }
+
+/// `tq partition` looks after a running deployment's partitions — list (table and JSON),
+/// complete, reset-consumption, clear (the partition stays), drop (it goes) — refusing a
+/// partition that does not exist by name; `tq consume --clear` leaves nothing behind; every
+/// client subcommand takes `--controller` (and the older `--connect` / positional URL).
+#[test]
+fn partition_administration_and_one_spelling_of_the_controller() {
+    let (mut server, url) = common::serve(2, &[]);
+    common::produce(&url, 30); // --connect: the older spelling still works
+    let (status, _, stderr) = common::run(&[
+        "produce",
+        "--controller",
+        &url,
+        "--partition",
+        "other",
+        "--count",
+        "10",
+    ]);
+    assert!(status.success(), "{stderr}");
+
+    let (status, out, stderr) = common::run(&["partition", "list", "--controller", &url]);
+    assert!(status.success(), "{stderr}");
+    let row = |name: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no row for {name} in\n{out}"))
+            .to_string()
+    };
+    assert_eq!(row("work").split_whitespace().nth(1), Some("30"), "{out}");
+    assert_eq!(row("other").split_whitespace().nth(1), Some("10"), "{out}");
+    let (_, json, _) = common::run(&["partition", "list", "--json", "--controller", &url]);
+    let parsed: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(parsed.len(), 2, "{json}");
+    assert!(
+        parsed
+            .iter()
+            .any(|p| p["name"] == "work" && p["samples"] == 30),
+        "{json}"
+    );
+
+    // A typo is an error naming the partition, and nothing is created.
+    let (status, _, stderr) = common::run(&["partition", "clear", "wrok", "--controller", &url]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("partition `wrok` does not exist"),
+        "{stderr}"
+    );
+
+    // complete, then consume --clear: every sample consumed and cleared.
+    let (status, out, stderr) =
+        common::run(&["partition", "complete", "work", "--controller", &url]);
+    assert!(status.success(), "{stderr}");
+    assert!(out.contains("partition `work` is complete"), "{out}");
+    let (status, out, stderr) = common::run(&[
+        "consume",
+        "--controller",
+        &url,
+        "--partition",
+        "work",
+        "--clear",
+        "--idle-ms",
+        "5000",
+    ]);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        common::acked_ids(&out.lines().map(String::from).collect::<Vec<_>>()).len(),
+        30
+    );
+    let (_, json, _) = common::run(&["partition", "list", "--json", "--controller", &url]);
+    let work: serde_json::Value = json
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|p| p["name"] == "work")
+        .expect("the consumed partition stays");
+    assert_eq!(
+        work["samples"], 0,
+        "consume --clear leaves no sample: {json}"
+    );
+
+    // reset-consumption of a task, clear (the partition stays), drop (it goes).
+    let (status, _, stderr) = common::run(&[
+        "consume",
+        "--controller",
+        &url,
+        "--partition",
+        "other",
+        "--batch",
+        "5",
+        "--idle-ms",
+        "300",
+    ]);
+    assert!(
+        !status.success(),
+        "not complete: the consumer waits out its idle time: {stderr}"
+    );
+    let (_, json, _) = common::run(&["partition", "list", "--json", "--controller", &url]);
+    assert!(json.contains("\"consumed\":10"), "{json}");
+    let (status, out, stderr) = common::run(&[
+        "partition",
+        "reset-consumption",
+        "other",
+        "--task",
+        "consume",
+        "--controller",
+        &url,
+    ]);
+    assert!(status.success(), "{stderr}");
+    assert!(out.contains("reset for task `consume`"), "{out}");
+    let (_, json, _) = common::run(&["partition", "list", "--json", "--controller", &url]);
+    assert!(json.contains("\"consumed\":0"), "{json}");
+    let (status, out, _) = common::run(&["partition", "clear", "other", "--controller", &url]);
+    assert!(status.success());
+    assert!(
+        out.contains("cleared 10 samples of partition `other`"),
+        "{out}"
+    );
+    // An incomplete partition left empty goes, as after any clear; a complete one stays
+    // (with its mark) until dropped.
+    let (_, out, _) = common::run(&["partition", "list", "--controller", &url]);
+    assert!(!out.contains("other"), "{out}");
+    assert_eq!(
+        row_of(&out, "work").split_whitespace().nth(4),
+        Some("yes"),
+        "{out}"
+    );
+    let (status, out, _) =
+        common::run(&["partition", "drop", "other", "work", "--controller", &url]);
+    assert!(status.success());
+    assert!(out.contains("partition `other` does not exist; skipped"), "{out}");
+    assert!(out.contains("dropped partition `work`"), "{out}");
+    let (_, out, _) = common::run(&["partition", "list", "--controller", &url]);
+    assert!(out.contains("(no partitions)"), "{out}");
+
+    // tq stats: positional URL, --controller, or --connect; two different ones are refused.
+    for args in [
+        vec!["stats", url.as_str()],
+        vec!["stats", "--controller", url.as_str()],
+        vec!["health", "--connect", url.as_str()],
+    ] {
+        let (status, _, stderr) = common::run(&args);
+        assert!(status.success(), "{args:?}: {stderr}");
+    }
+    let (status, _, stderr) =
+        common::run(&["stats", "tcp://127.0.0.1:1", "--controller", url.as_str()]);
+    assert!(!status.success());
+    assert!(stderr.contains("two controllers named"), "{stderr}");
+    let _ = server.terminate(Duration::from_secs(5));
+}
+
+fn row_of(table: &str, name: &str) -> String {
+    table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no row for {name} in\n{table}"))
+        .to_string()
+}

@@ -926,3 +926,37 @@ async fn a_checkpoint_is_not_loaded_next_to_its_live_controller() {
     common::finish_job(&second_listen, &[], 40);
     let _ = second.terminate(Duration::from_secs(5));
 }
+
+/// A client pointed at Redis's port instead of the controller's is told so at once (Redis
+/// answers the hello's first line), not after its handshake timeout: from the library and
+/// from `tq stats`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_pointed_at_redis_is_told_at_once() {
+    if !redis_available("a_client_pointed_at_redis_is_told_at_once") {
+        return;
+    }
+    let redis = RedisServer::start();
+    let url = format!("tcp://127.0.0.1:{}", redis.port);
+    let started = std::time::Instant::now();
+    let e = tq_client::Client::connect(&url)
+        .await
+        .err()
+        .expect("Redis is not a controller");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(e.message().contains("Redis"), "{e}");
+    assert!(e.message().contains(&url), "{e}");
+    let started = std::time::Instant::now();
+    let (status, stderr) =
+        Tq::spawn(&["stats", "--controller", &url]).wait_exit(Duration::from_secs(10));
+    assert!(!status.success());
+    assert!(stderr.contains("as a Redis server does"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}

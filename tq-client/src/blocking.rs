@@ -226,6 +226,9 @@ impl BlockingPartition {
     pub fn clear(&self) -> Result<()> {
         self.runtime.block_on(self.partition.clear())
     }
+    pub fn clear_samples(&self) -> Result<()> {
+        self.runtime.block_on(self.partition.clear_samples())
+    }
     pub fn kv_put(&self, key: &str, fields: &Batch, tags: Option<Tags>) -> Result<KvBatchMeta> {
         self.runtime
             .block_on(self.partition.kv_put(key, fields, tags))

@@ -86,6 +86,13 @@ impl Client {
         self.control().drop_partition(partition).await
     }
 
+    /// Clears every sample of `partition`; a complete partition stays (see
+    /// `Partition::clear_samples`).
+    pub(crate) async fn clear_all_samples(&self, partition: &str) -> Result<()> {
+        self.forget_cached(partition, None);
+        self.clear(partition, None).await
+    }
+
     async fn clear(&self, partition: &str, samples: Option<&[SampleId]>) -> Result<()> {
         let marked = self.control().mark_clearing(partition, samples).await?;
         self.finish_clear(partition, marked).await

@@ -118,6 +118,14 @@ impl Partition {
             .await
     }
 
+    /// Clears every sample. A complete partition stays, with its mark, what its tasks consumed
+    /// and its sampler state (so late consumers still see the end); an incomplete one left
+    /// empty is removed, as after any clear.
+    pub async fn clear_samples(&self) -> Result<()> {
+        self.traced("clear_samples", self.client.clear_all_samples(&self.name))
+            .await
+    }
+
     // ----------------------------------------------------------------------------------------
     // KV API
 

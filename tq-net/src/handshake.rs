@@ -1,7 +1,7 @@
 //! The connection handshake: protocol identification, version check and access token.
 //!
 //! ```text
-//! client → server:  "TQNET"  u8 version  u16 LE token length (≤ 4096)  token bytes
+//! client → server:  "TQNET"  u8 version  "\r\n"  u16 LE token length (≤ 4096)  token bytes
 //! server → client:  "TQNET"  u8 version  u8 status  u16 LE message length  UTF-8 message
 //!                   status: 0 ok, 1 version mismatch, 2 unauthorized
 //! ```
@@ -10,6 +10,13 @@
 //! unauthorized peer fail at once with a message a person can act on ("peer tcp://h:p speaks tq
 //! protocol version 2, this build speaks 1"), instead of as a confusing framing error later.
 //! On a refusal the server answers, then closes the connection and logs the peer address.
+//!
+//! The line break after the version (protocol 6 on) is for a client pointed at another kind of
+//! server: it makes the first bytes a text line with no NUL in it, which a line-oriented server
+//! answers at once — Redis with `-ERR unknown command 'TQNET…'`, an HTTP server with `400` —
+//! so the client can say what it reached instead of waiting out its handshake timeout. (The
+//! version is checked before anything after it is read, so older peers still get a version
+//! mismatch in words.)
 
 use crate::Endpoint;
 use std::time::Duration;
@@ -21,6 +28,9 @@ pub const PROTOCOL_VERSION: u8 = 6;
 
 /// The first five bytes in both directions.
 pub const MAGIC: &[u8; 5] = b"TQNET";
+
+/// What follows the version byte in a client hello (see the module documentation).
+pub const LINE_BREAK: &[u8; 2] = b"\r\n";
 
 /// Longest access token a client may present.
 pub const MAX_TOKEN_LEN: usize = 4096;
@@ -48,6 +58,7 @@ pub fn client_hello(version: u8, token: &[u8]) -> Result<Vec<u8>> {
     let mut hello = Vec::with_capacity(8 + token.len());
     hello.extend_from_slice(MAGIC);
     hello.push(version);
+    hello.extend_from_slice(LINE_BREAK);
     hello.extend_from_slice(&(token.len() as u16).to_le_bytes());
     hello.extend_from_slice(token);
     Ok(hello)
@@ -112,8 +123,8 @@ where
         .map_err(|e| lost("reading reply", e))?;
     if &head[0..5] != MAGIC {
         return Err(ClientFailure::Refused(Error::unavailable(format!(
-            "peer {peer} does not speak the tq protocol (handshake reply starts with {:02x?}, expected \"TQNET\")",
-            &head[0..5]
+            "peer {peer} does not speak the tq protocol: {}",
+            foreign_reply(&head)
         ))));
     }
     let version = head[5];
@@ -143,6 +154,18 @@ where
         other => Err(refused(format!(
             "peer {peer}: handshake refused with unknown status {other} ({message})"
         ))),
+    }
+}
+
+/// What a reply that is not a tq handshake reply says about the server that sent it.
+fn foreign_reply(head: &[u8]) -> String {
+    let text = String::from_utf8_lossy(head);
+    if head.starts_with(b"-ERR") || head.starts_with(b"-NOAUTH") || head.starts_with(b"+") {
+        format!("it answered `{}…`, as a Redis server does: is this the address of Redis instead of a tq controller or storage unit?", text.trim_end())
+    } else if head.starts_with(b"HTTP/") {
+        format!("it answered `{}…`, as an HTTP server does: is this the address of a web or metrics endpoint instead of a tq server?", text.trim_end())
+    } else {
+        format!("its handshake reply starts with {head:02x?}, expected \"TQNET\"")
     }
 }
 
@@ -206,6 +229,13 @@ where
         );
         refuse(stream, STATUS_VERSION_MISMATCH, &text).await;
         return Err(Refusal::VersionMismatch(version));
+    }
+    let mut line_break = [0u8; 2];
+    stream.read_exact(&mut line_break).await.map_err(garbage)?;
+    if &line_break != LINE_BREAK {
+        return Err(Refusal::Garbage(format!(
+            "hello has {line_break:02x?} after the version, expected \\r\\n"
+        )));
     }
     let mut len = [0u8; 2];
     stream.read_exact(&mut len).await.map_err(garbage)?;
@@ -295,7 +325,7 @@ mod tests {
     fn hello_and_reply_layouts() {
         assert_eq!(
             client_hello(1, b"ab").expect("hello"),
-            b"TQNET\x01\x02\x00ab".to_vec()
+            b"TQNET\x01\r\n\x02\x00ab".to_vec()
         );
         assert!(client_hello(1, &[0u8; MAX_TOKEN_LEN + 1]).is_err());
         assert_eq!(

@@ -210,7 +210,7 @@ async fn fake_server(behaviour: Vec<Option<usize>>) -> (Endpoint, Arc<AtomicUsiz
             };
             let counter = counter.clone();
             tokio::spawn(async move {
-                let mut hello = [0u8; 8];
+                let mut hello = [0u8; 10];
                 if tokio::io::AsyncReadExt::read_exact(&mut s, &mut hello)
                     .await
                     .is_err()

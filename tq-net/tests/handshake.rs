@@ -88,11 +88,11 @@ async fn a_newer_server_gives_the_client_a_clear_version_message() {
     let peer = Endpoint::Tcp(listener.local_addr().expect("addr").to_string());
     let fake = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.expect("accept");
-        let mut hello = [0u8; 8];
+        let mut hello = [0u8; 10];
         s.read_exact(&mut hello).await.expect("hello");
         assert_eq!(
             hello,
-            [b'T', b'Q', b'N', b'E', b'T', ours, 0, 0],
+            [b'T', b'Q', b'N', b'E', b'T', ours, b'\r', b'\n', 0, 0],
             "client hello bytes"
         );
         let text = b"upgrade your client";

@@ -29,14 +29,17 @@ async fn garbage_instead_of_a_handshake_is_closed() {
     let pool = common::pool();
     assert_serving(&pool, &peer).await;
 
+    let version = tq_net::PROTOCOL_VERSION;
     for garbage in [
-        &b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..],
-        &[0xffu8; 64][..],
-        // Right magic, absurd token length (over 4096).
-        &b"TQNET\x02\xff\xff"[..],
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        vec![0xffu8; 64],
+        // Right magic and version, absurd token length (over 4096).
+        [&b"TQNET"[..], &[version], b"\r\n\xff\xff"].concat(),
+        // Right magic and version, no line break after them.
+        [&b"TQNET"[..], &[version], b"\x00\x00\x00\x00"].concat(),
     ] {
         let mut s = raw(&peer).await;
-        s.write_all(garbage).await.expect("write");
+        s.write_all(&garbage).await.expect("write");
         assert_closed_by_server(&mut s, QUICKLY).await;
         assert_serving(&pool, &peer).await;
     }

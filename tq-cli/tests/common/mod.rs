@@ -501,3 +501,18 @@ impl Drop for AnswerEater {
         self.task.abort();
     }
 }
+
+/// Runs `tq args` to its end and returns its exit status, stdout and stderr (for commands
+/// that end by themselves: clients, `tq partition`, `tq config check`).
+pub fn run(args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tq"))
+        .args(args)
+        .env_remove("TQ_NET_TOKEN")
+        .output()
+        .expect("run tq");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -86,8 +86,7 @@ pub async fn raw(endpoint: &Endpoint) -> TcpStream {
 /// A raw TCP connection that has completed a handshake (this build's version) without a token.
 pub async fn raw_handshaken(endpoint: &Endpoint) -> TcpStream {
     let mut s = raw(endpoint).await;
-    let mut hello = b"TQNET\x00\x00\x00".to_vec();
-    hello[5] = tq_net::PROTOCOL_VERSION;
+    let hello = tq_net::handshake::client_hello(tq_net::PROTOCOL_VERSION, b"").expect("hello");
     s.write_all(&hello).await.expect("hello");
     let mut head = [0u8; 9];
     s.read_exact(&mut head).await.expect("reply");
