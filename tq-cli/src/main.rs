@@ -3,6 +3,7 @@
 #[cfg(feature = "bench")]
 mod bench;
 mod checkpoint;
+mod config_cmd;
 mod demo;
 mod deployment;
 mod observe;
@@ -68,6 +69,8 @@ enum Command {
     /// Show a running deployment: partitions (samples, production and consumption per task,
     /// leases), storage units (cells, bytes, capacity, SSD) and the controller.
     Stats(observe::StatsArgs),
+    /// Check a configuration file, or print the configuration reference.
+    Config(config_cmd::ConfigArgs),
     /// Look after a running deployment's partitions: list, clear, drop, complete,
     /// reset-consumption.
     Partition(partition::PartitionArgs),
@@ -143,6 +146,7 @@ fn main() -> ExitCode {
         Command::Stats(args) => runtime.block_on(observe::stats(args)),
         Command::Health(args) => runtime.block_on(observe::health(args)),
         Command::Partition(args) => runtime.block_on(partition::run(args)),
+        Command::Config(args) => config_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

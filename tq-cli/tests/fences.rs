@@ -677,7 +677,10 @@ fn partition_administration_and_one_spelling_of_the_controller() {
     let (status, out, _) =
         common::run(&["partition", "drop", "other", "work", "--controller", &url]);
     assert!(status.success());
-    assert!(out.contains("partition `other` does not exist; skipped"), "{out}");
+    assert!(
+        out.contains("partition `other` does not exist; skipped"),
+        "{out}"
+    );
     assert!(out.contains("dropped partition `work`"), "{out}");
     let (_, out, _) = common::run(&["partition", "list", "--controller", &url]);
     assert!(out.contains("(no partitions)"), "{out}");
@@ -704,4 +707,68 @@ fn row_of(table: &str, name: &str) -> String {
         .find(|l| l.split_whitespace().next() == Some(name))
         .unwrap_or_else(|| panic!("no row for {name} in\n{table}"))
         .to_string()
+}
+
+/// `tq config check FILE` says what a controller would refuse at start — an unknown key
+/// (named), a backend this build lacks, an environment override that cannot work — and
+/// accepts a good file; `tq config reference` prints the page docs/configuration.md holds.
+#[test]
+fn tq_config_check_refuses_what_a_controller_would() {
+    let dir = common::tempdir("config-check");
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let good = write(
+        "good.toml",
+        "[controller.samplers]\ngrpo = \"grpo:4\"\n[storage]\nbackend = \"kv\"\n[storage.kv]\nstores = [{ url = \"memory://\" }]\n",
+    );
+    let (status, out, stderr) = common::run(&["config", "check", &good]);
+    assert!(status.success(), "{stderr}");
+    assert!(out.contains("ok (storage backend `kv`"), "{out}");
+    assert!(out.contains("1 named sampler"), "{out}");
+    for (name, text, expected) in [
+        (
+            "typo.toml",
+            "[net]\nrequest_timeout = 5\n",
+            "request_timeout",
+        ),
+        ("kvv.toml", "[storage]\nbackend = \"kvv\"\n", "kvv"),
+        (
+            "units.toml",
+            "[storage]\nbackend = \"kv\"\nnum_units = 4\n",
+            "storage.num_units",
+        ),
+        (
+            "sampler.toml",
+            "[controller]\ndefault_sampler = \"grpo:x\"\n",
+            "default_sampler",
+        ),
+    ] {
+        let path = write(name, text);
+        let (status, _, stderr) = common::run(&["config", "check", &path]);
+        assert!(!status.success(), "{name} accepted");
+        assert!(stderr.contains(expected), "{name}: {stderr}");
+        assert!(stderr.contains(name), "the error names the file: {stderr}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
+        .args(["config", "check", &good])
+        .env("TQ_NET_REQUEST_TIMEOUT_MS", "soon")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("TQ_NET_REQUEST_TIMEOUT_MS"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, page, _) = common::run(&["config", "reference"]);
+    assert!(status.success());
+    let committed = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md"),
+    )
+    .unwrap();
+    assert_eq!(page, committed);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -940,8 +940,7 @@ async fn a_client_pointed_at_redis_is_told_at_once() {
     let started = std::time::Instant::now();
     let e = tq_client::Client::connect(&url)
         .await
-        .err()
-        .expect("Redis is not a controller");
+        .expect_err("Redis is not a controller");
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "{:?}",

@@ -61,6 +61,7 @@ use std::time::Duration;
 use tq_core::{Error, Result};
 
 mod env;
+pub mod reference;
 use env::set_from_env;
 
 /// Everything a client needs. `Config::default()` is a working setup.

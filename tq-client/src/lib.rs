@@ -55,6 +55,9 @@ pub use checkpoint::{
     CheckpointFile, CheckpointManifest, CheckpointOptions, UnitCells, CHECKPOINT_FORMAT,
 };
 pub use client::{Client, KvBatchMeta};
+pub use config::reference::{
+    reference_markdown as configuration_reference, KeyDoc, KEYS as CONFIGURATION_KEYS,
+};
 pub use config::{
     Backend, Config, ControllerSection, KvSection, NetSection, NotBuilt, SsdSection, StorageSection,
 };

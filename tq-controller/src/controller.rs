@@ -215,7 +215,7 @@ pub struct Controller {
     /// A checkpoint's hold on removals while it copies payloads (see `hold`).
     removals: hold::RemovalHold,
     /// Request ids being answered now (see `answers::RequestTurn`).
-    in_flight: Mutex<HashMap<(u64, u64), Arc<tokio::sync::Mutex<()>>>>,
+    in_flight: answers::InFlight,
     telemetry: Telemetry,
 }
 

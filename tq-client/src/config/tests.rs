@@ -172,3 +172,85 @@ fn kv_section() {
     .is_err());
     assert_eq!(Config::default().storage.backend, Backend::Simple);
 }
+
+/// Leaf keys of a TOML table, as dotted paths (`[]` after a list of tables).
+fn leaves(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+    for (k, v) in table {
+        let path = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(t) if !t.is_empty() => leaves(t, &path, out),
+            toml::Value::Array(items)
+                if items.iter().all(|i| i.is_table()) && !items.is_empty() =>
+            {
+                for item in items {
+                    leaves(item.as_table().unwrap(), &format!("{path}[]"), out);
+                }
+            }
+            _ => out.push(path),
+        }
+    }
+}
+
+/// The reference describes every key the types have: each leaf of the default configuration
+/// (with the optional keys set) is in it, and each key in it is one the types accept — its
+/// example parses (unknown keys are errors) into something other than the default.
+#[cfg(all(feature = "kv", feature = "ssd"))]
+#[test]
+fn the_configuration_reference_covers_every_key() {
+    use reference::KEYS;
+    let documented: Vec<&str> = KEYS.iter().map(|k| k.key).collect();
+    let mut full = Config::default();
+    full.net.token = Some("t".into());
+    full.storage.capacity_per_unit = Some(1);
+    full.storage.kv.data_ttl_ms = Some(1);
+    full.storage.kv.stores[0].name = Some("m".into());
+    full.storage.ssd.path = Some("/x".into());
+    full.controller
+        .samplers
+        .insert("<name>".into(), "grpo:2".into());
+    let mut keys = Vec::new();
+    leaves(&toml::Table::try_from(&full).unwrap(), "", &mut keys);
+    for key in &keys {
+        assert!(
+            documented.contains(&key.as_str()),
+            "`{key}` is not in the reference"
+        );
+    }
+    for k in KEYS {
+        let parsed: Config = toml::from_str(k.example)
+            .unwrap_or_else(|e| panic!("the example of `{}` does not parse: {e}", k.key));
+        assert_ne!(
+            parsed,
+            Config::default(),
+            "the example of `{}` changes nothing",
+            k.key
+        );
+        let leaf = k.key.rsplit('.').next().unwrap();
+        let leaf = leaf.trim_start_matches('<').trim_end_matches('>');
+        assert!(
+            k.example.contains(leaf) || k.key.contains('<'),
+            "the example of `{}` does not set it",
+            k.key
+        );
+    }
+    let unique: std::collections::BTreeSet<&str> = documented.iter().copied().collect();
+    assert_eq!(unique.len(), documented.len(), "a key is described twice");
+}
+
+/// docs/configuration.md is the generated reference (regenerate it with
+/// `cargo run -p tq-cli -- config reference > docs/configuration.md`).
+#[cfg(all(feature = "kv", feature = "ssd"))]
+#[test]
+fn the_configuration_page_is_the_generated_reference() {
+    let page = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md");
+    let committed = std::fs::read_to_string(&page).unwrap_or_default();
+    assert!(
+        committed == reference::reference_markdown(),
+        "docs/configuration.md differs from the generated reference: run \
+         `cargo run -p tq-cli -- config reference > docs/configuration.md`"
+    );
+}

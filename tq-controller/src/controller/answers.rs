@@ -162,11 +162,14 @@ impl Answers {
     }
 }
 
+/// The request ids being answered now, each with the lock its attempts take in turn.
+pub(crate) type InFlight = Mutex<HashMap<(u64, u64), Arc<tokio::sync::Mutex<()>>>>;
+
 /// One attempt's turn at a request id: a second attempt of the same request (a retry that
 /// overtook a first attempt still running) waits for the first to finish, then finds its
 /// answer instead of applying the request again.
 pub(crate) struct RequestTurn<'a> {
-    in_flight: &'a Mutex<HashMap<(u64, u64), Arc<tokio::sync::Mutex<()>>>>,
+    in_flight: &'a InFlight,
     key: (u64, u64),
     guard: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
