@@ -61,7 +61,7 @@ pub struct BenchArgs {
 }
 
 fn start_remote(units: u32) -> Result<Servers> {
-    crate::procs::start_controller_and_units(units).map(|(servers, _)| servers)
+    crate::procs::start_controller_and_units(units, &[]).map(|(servers, _)| servers)
 }
 
 /// A configuration file that puts the payloads in the KV store at `url`.

@@ -20,12 +20,14 @@ impl Drop for Servers {
     }
 }
 
-/// A controller and `units` storage-unit processes (`unit-0`, ...) on loopback; returns them
-/// with the units' endpoints (where a unit restarted in place must listen again).
-pub fn start_controller_and_units(units: u32) -> Result<(Servers, Vec<String>)> {
+/// A controller (with `extra` arguments, e.g. `--state-dir`) and `units` storage-unit processes
+/// (`unit-0`, ...) on loopback; returns them with the units' endpoints (where a unit restarted
+/// in place must listen again).
+pub fn start_controller_and_units(units: u32, extra: &[&str]) -> Result<(Servers, Vec<String>)> {
     let n = units.to_string();
-    let (c, controller) =
-        spawn_server(&["controller", "--listen", "tcp://127.0.0.1:0", "--units", &n])?;
+    let mut args = vec!["controller", "--listen", "tcp://127.0.0.1:0", "--units", &n];
+    args.extend_from_slice(extra);
+    let (c, controller) = spawn_server(&args)?;
     let mut servers = Servers {
         children: vec![c],
         controller,

@@ -125,6 +125,10 @@ fn short_soak(extra: &[&str]) -> String {
     );
     assert!(stdout.contains("paused (SIGSTOP)"), "{stdout}");
     assert!(
+        stdout.contains("controller killed (SIGKILL) and restarted on its state dir"),
+        "{stdout}"
+    );
+    assert!(
         stdout.contains("killed (SIGKILL) and restarted"),
         "{stdout}"
     );

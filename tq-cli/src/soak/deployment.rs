@@ -7,7 +7,9 @@
 //!   append-only file synced on every write. Faults: Redis killed with SIGKILL and restarted
 //!   from its file (nothing acknowledged may be lost), and Redis paused with SIGSTOP.
 //!
-//! Either way, a worker process killed with SIGKILL is a fault too (see [`super`]).
+//! Either way, the controller runs with a `--state-dir` and is killed with SIGKILL and started
+//! again on it and on its address (nothing acknowledged may be lost; clients ride it out with
+//! their retry policy), and a worker process killed with SIGKILL is a fault too (see [`super`]).
 
 use crate::procs::{spawn_server, start_controller_and_units, Servers};
 use clap::ValueEnum;
@@ -33,6 +35,7 @@ pub enum Fault {
     PauseUnit,
     KillRedis,
     PauseRedis,
+    KillController,
     KillWorker,
 }
 
@@ -40,8 +43,18 @@ impl Fault {
     /// The faults of a storage kind, in the order they take turns.
     pub fn rotation(storage: Storage) -> &'static [Fault] {
         match storage {
-            Storage::Units => &[Fault::KillUnit, Fault::PauseUnit, Fault::KillWorker],
-            Storage::Redis => &[Fault::KillRedis, Fault::PauseRedis, Fault::KillWorker],
+            Storage::Units => &[
+                Fault::KillUnit,
+                Fault::PauseUnit,
+                Fault::KillController,
+                Fault::KillWorker,
+            ],
+            Storage::Redis => &[
+                Fault::KillRedis,
+                Fault::PauseRedis,
+                Fault::KillController,
+                Fault::KillWorker,
+            ],
         }
     }
 }
@@ -137,6 +150,14 @@ const COUNT_PERSISTENT_KEYS: &str = "EVAL \"local n = 0 local c = '0' repeat \
     for _, k in ipairs(r[2]) do if redis.call('PTTL', k) == -1 then n = n + 1 end end \
     until c == '0' return n\" 0";
 
+/// The controller's state directory under the soak's directory.
+fn state_dir(dir: &Path) -> Result<String> {
+    let state = dir.join("controller-state");
+    std::fs::create_dir_all(&state)
+        .map_err(|e| Error::internal("cannot create the controller's state dir").with_source(e))?;
+    Ok(state.to_string_lossy().to_string())
+}
+
 /// A free loopback port (bound and released; the server binds it again right after).
 fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")
@@ -161,19 +182,28 @@ pub struct Deployment {
     /// A process stopped with SIGSTOP, and when to let it go on.
     paused: Option<(u32, Instant)>,
     next_unit: usize,
+    /// How the controller was started, but for its address: it is started again so, on the
+    /// address it had.
+    controller_args: Vec<String>,
 }
 
 impl Deployment {
     pub fn start(storage: Storage, units: u32, dir: &Path) -> Result<Deployment> {
         match storage {
             Storage::Units => {
-                let (servers, unit_endpoints) = start_controller_and_units(units)?;
+                let state = state_dir(dir)?;
+                let extra = ["--state-dir", &state];
+                let (servers, unit_endpoints) = start_controller_and_units(units, &extra)?;
+                let n = units.to_string();
                 Ok(Deployment {
                     servers,
                     unit_endpoints,
                     redis: None,
                     paused: None,
                     next_unit: 0,
+                    controller_args: ["controller", "--units", &n, "--state-dir", &state]
+                        .map(String::from)
+                        .to_vec(),
                 })
             }
             Storage::Redis => {
@@ -193,13 +223,11 @@ impl Deployment {
                 .map_err(|e| {
                     Error::internal("cannot write the soak's configuration").with_source(e)
                 })?;
-                let (c, controller) = spawn_server(&[
-                    "controller",
-                    "--listen",
-                    "tcp://127.0.0.1:0",
-                    "--config",
-                    &config.to_string_lossy(),
-                ])?;
+                let state = state_dir(dir)?;
+                let config = config.to_string_lossy().to_string();
+                let args = ["controller", "--config", &config, "--state-dir", &state];
+                let (c, controller) =
+                    spawn_server(&[&args[..], &["--listen", "tcp://127.0.0.1:0"]].concat())?;
                 Ok(Deployment {
                     servers: Servers {
                         children: vec![c],
@@ -209,6 +237,7 @@ impl Deployment {
                     redis: Some(redis),
                     paused: None,
                     next_unit: 0,
+                    controller_args: args.map(String::from).to_vec(),
                 })
             }
         }
@@ -269,6 +298,15 @@ impl Deployment {
                     signal(pid, "-STOP");
                     self.paused = Some((pid, Instant::now() + pause));
                 }
+            }
+            Fault::KillController => {
+                let _ = self.servers.children[0].kill();
+                let _ = self.servers.children[0].wait();
+                let listen = self.servers.controller.clone();
+                let mut args: Vec<&str> = self.controller_args.iter().map(String::as_str).collect();
+                args.extend(["--listen", &listen]);
+                let (c, _) = spawn_server(&args)?;
+                self.servers.children[0] = c;
             }
             Fault::KillWorker => {}
         }

@@ -410,6 +410,7 @@ fn fault_name(fault: Fault) -> &'static str {
         Fault::PauseUnit => "storage unit paused (SIGSTOP)",
         Fault::KillRedis => "redis-server killed (SIGKILL) and restarted",
         Fault::PauseRedis => "redis-server paused (SIGSTOP)",
+        Fault::KillController => "controller killed (SIGKILL) and restarted on its state dir",
         Fault::KillWorker => "worker killed (SIGKILL) and replaced",
     }
 }
