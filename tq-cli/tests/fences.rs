@@ -772,3 +772,64 @@ fn tq_config_check_refuses_what_a_controller_would() {
     assert_eq!(page, committed);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `tq demo --controller` against a `tq controller --state-dir` killed with SIGKILL mid-run and
+/// started again 0.5 s later: the demo (a library job with no retry code of its own) finishes
+/// with every sample trained exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_rides_out_a_controller_kill() {
+    let dir = common::tempdir("demo-kill");
+    let config = dir.join("tq.toml");
+    std::fs::write(&config, "[controller.samplers]\ngrpo = \"grpo:4\"\n").unwrap();
+    let state = dir.join("state");
+    let listen = common::free_listen();
+    let start = || {
+        let mut c = Tq::spawn(&[
+            "controller",
+            "--listen",
+            &listen,
+            "--units",
+            "2",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+        ]);
+        c.listening(1);
+        c
+    };
+    let mut controller = start();
+    let mut units = common::storage_units(&listen, 2);
+    let demo = Tq::spawn(&[
+        "demo",
+        "--controller",
+        &listen,
+        "--prompts",
+        "1024",
+        "--quiet",
+    ]);
+    // Mid-run: once the trainer has consumed something.
+    let client = tq_client::Client::connect(&listen).await.unwrap();
+    loop {
+        let status = client.status().await.unwrap();
+        let training = status
+            .controller
+            .partitions
+            .iter()
+            .any(|p| p.name.ends_with("/train") && p.tasks.iter().any(|t| t.consumed > 0));
+        if training {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    controller.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut controller = start();
+    let (status, stderr) = demo.wait_exit(Duration::from_secs(120));
+    assert!(status.success(), "{stderr}");
+    let _ = controller.terminate(Duration::from_secs(5));
+    for u in &mut units {
+        u.kill();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
