@@ -41,6 +41,13 @@ fn main() {
             s.median * iters as u32
         })
     });
+    g.bench_function("allocate+notify+fetch 1024x28, tagged", |b| {
+        b.iter_custom(|iters| {
+            let s = controller::allocate_notify_fetch_tagged(&rt, SAMPLES, FIELDS, iters as usize)
+                .expect("rounds");
+            s.median * iters as u32
+        })
+    });
     g.bench_function("kv_retrieve_meta 1024 keys", |b| {
         b.iter_custom(|iters| {
             let s = controller::kv_retrieve_meta(&rt, SAMPLES, 4, iters as usize).expect("rounds");

@@ -4,7 +4,8 @@ use crate::measure::{measure, Stats};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tq_controller::{
-    ControlPlane, Controller, ControllerConfig, GetMetaMode, GetMetaRequest, ProductionNotice, Wait,
+    ControlPlane, Controller, ControllerConfig, GetMetaMode, GetMetaRequest, ProductionNotice,
+    RequestId, Wait,
 };
 use tq_core::{DType, FieldMeta, Result};
 
@@ -44,6 +45,38 @@ pub fn allocate_notify_fetch(
     Ok(Stats::from_samples(times))
 }
 
+/// [`allocate_notify_fetch`] with the insert and the fetch tagged with request ids
+/// (`Controller::get_meta_once`, what a remote client sends): the cost of remembering each
+/// answer, next to the plain round in the same run.
+pub fn allocate_notify_fetch_tagged(
+    runtime: &tokio::runtime::Runtime,
+    samples: usize,
+    fields: usize,
+    reps: usize,
+) -> Result<Stats> {
+    let c = Controller::new(ControllerConfig::default())?;
+    let schemas = f32_fields(fields);
+    let seq = std::sync::atomic::AtomicU64::new(1);
+    let tagged = |req| {
+        let n = seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // One request in flight at a time: everything below it is finished.
+        let id = RequestId {
+            client: 1,
+            seq: n,
+            done_below: n,
+        };
+        c.get_meta_once(req, id)
+    };
+    let mut times = Vec::new();
+    for i in 0..WARMUP_ROUNDS + reps {
+        let elapsed = runtime.block_on(one_round_with(&c, samples, &schemas, tagged))?;
+        if i >= WARMUP_ROUNDS {
+            times.push(elapsed);
+        }
+    }
+    Ok(Stats::from_samples(times))
+}
+
 /// One timed allocate → notify → fetch of `samples` samples with `fields` fields on `plane`,
 /// followed by an untimed clear.
 pub fn round(
@@ -61,17 +94,31 @@ async fn one_round(
     samples: usize,
     schemas: &BTreeMap<String, FieldMeta>,
 ) -> Result<Duration> {
+    one_round_with(c, samples, schemas, |req| c.get_meta(req)).await
+}
+
+/// [`one_round`] with the insert and the fetch made by `get_meta` (plain, or tagged with a
+/// request id).
+async fn one_round_with<F, Fut>(
+    c: &dyn ControlPlane,
+    samples: usize,
+    schemas: &BTreeMap<String, FieldMeta>,
+    get_meta: F,
+) -> Result<Duration>
+where
+    F: Fn(GetMetaRequest) -> Fut,
+    Fut: std::future::Future<Output = Result<tq_core::BatchMeta>>,
+{
     let t = Instant::now();
-    let meta = c
-        .get_meta(GetMetaRequest {
-            partition: "bench".into(),
-            fields: vec![],
-            mode: GetMetaMode::Insert { count: samples },
-            sampler: None,
-            dp_rank: None,
-            batch_index: None,
-        })
-        .await?;
+    let meta = get_meta(GetMetaRequest {
+        partition: "bench".into(),
+        fields: vec![],
+        mode: GetMetaMode::Insert { count: samples },
+        sampler: None,
+        dp_rank: None,
+        batch_index: None,
+    })
+    .await?;
     c.notify_production(ProductionNotice {
         partition: "bench".into(),
         samples: meta.samples().to_vec(),
@@ -80,21 +127,20 @@ async fn one_round(
         backend_meta: None,
     })
     .await?;
-    let fetched = c
-        .get_meta(GetMetaRequest {
-            partition: "bench".into(),
-            fields: schemas.keys().cloned().collect(),
-            mode: GetMetaMode::Fetch {
-                task: "t".into(),
-                batch_size: samples,
-                wait: Wait::NoWait,
-                lease: None,
-            },
-            sampler: None,
-            dp_rank: None,
-            batch_index: None,
-        })
-        .await?;
+    let fetched = get_meta(GetMetaRequest {
+        partition: "bench".into(),
+        fields: schemas.keys().cloned().collect(),
+        mode: GetMetaMode::Fetch {
+            task: "t".into(),
+            batch_size: samples,
+            wait: Wait::NoWait,
+            lease: None,
+        },
+        sampler: None,
+        dp_rank: None,
+        batch_index: None,
+    })
+    .await?;
     let elapsed = t.elapsed();
     assert_eq!(fetched.len(), samples, "fetch returned the whole batch");
     let marked = c.mark_clearing("bench", Some(meta.samples())).await?;
