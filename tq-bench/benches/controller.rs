@@ -1,5 +1,6 @@
 //! Criterion: the controller's metadata cost for one batch (no payload), in process and over
-//! loopback, next to the bookkeeping floor of the same batch (one hash-map insert per cell).
+//! loopback, next to the bookkeeping floor of the same batch (one hash-map insert per cell); and
+//! one fetch of 8 by partition size, next to taking 8 entries off an ordered set of that size.
 //! Run: `cargo bench -p tq-bench --bench controller`
 
 mod common;
@@ -103,6 +104,33 @@ fn main() {
             }
         })
     });
+    g.finish();
+
+    // One fetch of 8 by partition size: it should cost the batch, not the partition. The
+    // floor: taking 8 entries off the front of a BTreeSet of the same size and putting them back.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut g = c.benchmark_group("controller fetch(8) by partition size");
+    for n in [4096usize, 16_384, 65_536] {
+        g.bench_function(format!("fetch(8) from {n}"), |b| {
+            b.iter_custom(|iters| {
+                let s =
+                    tq_bench::scale::fetch_cost(&runtime, n, 8, iters as usize).expect("fetches");
+                s.median * iters as u32
+            })
+        });
+        let mut set: std::collections::BTreeSet<u64> = (0..n as u64).collect();
+        g.bench_function(format!("baseline: 8 off a BTreeSet of {n} and back"), |b| {
+            b.iter(|| {
+                let taken: Vec<u64> = (0..8).filter_map(|_| set.pop_first()).collect();
+                set.extend(taken.iter().copied());
+                taken
+            })
+        });
+    }
     g.finish();
     c.final_summary();
 }

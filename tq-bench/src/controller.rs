@@ -110,23 +110,9 @@ where
     Fut: std::future::Future<Output = Result<tq_core::BatchMeta>>,
 {
     let t = Instant::now();
-    let meta = get_meta(GetMetaRequest {
-        partition: "bench".into(),
-        fields: vec![],
-        mode: GetMetaMode::Insert { count: samples },
-        sampler: None,
-        dp_rank: None,
-        batch_index: None,
-    })
-    .await?;
-    c.notify_production(ProductionNotice {
-        partition: "bench".into(),
-        samples: meta.samples().to_vec(),
-        schemas: schemas.clone(),
-        tags: None,
-        backend_meta: None,
-    })
-    .await?;
+    let meta = get_meta(insert_request("bench", &[], samples)).await?;
+    c.notify_production(produced("bench", &meta, schemas.clone()))
+        .await?;
     let fetched = get_meta(GetMetaRequest {
         partition: "bench".into(),
         fields: schemas.keys().cloned().collect(),
@@ -146,6 +132,33 @@ where
     let marked = c.mark_clearing("bench", Some(meta.samples())).await?;
     c.release("bench", marked.samples()).await?;
     Ok(elapsed)
+}
+
+/// An insert of `count` samples into `partition` that will write `fields`.
+pub(crate) fn insert_request(partition: &str, fields: &[&str], count: usize) -> GetMetaRequest {
+    GetMetaRequest {
+        partition: partition.into(),
+        fields: fields.iter().map(|f| f.to_string()).collect(),
+        mode: GetMetaMode::Insert { count },
+        sampler: None,
+        dp_rank: None,
+        batch_index: None,
+    }
+}
+
+/// The production notice of `meta`'s samples for `schemas`.
+pub(crate) fn produced(
+    partition: &str,
+    meta: &tq_core::BatchMeta,
+    schemas: BTreeMap<String, FieldMeta>,
+) -> ProductionNotice {
+    ProductionNotice {
+        partition: partition.into(),
+        samples: meta.samples().to_vec(),
+        schemas,
+        tags: None,
+        backend_meta: None,
+    }
 }
 
 /// `kv_retrieve_meta` of `keys` existing keys (each with `fields` produced fields).

@@ -10,6 +10,7 @@ pub mod kv_raw;
 pub mod latency;
 pub mod links;
 pub mod measure;
+pub mod scale;
 pub mod servers;
 pub mod ssd;
 pub mod workloads;

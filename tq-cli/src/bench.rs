@@ -4,6 +4,8 @@
 //! Prints markdown.
 
 use crate::procs::{spawn_server, Servers};
+
+mod scale;
 use clap::{Args, ValueEnum};
 use std::time::Duration;
 use tq_bench::{baseline, controller, kv, latency, links, workloads};
@@ -21,6 +23,9 @@ pub enum Deployment {
     /// The same with the controller in this process (what criterion's `redis` and
     /// `object_store` targets measure).
     EmbeddedKv,
+    /// The controller at scale: many clients draining partitions of several sizes against
+    /// one `tq serve --units 2` (`--scale-*`), next to the in-process fetch cost by size.
+    Scale,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -58,6 +63,18 @@ pub struct BenchArgs {
     /// confirming replication costs next to the same run without it.
     #[arg(long, default_value_t = 0)]
     kv_redis_wait: u32,
+    /// `--deployment scale`: client counts (each client with connections of its own).
+    #[arg(long, default_value = "16,128,1024")]
+    scale_clients: String,
+    /// `--deployment scale`: partition sizes (samples written before the clients start).
+    #[arg(long, default_value = "4096,16384,65536")]
+    scale_samples: String,
+    /// `--deployment scale`: payload bytes per sample (0: metadata only, no get_data).
+    #[arg(long, default_value = "0,4096")]
+    scale_payloads: String,
+    /// `--deployment scale`: samples per fetch.
+    #[arg(long, default_value_t = 8)]
+    scale_batch: usize,
 }
 
 fn start_remote(units: u32) -> Result<Servers> {
@@ -152,9 +169,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         ms_range(&s)
     );
 
+    if args.deployment == Deployment::Scale {
+        return scale::run(&runtime, &args);
+    }
     let mut config = Config::default();
     config.storage.num_units = args.units;
     let deployments: Vec<&str> = match args.deployment {
+        Deployment::Scale => vec![],
         Deployment::Embedded => vec!["embedded"],
         Deployment::Remote => vec!["remote"],
         Deployment::Both => vec!["embedded", "remote"],

@@ -47,8 +47,14 @@ pub fn start_controller_and_units(units: u32, extra: &[&str]) -> Result<(Servers
     Ok((servers, endpoints))
 }
 
-/// Starts `tq <args>` (this binary) and returns it with the endpoint it reports.
+/// Starts `tq <args>` (this binary) and returns it with the endpoint it reports (for `tq
+/// serve`, which reports its units first, the controller's).
 pub fn spawn_server(args: &[&str]) -> Result<(Child, String)> {
+    let wanted = if args.first() == Some(&"serve") {
+        "listening controller "
+    } else {
+        "listening "
+    };
     let exe = std::env::current_exe()
         .map_err(|e| Error::internal("cannot find the tq binary").with_source(e))?;
     let mut child = Command::new(exe)
@@ -64,7 +70,7 @@ pub fn spawn_server(args: &[&str]) -> Result<(Child, String)> {
     let mut lines = BufReader::new(stdout).lines();
     loop {
         match lines.next() {
-            Some(Ok(line)) if line.starts_with("listening ") => {
+            Some(Ok(line)) if line.starts_with(wanted) => {
                 let endpoint = line
                     .split_whitespace()
                     .last()

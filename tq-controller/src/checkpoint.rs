@@ -11,7 +11,7 @@
 //! deployment that does not match, before changing anything.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tq_core::{Error, LeaseId, Result};
 
 /// The snapshot format this build writes; it reads this one and older.
@@ -102,7 +102,7 @@ pub(crate) mod deadlines {
     use super::*;
 
     /// Leases by slot, with their deadlines.
-    pub type Leases = HashMap<u32, (LeaseId, Instant)>;
+    pub type Leases = crate::partition::LeaseTable;
 
     /// One saved entry: slot, lease, milliseconds left (or [`ACKNOWLEDGED`]).
     pub type Saved = Vec<(u32, LeaseId, u64)>;

@@ -468,29 +468,49 @@ impl Controller {
         let Some(fids) = p.known_fields(&req.fields) else {
             return Ok(Attempt::not_ready(p, task, next_expiry));
         };
-        let ready = p.ready(&fids, task);
-        // Nothing else can become ready for this task: the last, smaller batch may go out.
-        let draining = p.complete && !ready.is_empty() && p.unconsumed(task) == ready.len();
-        let ctx = SamplerContext {
+        let mut ctx = SamplerContext {
             partition: &req.partition,
             task,
             dp_rank: req.dp_rank,
             batch_index: req.batch_index,
-            draining,
+            draining: false,
         };
         let cached = sampler.has_cached(&ctx);
-        let mut want = batch_size;
-        if ready.len() < batch_size && !cached {
-            if !draining {
-                return Ok(Attempt::not_ready(p, task, next_expiry));
+        // The candidates, oldest first: only as many as the sampler needs when it takes the
+        // oldest (a fetch then costs its batch, not the partition), all of them otherwise.
+        p.prepare_scan(task);
+        let mut limit = if sampler.takes_oldest() {
+            batch_size
+        } else {
+            usize::MAX
+        };
+        let (ready, picked) = loop {
+            let (ready, all) = p.ready_prefix(&fids, task, limit);
+            // Given everything that is ready, and nothing else can become ready for this task
+            // (complete, the rest consumed): the last, smaller batch may go out. Counted only
+            // then, so a fetch with plenty ready scans no bitmap.
+            let draining =
+                all && p.complete && !ready.is_empty() && p.unconsumed(task) == ready.len();
+            let mut want = batch_size;
+            // (Fewer than a batch means the list is everything: `limit` is at least a batch.)
+            if ready.len() < batch_size && !cached {
+                if !draining {
+                    return Ok(Attempt::not_ready(p, task, next_expiry));
+                }
+                want = ready.len();
             }
-            want = ready.len();
-        }
-        let picked = match sampler.sample(&ready, want, &ctx) {
-            Ok(picked) => picked,
-            // A sampler that cannot use the remainder (an incomplete group) leaves it.
-            Err(_) if want < batch_size => return Ok(Attempt::not_ready(p, task, next_expiry)),
-            Err(e) => return Err(e),
+            ctx.draining = draining;
+            let picked = match sampler.sample(&ready, want, &ctx) {
+                Ok(picked) => picked,
+                // A sampler that cannot use the remainder (an incomplete group) leaves it.
+                Err(_) if want < batch_size => return Ok(Attempt::not_ready(p, task, next_expiry)),
+                Err(e) => return Err(e),
+            };
+            // An empty answer from the oldest candidates may still find a batch further on.
+            if all || !picked.sampled.is_empty() || !picked.consumed.is_empty() {
+                break (ready, picked);
+            }
+            limit = limit.saturating_mul(4);
         };
         let ready_ids: HashSet<SampleId> = ready.iter().map(|c| c.id).collect();
         // A fresh answer may only hand out ready samples; a cached one (rank-aware sampling)
@@ -598,7 +618,7 @@ impl Controller {
                     let st = self.lock();
                     st.partitions
                         .get(&req.partition)
-                        .and_then(|p| p.known_fields(&req.fields).map(|f| p.ready(&f, task).len()))
+                        .and_then(|p| p.known_fields(&req.fields).map(|f| p.ready_count(&f, task)))
                         .unwrap_or(0)
                 };
                 return Err(Error::timeout(format!(

@@ -2,7 +2,9 @@
 //! row states, per-field schemas, tags, backend metadata and keys.
 //!
 //! Everything here is synchronous and runs inside the controller's critical section; costs grow
-//! with the batch a call touches (plus a word-wise bitmap scan for fetches).
+//! with the batch a call touches: a fetch takes its candidates from the front of the allocation
+//! order (`order.rs`) and expires leases from the front of their deadline order (`leases.rs`);
+//! counts are word-wise bitmap scans (64 slots a word).
 
 use crate::allocator::IndexAllocator;
 use crate::api::{ConsumptionStatus, ProductionNotice, ProductionStatus};
@@ -14,11 +16,15 @@ use std::time::Instant;
 mod clear;
 mod consumption;
 mod keys;
+mod leases;
 mod links;
+mod order;
 mod status;
 mod stored;
 mod writes;
 
+pub(crate) use leases::LeaseTable;
+use order::AllocationOrder;
 use tq_core::{
     BackendMeta, BatchMeta, DType, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags,
 };
@@ -200,11 +206,15 @@ struct TaskState {
     /// Handed out under a lease that has not been acknowledged or expired yet.
     leased: Bitmap,
     /// Deadlines are saved as the time left, and restored from the time of loading.
-    leases: HashMap<u32, (LeaseId, Instant)>,
+    leases: LeaseTable,
     /// The lease that acknowledged each consumed slot, so that a retried acknowledgement
     /// (its first answer lost, say to a controller restart) answers as acknowledged again
     /// instead of 0. Kept until the slot is released or its consumption undone.
     acked_by: HashMap<u32, LeaseId>,
+    /// Every sample allocated before this number is consumed by the task or gone, so a fetch
+    /// starts its scan there (`order.rs`; not saved: 0 after a restore, moved on by the first
+    /// fetch).
+    scan_from: u64,
 }
 
 impl Serialize for TaskState {
@@ -223,6 +233,7 @@ impl<'de> Deserialize<'de> for TaskState {
             leased,
             leases,
             acked_by,
+            scan_from: 0,
         })
     }
 }
@@ -278,6 +289,9 @@ pub(crate) struct Partition {
     links: HashMap<u32, BTreeMap<usize, SampleId>>,
     /// Public samples that were linked at least once (protects fresh payloads from sweeps).
     ever_linked: Bitmap,
+    /// Live samples in allocation order, for fetches (derived: not saved).
+    #[serde(skip)]
+    order: AllocationOrder,
 }
 
 /// The public partition (`__public__`) or a namespaced one (`__public__/<job>`): holds shared
@@ -330,6 +344,7 @@ impl Partition {
             clearing_cells: HashSet::new(),
             links: HashMap::new(),
             ever_linked: Bitmap::default(),
+            order: AllocationOrder::default(),
         }
     }
 
@@ -391,6 +406,7 @@ impl Partition {
             self.next_seq += 1;
             self.live.set(su, true);
             self.slot_of.insert(id.index, slot);
+            self.order_allocated(slot);
             out.push(slot);
         }
         out

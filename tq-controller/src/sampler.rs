@@ -74,6 +74,17 @@ pub trait Sampler: Send + Sync + 'static {
         ctx: &SamplerContext<'_>,
     ) -> Result<Sampled>;
 
+    /// Whether this sampler picks from the oldest ready samples, so that the controller may
+    /// hand it only the oldest ones: a non-empty answer it gives for a prefix of the ready list
+    /// (in allocation order) must be the answer it would give for the whole list. The
+    /// controller then offers the oldest `batch_size`, four times more each time the answer is
+    /// empty, so a fetch costs its batch instead of the partition. The default, `false`, is for a
+    /// sampler that looks at every ready sample (grouping by tag, choosing by weight over
+    /// everything): it is always given the whole list.
+    fn takes_oldest(&self) -> bool {
+        false
+    }
+
     /// True when a cached answer exists for this context, so a fetch may proceed even if fewer
     /// than `batch_size` samples are ready (rank-aware sampling).
     fn has_cached(&self, _ctx: &SamplerContext<'_>) -> bool {
@@ -115,6 +126,10 @@ impl Sampler for SequentialSampler {
         Ok(Sampled::same(
             ready.iter().take(batch_size).map(|c| c.id).collect(),
         ))
+    }
+
+    fn takes_oldest(&self) -> bool {
+        true
     }
 }
 
@@ -361,6 +376,12 @@ impl Sampler for GrpoGroupNSampler {
 
     fn has_cached(&self, ctx: &SamplerContext<'_>) -> bool {
         Self::key(ctx).is_some_and(|k| self.cache.contains(&k))
+    }
+
+    /// Groups of consecutive allocations are the earliest complete ones among the oldest
+    /// samples; groups by tag may have members anywhere, so those need the whole list.
+    fn takes_oldest(&self) -> bool {
+        self.group_tag.is_none()
     }
 
     fn clear_partition(&self, partition: &str) {

@@ -3,32 +3,6 @@
 use super::*;
 
 impl Partition {
-    /// Samples produced for all of `fids` and neither consumed nor leased by `task`, in
-    /// allocation order.
-    pub fn ready(&self, fids: &[usize], task: &str) -> Vec<Candidate<'_>> {
-        let state = self.tasks.get(task);
-        let mut slots: Vec<usize> = Vec::new();
-        for w in 0..self.live.num_words() {
-            let mut word = self.live.word(w) & !self.clearing.word(w);
-            if let Some(t) = state {
-                word &= !(t.consumed.word(w) | t.leased.word(w));
-            }
-            for &f in fids {
-                word &= self.fields[f].produced.word(w);
-            }
-            slots.extend(BitIter { word, base: w * 64 });
-        }
-        slots.sort_unstable_by_key(|&s| self.seq[s]);
-        slots
-            .into_iter()
-            .map(|s| Candidate {
-                id: self.ids[s],
-                seq: self.seq[s],
-                tags: &self.tags[s],
-            })
-            .collect()
-    }
-
     pub fn mark_consumed(&mut self, task: &str, ids: &[SampleId]) {
         let t = self.tasks.entry(task.to_string()).or_default();
         for id in ids {
@@ -88,6 +62,8 @@ impl Partition {
                     let consumed = t.consumed.get(slot_u(s));
                     t.consumed.set(slot_u(s), false);
                     t.acked_by.remove(&s);
+                    // Unconsumed again: the task's scans must reach it.
+                    t.scan_from = t.scan_from.min(self.seq[slot_u(s)]);
                     consumed
                 }
             };
@@ -133,16 +109,13 @@ impl Partition {
                 continue;
             }
             let leased = &mut t.leased;
-            t.leases.retain(|&s, &mut (_, expiry)| {
-                if expiry <= now {
-                    leased.set(slot_u(s), false);
-                    expired += 1;
-                    false
-                } else {
-                    next = Some(next.map_or(expiry, |n| n.min(expiry)));
-                    true
-                }
+            let pending = t.leases.expire(now, |s| {
+                leased.set(slot_u(s), false);
+                expired += 1;
             });
+            if let Some(p) = pending {
+                next = Some(next.map_or(p, |n| n.min(p)));
+            }
         }
         (next, expired)
     }

@@ -69,6 +69,11 @@ impl Sampler for RankAwareSampler {
         Self::key(ctx).is_some_and(|k| self.cache.contains(&k))
     }
 
+    /// A group's batch is the oldest `batch_size` ready samples.
+    fn takes_oldest(&self) -> bool {
+        true
+    }
+
     fn clear_partition(&self, partition: &str) {
         self.cache.clear_partition(partition);
     }

@@ -232,6 +232,12 @@ impl Sampler for SeqlenBalancedSampler {
             .is_ok_and(|(_, k)| self.cache.contains(&k))
     }
 
+    /// The global batch is the earliest complete groups (as [`GrpoGroupNSampler`] picks them),
+    /// balanced among themselves.
+    fn takes_oldest(&self) -> bool {
+        self.grpo.takes_oldest()
+    }
+
     fn clear_partition(&self, partition: &str) {
         self.cache.clear_partition(partition);
     }
