@@ -1,6 +1,6 @@
 //! Controller micro-benchmarks: the metadata cost of a batch, with no payload.
 
-use crate::measure::{measure, Stats};
+use crate::measure::{measure, measure_rounds, Stats};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tq_controller::{
@@ -35,14 +35,9 @@ pub fn allocate_notify_fetch(
 ) -> Result<Stats> {
     let c = Controller::new(ControllerConfig::default())?;
     let schemas = f32_fields(fields);
-    let mut times = Vec::new();
-    for i in 0..WARMUP_ROUNDS + reps {
-        let elapsed = runtime.block_on(one_round(&c, samples, &schemas))?;
-        if i >= WARMUP_ROUNDS {
-            times.push(elapsed);
-        }
-    }
-    Ok(Stats::from_samples(times))
+    measure_rounds(WARMUP_ROUNDS, reps, || {
+        runtime.block_on(one_round(&c, samples, &schemas))
+    })
 }
 
 /// [`allocate_notify_fetch`] with the insert and the fetch tagged with request ids
@@ -67,14 +62,9 @@ pub fn allocate_notify_fetch_tagged(
         };
         c.get_meta_once(req, id)
     };
-    let mut times = Vec::new();
-    for i in 0..WARMUP_ROUNDS + reps {
-        let elapsed = runtime.block_on(one_round_with(&c, samples, &schemas, tagged))?;
-        if i >= WARMUP_ROUNDS {
-            times.push(elapsed);
-        }
-    }
-    Ok(Stats::from_samples(times))
+    measure_rounds(WARMUP_ROUNDS, reps, || {
+        runtime.block_on(one_round_with(&c, samples, &schemas, tagged))
+    })
 }
 
 /// One timed allocate → notify → fetch of `samples` samples with `fields` fields on `plane`,

@@ -47,6 +47,23 @@ pub fn measure(warmup: usize, reps: usize, mut f: impl FnMut()) -> Stats {
     Stats::from_samples(v)
 }
 
+/// Runs `round` `warmup` times, then `reps` times, keeping the times the timed rounds report
+/// (a round that times only part of itself: an untimed clear after it, say); stops at the
+/// first error.
+pub fn measure_rounds(
+    warmup: usize,
+    reps: usize,
+    mut round: impl FnMut() -> tq_core::Result<Duration>,
+) -> tq_core::Result<Stats> {
+    for _ in 0..warmup {
+        round()?;
+    }
+    let v = (0..reps.max(1))
+        .map(|_| round())
+        .collect::<tq_core::Result<Vec<Duration>>>()?;
+    Ok(Stats::from_samples(v))
+}
+
 /// Current and peak resident set size of this process, from `/proc/self/status`.
 pub fn rss_bytes() -> (Option<u64>, Option<u64>) {
     let Ok(status) = std::fs::read_to_string("/proc/self/status") else {

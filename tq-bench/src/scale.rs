@@ -3,7 +3,7 @@
 //! fetch by partition size (what a fetch costs the controller, without the network).
 
 use crate::controller::{insert_request, produced};
-use crate::measure::Stats;
+use crate::measure::{measure_rounds, Stats};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -227,8 +227,7 @@ pub fn fetch_cost(
             .await
             .map(drop)
     })?;
-    let mut times = Vec::with_capacity(reps);
-    for i in 0..crate::controller::WARMUP_ROUNDS + reps {
+    measure_rounds(crate::controller::WARMUP_ROUNDS, reps, || {
         let t = Instant::now();
         let got = runtime.block_on(c.get_meta(GetMetaRequest::fetch(
             "p",
@@ -245,9 +244,6 @@ pub fn fetch_cost(
             )));
         }
         runtime.block_on(c.return_fetched("p", "t", None, got.samples()))?;
-        if i >= crate::controller::WARMUP_ROUNDS {
-            times.push(took);
-        }
-    }
-    Ok(Stats::from_samples(times))
+        Ok(took)
+    })
 }

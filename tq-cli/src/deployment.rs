@@ -36,19 +36,19 @@ impl DeploymentArgs {
             .ok_or_else(|| Error::invalid("name the deployment's controller with --controller URL"))
     }
 
-    /// Takes a positional URL (the older spelling of `tq stats URL`): it must agree with
-    /// `--controller` when both are given.
-    pub fn with_positional(mut self, url: Option<String>) -> Result<Self> {
-        match (&self.controller, url) {
-            (Some(flag), Some(url)) if *flag != url => Err(Error::invalid(format!(
-                "two controllers named: `{url}` and --controller `{flag}`; give one"
-            ))),
-            (None, Some(url)) => {
-                self.controller = Some(url);
-                Ok(self)
+    /// Connects to the controller named by `--controller` or by `positional` (the older
+    /// spelling of `tq stats URL`), which must agree when both are given.
+    pub async fn connect_or_at(&self, positional: Option<&str>) -> Result<Client> {
+        let url = match (self.controller.as_deref(), positional) {
+            (Some(flag), Some(url)) if flag != url => {
+                return Err(Error::invalid(format!(
+                    "two controllers named: `{url}` and --controller `{flag}`; give one"
+                )))
             }
-            _ => Ok(self),
-        }
+            (_, Some(url)) => url,
+            (_, None) => self.url()?,
+        };
+        Client::connect_with(url, self.config()?).await
     }
 
     /// The client configuration: the file (if any), the environment, then `--token`.
@@ -62,6 +62,6 @@ impl DeploymentArgs {
 
     /// Connects to the controller.
     pub async fn connect(&self) -> Result<Client> {
-        Client::connect_with(self.url()?, self.config()?).await
+        self.connect_or_at(None).await
     }
 }

@@ -182,12 +182,7 @@ pub async fn stats(args: StatsArgs) -> Result<()> {
     if args.watch.is_some_and(|s| !(s > 0.0 && s.is_finite())) {
         return Err(Error::invalid("--watch needs a positive number of seconds"));
     }
-    let client = args
-        .deployment
-        .clone()
-        .with_positional(args.url.clone())?
-        .connect()
-        .await?;
+    let client = args.deployment.connect_or_at(args.url.as_deref()).await?;
     loop {
         let status = client.status().await?;
         let text = if args.json {
@@ -240,12 +235,7 @@ fn write_out(text: &str) -> Result<bool> {
 
 /// `tq health URL`: exit 0 when the controller answers and every storage unit does too.
 pub async fn health(args: HealthArgs) -> Result<()> {
-    let client = args
-        .deployment
-        .clone()
-        .with_positional(args.url.clone())?
-        .connect()
-        .await?;
+    let client = args.deployment.connect_or_at(args.url.as_deref()).await?;
     let status = client.status().await?;
     let down: Vec<String> = status
         .units

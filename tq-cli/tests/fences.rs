@@ -229,19 +229,7 @@ async fn a_library_job_rides_out_a_controller_restart() {
     let dir = common::tempdir("ride-out");
     let state = dir.join("state");
     let listen = common::free_listen();
-    let start = || {
-        let mut c = Tq::spawn(&[
-            "controller",
-            "--listen",
-            &listen,
-            "--units",
-            "2",
-            "--state-dir",
-            state.to_str().unwrap(),
-        ]);
-        c.listening(1);
-        c
-    };
+    let start = || common::state_dir_controller(&listen, &state, &[]);
     let mut controller = start();
     let mut units = common::storage_units(&listen, 2);
     let client = tq_client::Client::connect(&listen).await.unwrap();
@@ -302,17 +290,13 @@ async fn a_library_job_rides_out_a_controller_restart() {
     }
     controller.kill();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut controller = start();
+    let controller = start();
     producer.await.unwrap();
     let mut seen = consumer.await.unwrap();
     seen.sort_unstable();
     let all: Vec<i64> = (0..(rounds * per_round) as i64).collect();
     assert_eq!(seen, all, "every sample consumed exactly once");
-    let _ = controller.terminate(Duration::from_secs(5));
-    for u in &mut units {
-        u.kill();
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    common::stop_deployment(controller, &mut units, &dir);
 }
 
 /// An insert and an at-most-once fetch whose answers are lost on the way (the controller applied
@@ -326,19 +310,7 @@ async fn lost_answers_to_inserts_and_fetches_are_answered_again_not_applied_twic
     let dir = common::tempdir("lost-answers");
     let state = dir.join("state");
     let listen = common::free_listen();
-    let start = || {
-        let mut c = Tq::spawn(&[
-            "controller",
-            "--listen",
-            &listen,
-            "--units",
-            "2",
-            "--state-dir",
-            state.to_str().unwrap(),
-        ]);
-        c.listening(1);
-        c
-    };
+    let start = || common::state_dir_controller(&listen, &state, &[]);
     let mut controller = start();
     let mut units = common::storage_units(&listen, 2);
     let proxy = common::AnswerEater::start(&listen).await;
@@ -427,7 +399,7 @@ async fn lost_answers_to_inserts_and_fetches_are_answered_again_not_applied_twic
     }
     controller.kill();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut controller = start();
+    let controller = start();
     producer.await.unwrap();
     let mut seen = consumer.await.unwrap();
     seen.sort_unstable();
@@ -446,11 +418,7 @@ async fn lost_answers_to_inserts_and_fetches_are_answered_again_not_applied_twic
         (rounds * 4) as usize,
         "no sample allocated twice"
     );
-    let _ = controller.terminate(Duration::from_secs(5));
-    for u in &mut units {
-        u.kill();
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    common::stop_deployment(controller, &mut units, &dir);
 }
 
 /// `tq demo --connect` on a deployment in use: without the `grpo` sampler it stops before
@@ -783,21 +751,8 @@ async fn the_demo_rides_out_a_controller_kill() {
     std::fs::write(&config, "[controller.samplers]\ngrpo = \"grpo:4\"\n").unwrap();
     let state = dir.join("state");
     let listen = common::free_listen();
-    let start = || {
-        let mut c = Tq::spawn(&[
-            "controller",
-            "--listen",
-            &listen,
-            "--units",
-            "2",
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--config",
-            config.to_str().unwrap(),
-        ]);
-        c.listening(1);
-        c
-    };
+    let extra = ["--config", config.to_str().unwrap()];
+    let start = || common::state_dir_controller(&listen, &state, &extra);
     let mut controller = start();
     let mut units = common::storage_units(&listen, 2);
     let demo = Tq::spawn(&[
@@ -824,12 +779,8 @@ async fn the_demo_rides_out_a_controller_kill() {
     }
     controller.kill();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut controller = start();
+    let controller = start();
     let (status, stderr) = demo.wait_exit(Duration::from_secs(120));
     assert!(status.success(), "{stderr}");
-    let _ = controller.terminate(Duration::from_secs(5));
-    for u in &mut units {
-        u.kill();
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    common::stop_deployment(controller, &mut units, &dir);
 }

@@ -516,3 +516,30 @@ pub fn run(args: &[&str]) -> (std::process::ExitStatus, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// `tq controller --listen <listen> --units 2 --state-dir <state>` (plus `extra`), once it
+/// listens: the controller a restart test kills and starts again on the same directory.
+pub fn state_dir_controller(listen: &str, state: &std::path::Path, extra: &[&str]) -> Tq {
+    let mut args = vec![
+        "controller",
+        "--listen",
+        listen,
+        "--units",
+        "2",
+        "--state-dir",
+        state.to_str().expect("a UTF-8 path"),
+    ];
+    args.extend_from_slice(extra);
+    let mut c = Tq::spawn(&args);
+    c.listening(1);
+    c
+}
+
+/// Stops a test deployment: the controller (SIGTERM), its units (SIGKILL), and its directory.
+pub fn stop_deployment(mut controller: Tq, units: &mut [Tq], dir: &std::path::Path) {
+    let _ = controller.terminate(Duration::from_secs(5));
+    for u in units {
+        u.kill();
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

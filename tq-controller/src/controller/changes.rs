@@ -40,36 +40,9 @@ struct Record {
     all: bool,
     partitions: Vec<(String, Option<Partition>)>,
     samplers: Vec<(String, Vec<u8>)>,
+    /// Format 4 on: after the fields above, so it is decoded from what they leave.
+    #[serde(skip)]
     answers: AnswerChanges,
-}
-
-/// A record of formats 1-3: no remembered answers.
-#[derive(Deserialize)]
-struct RecordV3 {
-    epoch: u64,
-    order: Vec<String>,
-    alloc: IndexAllocator,
-    next_lease: LeaseId,
-    linked_by: LinkedBy,
-    all: bool,
-    partitions: Vec<(String, Option<Partition>)>,
-    samplers: Vec<(String, Vec<u8>)>,
-}
-
-impl From<RecordV3> for Record {
-    fn from(r: RecordV3) -> Self {
-        Record {
-            epoch: r.epoch,
-            order: r.order,
-            alloc: r.alloc,
-            next_lease: r.next_lease,
-            linked_by: r.linked_by,
-            all: r.all,
-            partitions: r.partitions,
-            samplers: r.samplers,
-            answers: Vec::new(),
-        }
-    }
 }
 
 /// The framed record of `st`'s changes since the last one; the changes are taken (the next
@@ -133,14 +106,13 @@ impl Controller {
     /// Everything is decoded and checked before anything changes.
     pub(crate) fn apply_changes(&self, framed: &[u8]) -> Result<()> {
         let (format, body) = unframe_with_format(framed)?;
-        let decoded = if format < 4 {
-            postcard::from_bytes::<RecordV3>(body).map(Record::from)
-        } else {
-            postcard::from_bytes::<Record>(body)
-        };
-        let record = decoded.map_err(|e| {
+        let bad = |e: postcard::Error| {
             Error::corrupted(format!("controller change record does not decode: {e}"))
-        })?;
+        };
+        let (mut record, rest) = postcard::take_from_bytes::<Record>(body).map_err(bad)?;
+        if format >= 4 {
+            record.answers = postcard::from_bytes(rest).map_err(bad)?;
+        }
         if record.epoch == 0 {
             return Err(Error::corrupted("controller change record of epoch 0"));
         }

@@ -22,16 +22,9 @@ struct Body {
     units: u32,
     state: State,
     samplers: Vec<(String, Vec<u8>)>,
+    /// Format 4 on: after the fields above, so it is decoded from what they leave.
+    #[serde(skip)]
     answers: Vec<(u64, ClientAnswers)>,
-}
-
-/// Formats 2 and 3: no remembered answers.
-#[derive(Deserialize)]
-struct BodyV2 {
-    epoch: u64,
-    units: u32,
-    state: State,
-    samplers: Vec<(String, Vec<u8>)>,
 }
 
 /// Format 1: no sampler states.
@@ -67,14 +60,11 @@ fn decode(snapshot: &[u8]) -> Result<Body> {
             samplers: Vec::new(),
             answers: Vec::new(),
         }),
-        2 | 3 => postcard::from_bytes::<BodyV2>(body).map(|b| Body {
-            epoch: b.epoch,
-            units: b.units,
-            state: b.state,
-            samplers: b.samplers,
-            answers: Vec::new(),
+        2 | 3 => postcard::from_bytes::<Body>(body),
+        _ => postcard::take_from_bytes::<Body>(body).and_then(|(mut b, rest)| {
+            b.answers = postcard::from_bytes(rest)?;
+            Ok(b)
         }),
-        _ => postcard::from_bytes::<Body>(body),
     };
     decoded.map_err(|e| {
         Error::corrupted(format!(
