@@ -552,7 +552,7 @@ impl Controller {
             .build_meta(&slots, &fids, Production::AllReady)
             .with_lease(lease_id);
         if let Some(id) = once {
-            st.answers.remember(id, &meta);
+            st.answers.remember(id, answers::Answer::Meta(meta.clone()));
         }
         Ok(Attempt::Got(meta))
     }

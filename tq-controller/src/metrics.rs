@@ -175,6 +175,20 @@ impl MeteredPlane<crate::Controller> {
     }
 }
 
+impl MeteredPlane<crate::Controller> {
+    /// [`crate::Controller::notify_once`], metered as a production notice.
+    pub async fn notify_once(
+        &self,
+        notice: ProductionNotice,
+        id: crate::RequestId,
+    ) -> Result<Vec<tq_core::BackendMeta>> {
+        let rows = notice.samples.len() as u64;
+        let op = ControllerOp::NotifyDataUpdate.index();
+        let work = self.inner.notify_once(notice, id);
+        self.meter.measure(op, |_| rows, work).await
+    }
+}
+
 fn get_meta_op(req: &GetMetaRequest) -> ControllerOp {
     match req.mode {
         GetMetaMode::Force => ControllerOp::GetPartitionMeta,

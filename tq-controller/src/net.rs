@@ -78,8 +78,9 @@ impl Topology {
 struct ControlEnvelope {
     epoch: u64,
     request: ControlRequest,
-    /// A request that must not be applied twice (an insert, an at-most-once fetch) names
-    /// itself, so that a retry gets the first answer (protocol 6; `Controller::get_meta_once`).
+    /// A request that must not be applied twice (an insert, an at-most-once fetch, a production
+    /// notice) names itself, so that a retry gets the first answer (protocol 6;
+    /// `Controller::get_meta_once`, `Controller::notify_once`).
     once: Option<RequestId>,
 }
 
@@ -613,10 +614,13 @@ impl Handler for ControllerServer {
             (Some(id), ControlRequest::GetMeta(r)) => {
                 ControlResponse::Meta(self.plane.get_meta_once(r, id).await?)
             }
+            (Some(id), ControlRequest::Notify(n)) => {
+                ControlResponse::Replaced(self.plane.notify_once(n, id).await?)
+            }
             (Some(_), other) => {
                 self.plane.meter().rejected(op.index());
                 return Err(Error::invalid(format!(
-                    "a request id is honoured on get_meta only, not on {}",
+                    "a request id is honoured on get_meta and production notices only, not on {}",
                     other.op().name()
                 )));
             }

@@ -386,3 +386,50 @@ async fn a_tagged_request_is_applied_once_across_restarts() {
     assert_eq!(fourth.get_meta_once(fetch(), id(3, 3)).await.unwrap(), rest);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A tagged production notice that comes again after its samples were consumed and cleared
+/// (its first answer lost) gets its first answer, also after a restart on the state dir,
+/// instead of a refusal as a stale write; an untagged one is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tagged_notice_that_comes_again_after_a_clear_gets_its_first_answer() {
+    let dir = tempdir();
+    let id = |seq| RequestId {
+        client: 0xc2,
+        seq,
+        done_below: 1,
+    };
+    let first = controller();
+    let state = StateDir::open(&dir, first.clone()).unwrap();
+    let kv = first
+        .kv_retrieve_meta("p", &["a".to_string()], true)
+        .await
+        .unwrap();
+    let notice = || ProductionNotice {
+        partition: "p".into(),
+        samples: kv.meta.samples().to_vec(),
+        schemas: [("x".to_string(), FieldMeta::dense(DType::I64, vec![2]))].into(),
+        tags: None,
+        backend_meta: None,
+    };
+    let answer = first.notify_once(notice(), id(1)).await.unwrap();
+    let marked = first.mark_clearing("p", None).await.unwrap();
+    first.release("p", marked.samples()).await.unwrap();
+    state.changed().await.unwrap();
+    assert!(
+        first.list_partitions().await.unwrap().is_empty(),
+        "cleared and removed"
+    );
+    let e = first.notify_production(notice()).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Conflict, "{e}");
+    assert_eq!(first.notify_once(notice(), id(1)).await.unwrap(), answer);
+    assert!(
+        first.list_partitions().await.unwrap().is_empty(),
+        "nothing applied again"
+    );
+    drop(state);
+    let second = controller();
+    let _state = StateDir::open(&dir, second.clone()).unwrap();
+    assert_eq!(second.notify_once(notice(), id(1)).await.unwrap(), answer);
+    assert!(second.list_partitions().await.unwrap().is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,6 +1,8 @@
 //! Answers remembered for requests that must not be applied twice.
 //!
-//! An insert allocates samples and an at-most-once fetch consumes them: if the answer is lost
+//! An insert allocates samples and an at-most-once fetch consumes them; a production notice
+//! whose samples are consumed and cleared before it is repeated would be refused as stale: if
+//! the answer is lost
 //! (a connection cut, a controller killed and restarted on its state dir), running the request
 //! again would leak the first allocation or lose the first batch. So a remote client tags such
 //! a request with a [`RequestId`]; the controller records the answer in the same critical
@@ -14,6 +16,7 @@
 
 use super::*;
 use std::collections::BTreeMap;
+use tq_core::BackendMeta;
 
 /// How long the answers of a client that sends nothing more are kept.
 pub const ANSWER_MEMORY: Duration = Duration::from_secs(600);
@@ -33,7 +36,16 @@ pub(crate) struct ClientAnswers {
     done_below: u64,
     /// When this client was last heard from (milliseconds since the Unix epoch).
     last_seen_ms: u64,
-    answers: BTreeMap<u64, BatchMeta>,
+    answers: BTreeMap<u64, Answer>,
+}
+
+/// A remembered answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Answer {
+    /// Of a `get_meta` (an insert, an at-most-once fetch).
+    Meta(BatchMeta),
+    /// Of a production notice: the backend meta it replaced.
+    Replaced(Vec<BackendMeta>),
 }
 
 /// The answers of every client, by client id; see the module documentation.
@@ -59,7 +71,7 @@ impl Answers {
     /// The answer already given to `id`, if any. A request below what its client said is
     /// finished is refused: its answer is gone, so whether it was applied is unknown. What the
     /// request says about its client (`done_below`) is taken in first.
-    pub(crate) fn lookup(&mut self, id: &RequestId) -> Result<Option<BatchMeta>> {
+    pub(crate) fn lookup(&mut self, id: &RequestId) -> Result<Option<Answer>> {
         let Some(client) = self.note(id) else {
             return Ok(None);
         };
@@ -75,12 +87,12 @@ impl Answers {
     }
 
     /// Records `answer` for `id` (under the same lock as the change it answers).
-    pub(crate) fn remember(&mut self, id: &RequestId, answer: &BatchMeta) {
+    pub(crate) fn remember(&mut self, id: &RequestId, answer: Answer) {
         self.clients.entry(id.client).or_default();
         let Some(client) = self.note(id) else {
             return;
         };
-        client.answers.insert(id.seq, answer.clone());
+        client.answers.insert(id.seq, answer);
         while client.answers.len() > MAX_ANSWERS_PER_CLIENT {
             if let Some((oldest, _)) = client.answers.pop_first() {
                 client.done_below = client.done_below.max(oldest + 1);

@@ -15,30 +15,7 @@ impl ControlPlane for Controller {
     }
 
     async fn notify_production(&self, notice: ProductionNotice) -> Result<Vec<BackendMeta>> {
-        tokio::task::consume_budget().await;
-        if notice.samples.is_empty() {
-            return Ok(Vec::new());
-        }
-        // An overwrite waits while a checkpoint copies payloads: its writer retires the old
-        // cells once answered, and the copy may still have to read them.
-        let replaced = self
-            .unless_held(|st, held| {
-                let applied = (|| {
-                    st.refuse_linked(&notice.partition, &notice.samples, "write")?;
-                    let p = st
-                        .partitions
-                        .get_mut(&notice.partition)
-                        .ok_or_else(|| gone_partition(&notice.partition))?;
-                    if held && p.replaces_cells(&notice) {
-                        return Ok(None);
-                    }
-                    p.notify(&notice).map(Some)
-                })();
-                applied.transpose()
-            })
-            .await?;
-        self.wake(&notice.partition);
-        Ok(replaced)
+        self.notify_with(notice, None).await
     }
 
     async fn set_tags(&self, partition: &str, samples: &[SampleId], tags: Vec<Tags>) -> Result<()> {
@@ -569,11 +546,32 @@ impl Controller {
     /// overtakes its first attempt waits for it. See `controller/answers.rs`.
     pub async fn get_meta_once(&self, req: GetMetaRequest, id: RequestId) -> Result<BatchMeta> {
         let _turn = self.request_turn(&id).await;
-        if let Some(answer) = self.lock().answers.lookup(&id)? {
-            tracing::debug!(client = %format_args!("{:016x}", id.client), seq = id.seq, partition = %req.partition, "a request came again: answered as the first time");
-            return Ok(answer);
+        match self.lock().answers.lookup(&id)? {
+            Some(answers::Answer::Meta(meta)) => {
+                tracing::debug!(client = %format_args!("{:016x}", id.client), seq = id.seq, partition = %req.partition, "a request came again: answered as the first time");
+                return Ok(meta);
+            }
+            Some(other) => return Err(another_answer(&id, &other)),
+            None => {}
         }
         self.get_meta_with(req, Some(&id)).await
+    }
+
+    /// [`ControlPlane::notify_production`] applied at most once for `id`: a notice that comes
+    /// again (its answer lost) gets the first answer, even if its samples were consumed and
+    /// cleared since, instead of a refusal as a stale write.
+    pub async fn notify_once(
+        &self,
+        notice: ProductionNotice,
+        id: RequestId,
+    ) -> Result<Vec<BackendMeta>> {
+        let _turn = self.request_turn(&id).await;
+        match self.lock().answers.lookup(&id)? {
+            Some(answers::Answer::Replaced(replaced)) => return Ok(replaced),
+            Some(other) => return Err(another_answer(&id, &other)),
+            None => {}
+        }
+        self.notify_with(notice, Some(&id)).await
     }
 
     /// How many remembered answers the controller keeps (see [`Controller::get_meta_once`]).
@@ -629,7 +627,7 @@ impl Controller {
                 p.note_fields_written(&req.fields);
                 let meta = p.build_meta(&slots, &[], Production::NoneReady);
                 if let Some(id) = once {
-                    st.answers.remember(id, &meta);
+                    st.answers.remember(id, answers::Answer::Meta(meta.clone()));
                 }
                 Ok(meta)
             }
@@ -639,4 +637,57 @@ impl Controller {
             }
         }
     }
+
+    /// [`ControlPlane::notify_production`]; with `once`, its answer is remembered under that id
+    /// in the same critical section as the change.
+    async fn notify_with(
+        &self,
+        notice: ProductionNotice,
+        once: Option<&RequestId>,
+    ) -> Result<Vec<BackendMeta>> {
+        tokio::task::consume_budget().await;
+        if notice.samples.is_empty() {
+            return Ok(Vec::new());
+        }
+        // An overwrite waits while a checkpoint copies payloads: its writer retires the old
+        // cells once answered, and the copy may still have to read them.
+        let replaced = self
+            .unless_held(|st, held| {
+                let applied = (|| {
+                    st.refuse_linked(&notice.partition, &notice.samples, "write")?;
+                    let p = st
+                        .partitions
+                        .get_mut(&notice.partition)
+                        .ok_or_else(|| gone_partition(&notice.partition))?;
+                    if held && p.replaces_cells(&notice) {
+                        return Ok(None);
+                    }
+                    let replaced = p.notify(&notice)?;
+                    if let Some(id) = once {
+                        st.answers
+                            .remember(id, answers::Answer::Replaced(replaced.clone()));
+                    }
+                    Ok(Some(replaced))
+                })();
+                applied.transpose()
+            })
+            .await?;
+        self.wake(&notice.partition);
+        Ok(replaced)
+    }
+}
+
+/// A remembered answer of another kind than the request that came again asks for: the id was
+/// reused for another request.
+fn another_answer(id: &RequestId, found: &answers::Answer) -> Error {
+    Error::invalid(format!(
+        "request {} of client {:016x} came again as another kind of request (its first answer \
+         was {}); a request id names one request",
+        id.seq,
+        id.client,
+        match found {
+            answers::Answer::Meta(_) => "a get_meta's",
+            answers::Answer::Replaced(_) => "a production notice's",
+        }
+    ))
 }

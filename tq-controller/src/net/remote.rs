@@ -146,6 +146,24 @@ impl RemoteControlPlane {
             .decode()
     }
 
+    /// Sends `request` with a request id, so that the controller applies it once however often
+    /// it arrives; it is then safe to repeat after a lost answer.
+    async fn send_tagged(
+        &self,
+        request: ControlRequest,
+        wait: Duration,
+    ) -> Result<ControlResponse> {
+        let (id, _in_flight) = self.tags.start();
+        let envelope = ControlEnvelope {
+            epoch: self.epoch(),
+            request,
+            once: Some(id),
+        };
+        self.send_envelope(envelope, Vec::new(), true, wait)
+            .await?
+            .decode()
+    }
+
     fn unexpected(&self, what: &str, got: ControlResponse) -> Error {
         Error::corrupted(format!(
             "controller {} answered {what} with {got:?}",
@@ -290,25 +308,17 @@ impl ControlPlane for RemoteControlPlane {
                 .meta("get_meta", ControlRequest::GetMeta(req), true, wait)
                 .await;
         }
-        let (id, _in_flight) = self.tags.start();
-        let envelope = ControlEnvelope {
-            epoch: self.epoch(),
-            request: ControlRequest::GetMeta(req),
-            once: Some(id),
-        };
-        match self
-            .send_envelope(envelope, Vec::new(), true, wait)
-            .await?
-            .decode()?
-        {
+        match self.send_tagged(ControlRequest::GetMeta(req), wait).await? {
             ControlResponse::Meta(m) => Ok(m),
             other => Err(self.unexpected("get_meta", other)),
         }
     }
 
+    /// Tagged: a notice whose answer was lost may find its samples consumed and cleared by
+    /// the time it comes again (and be refused as stale); with an id it gets its first answer.
     async fn notify_production(&self, notice: ProductionNotice) -> Result<Vec<BackendMeta>> {
         match self
-            .call(ControlRequest::Notify(notice), true, Duration::ZERO)
+            .send_tagged(ControlRequest::Notify(notice), Duration::ZERO)
             .await?
         {
             ControlResponse::Replaced(r) => Ok(r),
