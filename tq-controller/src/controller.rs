@@ -9,7 +9,8 @@ use crate::sampler::{Sampled, Sampler, SamplerContext, SamplerSpec};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
@@ -73,19 +74,44 @@ struct State {
     partitions: Partitions,
     /// Partition names in creation order.
     order: Vec<String>,
-    alloc: IndexAllocator,
-    /// Last lease id handed out (ids are unique across partitions).
-    next_lease: LeaseId,
+    /// Its own lock, taken after a partition's (inserts into existing partitions allocate
+    /// under the shared state lock).
+    alloc: Mutex<IndexAllocator>,
+    /// Last lease id handed out (ids are unique across partitions). Atomic, so that fetches
+    /// under the shared lock take ids without a lock of their own.
+    next_lease: AtomicU64,
     /// Public sample → the (partition, sample, field) cells linking to it. Never holds an
     /// empty set: "linked" means a non-empty entry.
     linked_by: HashMap<SampleId, HashSet<(String, SampleId, FieldName)>>,
     /// Answers remembered for requests that must not be applied twice (see `answers`).
     /// Snapshots carry them beside the state (format 4 on), so formats 1-3 decode as before.
+    /// Their own lock, taken after a partition's (a fetch remembers its answer while it holds
+    /// the partition).
     #[serde(skip)]
-    answers: answers::Answers,
+    answers: Mutex<answers::Answers>,
 }
 
 impl State {
+    /// The remembered answers, under their lock.
+    fn answers(&self) -> MutexGuard<'_, answers::Answers> {
+        self.answers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The index allocator, under its lock.
+    fn alloc(&self) -> MutexGuard<'_, IndexAllocator> {
+        self.alloc.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The index allocator, while the state is held exclusively.
+    fn alloc_mut(&mut self) -> &mut IndexAllocator {
+        self.alloc.get_mut().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The remembered answers, while the state is held exclusively.
+    fn answers_mut(&mut self) -> &mut answers::Answers {
+        self.answers.get_mut().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn is_linked(&self, source: SampleId) -> bool {
         self.linked_by.contains_key(&source)
     }
@@ -129,8 +155,9 @@ impl State {
         let Some(p) = self.partitions.get(partition) else {
             return Ok(BatchMeta::empty(partition));
         };
-        let slots = select(p);
+        let slots = select(&p);
         let selected: Vec<SampleId> = slots.iter().map(|&s| p.sample_of(s)).collect();
+        drop(p);
         self.refuse_linked(partition, &selected, "clear")?;
         let p = present(&mut self.partitions, partition)?;
         Ok(p.mark_clearing(&slots))
@@ -157,15 +184,16 @@ impl State {
 }
 
 impl State {
-    fn partition(&self, name: &str) -> Result<&Partition> {
+    fn partition(&self, name: &str) -> Result<MutexGuard<'_, Partition>> {
         self.partitions
             .get(name)
             .ok_or_else(|| Error::not_found(format!("partition `{name}` does not exist")))
     }
 
-    fn partition_mut(&mut self, name: &str) -> Result<&mut Partition> {
+    /// A partition to change while the state is shared, under its lock.
+    fn partition_locked(&self, name: &str) -> Result<MutexGuard<'_, Partition>> {
         self.partitions
-            .get_mut(name)
+            .lock_mut(name)
             .ok_or_else(|| Error::not_found(format!("partition `{name}` does not exist")))
     }
 
@@ -176,14 +204,13 @@ impl State {
         }
         if !self.partitions.contains_key(name) {
             tracing::debug!(partition = name, "creating partition");
-            self.partitions.insert(
-                name.to_string(),
-                Partition::new(name.to_string(), self.alloc.units()),
-            );
+            let units = self.alloc_mut().units();
+            self.partitions
+                .insert(name.to_string(), Partition::new(name.to_string(), units));
             self.order.push(name.to_string());
         }
         let p = present(&mut self.partitions, name)?;
-        Ok((p, &mut self.alloc))
+        Ok((p, self.alloc.get_mut().unwrap_or_else(|p| p.into_inner())))
     }
 
     /// Removes a partition that holds no samples and was not declared complete (a complete
@@ -203,8 +230,20 @@ impl State {
 }
 
 /// The control plane, in process. Cheap to share behind an `Arc`.
+///
+/// Two levels of locking, so that requests for different partitions run side by side:
+/// - the state as a whole behind a read-write lock: requests that touch one partition's
+///   bookkeeping only (fetch, production notice, ack, return, status queries) take it
+///   *shared* and then that partition's own mutex; requests that change what spans partitions
+///   (inserts and KV puts that allocate indexes, clears that release them, links, partition
+///   creation and removal, snapshots and change records, which need one instant of everything)
+///   take it *exclusively*;
+/// - inside, each partition's mutex, then the remembered answers' mutex, always in this order.
+///
+/// No lock is held across an `.await`, and none across I/O: the state dir writes records
+/// after the lock is released.
 pub struct Controller {
-    state: Mutex<State>,
+    state: RwLock<State>,
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
     samplers: RwLock<HashMap<String, Arc<dyn Sampler>>>,
     default_sampler: Arc<dyn Sampler>,
@@ -250,11 +289,11 @@ impl Controller {
             return Err(Error::invalid("controller needs at least one storage unit"));
         }
         Ok(Controller {
-            state: Mutex::new(State {
+            state: RwLock::new(State {
                 partitions: Partitions::default(),
                 order: Vec::new(),
-                alloc: IndexAllocator::new(config.storage_units),
-                next_lease: 0,
+                alloc: Mutex::new(IndexAllocator::new(config.storage_units)),
+                next_lease: AtomicU64::new(0),
                 linked_by: HashMap::new(),
                 answers: Default::default(),
             }),
@@ -296,10 +335,17 @@ impl Controller {
             .insert(name.into(), sampler);
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    /// The whole state, exclusively: for changes that span partitions (see [`Controller`]).
+    fn exclusive(&self) -> RwLockWriteGuard<'_, State> {
         // A panic inside a critical section is a bug; the state is still structurally valid
         // because every mutation validates first, so keep serving.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The state shared with other requests: for reading, and for changing one partition
+    /// under its own lock (see [`Controller`]).
+    fn shared(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
     fn waiter(&self, partition: &str) -> Arc<Notify> {
@@ -410,18 +456,14 @@ impl Controller {
     pub fn status(&self) -> ControllerStatus {
         use std::sync::atomic::Ordering::Relaxed;
         let (partitions, index_allocated, index_reusable) = {
-            let st = self.lock();
+            let st = self.shared();
             let partitions = st
                 .order
                 .iter()
-                .filter_map(|name| st.partitions.get(name))
-                .map(Partition::status)
+                .filter_map(|name| st.partitions.get(name).map(|p| p.status()))
                 .collect();
-            (
-                partitions,
-                st.alloc.in_use() as u64,
-                st.alloc.reusable() as u64,
-            )
+            let alloc = st.alloc();
+            (partitions, alloc.in_use() as u64, alloc.reusable() as u64)
         };
         ControllerStatus {
             epoch: self.epoch(),
@@ -438,7 +480,32 @@ impl Controller {
 
     /// Indexes handed out and not yet released, over all partitions.
     pub fn samples_in_use(&self) -> usize {
-        self.lock().alloc.in_use()
+        let in_use = self.shared().alloc().in_use();
+        in_use
+    }
+
+    /// Runs `step` on partition `name` under the shared state lock and the partition's own,
+    /// creating the partition first (under the exclusive lock, for a moment) if it does not
+    /// exist yet; `before_create` may refuse the request before anything is created. (A
+    /// partition removed between the two, its last samples cleared, is created again.)
+    fn in_partition<T>(
+        &self,
+        name: &str,
+        before_create: impl Fn(&State) -> Result<()>,
+        mut step: impl FnMut(&State, &mut Partition) -> Result<T>,
+    ) -> Result<T> {
+        loop {
+            {
+                let st = self.shared();
+                let done = st.partitions.lock_mut(name).map(|mut p| step(&st, &mut p));
+                if let Some(done) = done {
+                    return done;
+                }
+            }
+            let mut st = self.exclusive();
+            before_create(&st)?;
+            st.partition_or_create(name)?;
+        }
     }
 
     /// One attempt at a fetch.
@@ -451,11 +518,11 @@ impl Controller {
         sampler: &dyn Sampler,
         once: Option<&RequestId>,
     ) -> Result<Attempt> {
-        let mut st = self.lock();
-        let st = &mut *st;
-        let Some(p) = st.partitions.get_mut(&req.partition) else {
+        let st = self.shared();
+        let Some(mut p) = st.partitions.lock_mut(&req.partition) else {
             return Ok(Attempt::NotReady { next_expiry: None });
         };
+        let p = &mut *p;
         // Leases run on tokio's clock: the runtime's time, which tests pause and advance (the
         // same clock as the waits), and the system's otherwise.
         let now = tokio::time::Instant::now().into_std();
@@ -538,7 +605,7 @@ impl Controller {
             // other ranks' shares are reserved all the same, as on any first call, so that no
             // other batch takes them; this rank has nothing (and is finished when they are).
             if !cached && !picked.consumed.is_empty() {
-                reserve(p, &mut st.next_lease, task, &picked, lease, now);
+                reserve(p, &st.next_lease, task, &picked, lease, now);
             }
             return Ok(Attempt::not_ready(p, task, next_expiry));
         }
@@ -547,12 +614,13 @@ impl Controller {
             // A cached answer may name samples cleared since; treat as not ready.
             Err(_) => return Ok(Attempt::NotReady { next_expiry }),
         };
-        let lease_id = reserve(p, &mut st.next_lease, task, &picked, lease, now);
+        let lease_id = reserve(p, &st.next_lease, task, &picked, lease, now);
         let meta = p
             .build_meta(&slots, &fids, Production::AllReady)
             .with_lease(lease_id);
         if let Some(id) = once {
-            st.answers.remember(id, answers::Answer::Meta(meta.clone()));
+            st.answers()
+                .remember(id, answers::Answer::Meta(meta.clone()));
         }
         Ok(Attempt::Got(meta))
     }
@@ -615,7 +683,7 @@ impl Controller {
                 && tokio::time::Instant::now() >= deadline
             {
                 let ready = {
-                    let st = self.lock();
+                    let st = self.shared();
                     st.partitions
                         .get(&req.partition)
                         .and_then(|p| p.known_fields(&req.fields).map(|f| p.ready_count(&f, task)))
@@ -636,7 +704,7 @@ impl Controller {
 /// lease is new. Returns the lease.
 fn reserve(
     p: &mut Partition,
-    next_lease: &mut LeaseId,
+    next_lease: &AtomicU64,
     task: &str,
     picked: &Sampled,
     lease: Option<Duration>,
@@ -650,10 +718,7 @@ fn reserve(
         .sampled
         .first()
         .and_then(|&s| p.lease_of(task, s))
-        .unwrap_or_else(|| {
-            *next_lease += 1;
-            *next_lease
-        });
+        .unwrap_or_else(|| next_lease.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
     p.lease(task, &picked.consumed, id, now + d);
     Some(id)
 }

@@ -49,24 +49,23 @@ struct Record {
 /// record starts empty).
 fn take_record(st: &mut State, epoch: u64, samplers: &[(String, Vec<u8>)]) -> Result<Vec<u8>> {
     let changed = st.partitions.take_changed();
-    let answers = st.answers.take_changed();
+    let answers = st.answers_mut().take_changed();
+    let alloc = st.alloc.get_mut().unwrap_or_else(|p| p.into_inner());
+    let view = st.partitions.exclusive_view();
     let partitions: Vec<(&str, Option<&Partition>)> = if changed.all {
-        st.partitions
-            .iter()
-            .map(|(name, p)| (name.as_str(), Some(p)))
-            .collect()
+        view.into_iter().map(|(name, p)| (name, Some(p))).collect()
     } else {
         changed
             .names
             .iter()
-            .map(|name| (name.as_str(), st.partitions.get(name)))
+            .map(|name| (name.as_str(), view.get(name.as_str()).copied()))
             .collect()
     };
     let body = postcard::to_allocvec(&RecordRef {
         epoch,
         order: &st.order,
-        alloc: &st.alloc,
-        next_lease: st.next_lease,
+        alloc,
+        next_lease: st.next_lease.load(std::sync::atomic::Ordering::Relaxed),
         linked_by: &st.linked_by,
         all: changed.all,
         partitions,
@@ -80,22 +79,22 @@ fn take_record(st: &mut State, epoch: u64, samplers: &[(String, Vec<u8>)]) -> Re
 impl Controller {
     /// The changes since the last call, as one framed record for the state-dir log.
     pub(crate) fn take_changes(&self) -> Result<Vec<u8>> {
-        let mut st = self.lock();
+        let mut st = self.exclusive();
         let samplers = self.sampler_states()?;
         take_record(&mut st, self.epoch(), &samplers)
     }
 
     /// Forgets the changes since the last record: what the state dir recovered is on disk.
     pub(crate) fn forget_changes(&self) {
-        let mut st = self.lock();
+        let mut st = self.exclusive();
         let _taken = st.partitions.take_changed();
-        let _answers = st.answers.take_changed();
+        let _answers = st.answers_mut().take_changed();
     }
 
     /// The changes since the last call and a whole snapshot, both of the same instant (one
     /// lock): the record ends the old log, the snapshot starts the new one.
     pub(crate) fn take_changes_and_snapshot(&self) -> Result<(Vec<u8>, Vec<u8>)> {
-        let mut st = self.lock();
+        let mut st = self.exclusive();
         let samplers = self.sampler_states()?;
         let record = take_record(&mut st, self.epoch(), &samplers)?;
         let (snapshot, _) = self.encode_snapshot(&st, &samplers)?;
@@ -124,7 +123,7 @@ impl Controller {
                 self.epoch()
             )));
         }
-        let units = self.lock().alloc.units();
+        let units = self.exclusive().alloc_mut().units();
         if record.alloc.units() != units {
             return Err(Error::corrupted(format!(
                 "controller change record for {} storage units, the snapshot has {units}",
@@ -132,7 +131,7 @@ impl Controller {
             )));
         }
         self.load_sampler_states(&record.samplers, &record.order)?;
-        let mut st = self.lock();
+        let mut st = self.exclusive();
         if record.all {
             let all = record.partitions.into_iter();
             st.partitions
@@ -147,15 +146,15 @@ impl Controller {
                 .store(record.epoch, std::sync::atomic::Ordering::Relaxed);
         }
         st.order = record.order;
-        st.alloc = record.alloc;
-        st.next_lease = record.next_lease;
+        *st.alloc_mut() = record.alloc;
+        st.next_lease = record.next_lease.into();
         st.linked_by = record.linked_by;
         if record.all {
             let all = record.answers.into_iter();
-            st.answers
+            st.answers_mut()
                 .replace(all.filter_map(|(id, a)| Some((id, a?))).collect());
         } else {
-            st.answers.apply(record.answers);
+            st.answers_mut().apply(record.answers);
         }
         Ok(())
     }

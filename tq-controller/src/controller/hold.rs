@@ -94,7 +94,7 @@ impl Controller {
         &self,
         ttl: Duration,
     ) -> Result<(Vec<u8>, SnapshotCounts, u64)> {
-        let st = self.lock();
+        let st = self.exclusive();
         let samplers = self.sampler_states()?;
         let (bytes, counts) = self.encode_snapshot(&st, &samplers)?;
         let token = self.removals.take(ttl)?;
@@ -120,8 +120,26 @@ impl Controller {
     ) -> Result<T> {
         loop {
             {
-                let mut st = self.lock();
+                let mut st = self.exclusive();
                 if let Some(done) = step(&mut st, self.removals.is_held()) {
+                    return done;
+                }
+            }
+            self.removals.wait().await;
+        }
+    }
+
+    /// [`Controller::unless_held`] for a step that changes one partition: under the shared
+    /// state lock (the hold is taken under the exclusive one, so it cannot slip in between
+    /// the step's check and its change).
+    pub(super) async fn unless_held_shared<T>(
+        &self,
+        mut step: impl FnMut(&State, bool) -> Option<Result<T>>,
+    ) -> Result<T> {
+        loop {
+            {
+                let st = self.shared();
+                if let Some(done) = step(&st, self.removals.is_held()) {
                     return done;
                 }
             }

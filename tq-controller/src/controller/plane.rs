@@ -20,8 +20,8 @@ impl ControlPlane for Controller {
 
     async fn set_tags(&self, partition: &str, samples: &[SampleId], tags: Vec<Tags>) -> Result<()> {
         {
-            let mut st = self.lock();
-            st.partition_mut(partition)?.set_tags(samples, &tags)?;
+            let st = self.shared();
+            st.partition_locked(partition)?.set_tags(samples, &tags)?;
         }
         self.wake(partition);
         Ok(())
@@ -43,12 +43,15 @@ impl ControlPlane for Controller {
 
     async fn release(&self, partition: &str, samples: &[SampleId]) -> Result<()> {
         let dropped = {
-            let mut st = self.lock();
+            let mut st = self.exclusive();
             let st = &mut *st;
             let Some(p) = st.partitions.get_mut(partition) else {
                 return Ok(());
             };
-            let released = p.release(&mut st.alloc, samples);
+            let released = p.release(
+                st.alloc.get_mut().unwrap_or_else(|e| e.into_inner()),
+                samples,
+            );
             st.after_release(partition, released);
             st.drop_if_empty(partition)
         };
@@ -96,8 +99,8 @@ impl ControlPlane for Controller {
         samples: &[SampleId],
         fields: &[FieldName],
     ) -> Result<()> {
-        let mut st = self.lock();
-        if let Some(p) = st.partitions.get_mut(partition) {
+        let st = self.shared();
+        if let Some(mut p) = st.partitions.lock_mut(partition) {
             p.finish_clear_fields(samples, fields);
         }
         Ok(())
@@ -111,39 +114,34 @@ impl ControlPlane for Controller {
     ) -> Result<KvMeta> {
         tokio::task::consume_budget().await;
         check_keys(partition, keys)?;
-        let mut st = self.lock();
-        if !create && !st.partitions.contains_key(partition) {
+        if create {
+            return self.in_partition(
+                partition,
+                |_| Ok(()),
+                |st, p| {
+                    let (slots, created) = p.resolve_or_create(&mut st.alloc(), keys)?;
+                    let slots: Vec<Option<u32>> = slots.into_iter().map(Some).collect();
+                    Ok(found_keys_meta(p, keys, &slots, created))
+                },
+            );
+        }
+        // A lookup changes nothing that spans partitions.
+        let st = self.shared();
+        let Some(p) = st.partitions.get(partition) else {
             return Ok(KvMeta {
                 meta: BatchMeta::empty(partition),
                 keys: Vec::new(),
                 missing: keys.to_vec(),
                 clearing: Vec::new(),
             });
-        }
-        let (p, alloc) = st.partition_or_create(partition)?;
-        let (slots, missing) = if create {
-            let (slots, created) = p.resolve_or_create(alloc, keys)?;
-            (slots.into_iter().map(Some).collect::<Vec<_>>(), created)
-        } else {
-            p.resolve_keys(keys, false)?
         };
-        let (found_keys, found): (Vec<String>, Vec<u32>) = keys
-            .iter()
-            .zip(&slots)
-            .filter_map(|(k, s)| s.map(|s| (k.clone(), s)))
-            .unzip();
-        let fids = p.common_fields(&found);
-        Ok(KvMeta {
-            meta: p.build_meta(&found, &fids, Production::Computed),
-            keys: found_keys,
-            missing,
-            clearing: Vec::new(),
-        })
+        let (slots, missing) = p.resolve_keys(keys, false)?;
+        Ok(found_keys_meta(&p, keys, &slots, missing))
     }
 
     async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
         tokio::task::consume_budget().await;
-        let st = self.lock();
+        let st = self.shared();
         let names: Vec<&String> = match partition {
             Some(p) => st.order.iter().filter(|n| n.as_str() == p).collect(),
             None => st.order.iter().collect(),
@@ -152,7 +150,11 @@ impl ControlPlane for Controller {
             .into_iter()
             .map(|n| KeyListing {
                 partition: n.clone(),
-                entries: st.partitions[n].key_listing(),
+                entries: st
+                    .partitions
+                    .get(n)
+                    .map(|p| p.key_listing())
+                    .unwrap_or_default(),
             })
             .collect())
     }
@@ -168,17 +170,20 @@ impl ControlPlane for Controller {
                 "partition `{partition}`: production status needs at least one field"
             )));
         }
-        Ok(self.lock().partition(partition)?.production_status(fields))
+        Ok(self
+            .shared()
+            .partition(partition)?
+            .production_status(fields))
     }
 
     async fn consumption_status(&self, partition: &str, task: &str) -> Result<ConsumptionStatus> {
         tokio::task::consume_budget().await;
-        Ok(self.lock().partition(partition)?.consumption_status(task))
+        Ok(self.shared().partition(partition)?.consumption_status(task))
     }
 
     async fn reset_consumption(&self, partition: &str, task: Option<&str>) -> Result<()> {
-        self.lock()
-            .partition_mut(partition)?
+        self.shared()
+            .partition_locked(partition)?
             .reset_consumption(task);
         self.wake(partition);
         Ok(())
@@ -186,7 +191,7 @@ impl ControlPlane for Controller {
 
     async fn list_partitions(&self) -> Result<Vec<String>> {
         tokio::task::consume_budget().await;
-        Ok(self.lock().order.clone())
+        Ok(self.shared().order.clone())
     }
 
     async fn ack(
@@ -197,11 +202,12 @@ impl ControlPlane for Controller {
         samples: &[SampleId],
     ) -> Result<usize> {
         let acked = {
-            let mut st = self.lock();
-            match st.partitions.get_mut(partition) {
-                Some(p) => p.ack(task, lease, samples),
+            let st = self.shared();
+            let acked = match st.partitions.lock_mut(partition) {
+                Some(mut p) => p.ack(task, lease, samples),
                 None => 0,
-            }
+            };
+            acked
         };
         // The last acknowledgement may finish a complete partition for waiting fetches.
         self.wake(partition);
@@ -216,11 +222,12 @@ impl ControlPlane for Controller {
         samples: &[SampleId],
     ) -> Result<usize> {
         let returned = {
-            let mut st = self.lock();
-            match st.partitions.get_mut(partition) {
-                Some(p) => p.return_fetched(task, lease, samples),
+            let st = self.shared();
+            let returned = match st.partitions.lock_mut(partition) {
+                Some(mut p) => p.return_fetched(task, lease, samples),
                 None => 0,
-            }
+            };
+            returned
         };
         if returned > 0 {
             self.wake(partition);
@@ -230,7 +237,7 @@ impl ControlPlane for Controller {
 
     async fn mark_complete(&self, partition: &str) -> Result<()> {
         {
-            let mut st = self.lock();
+            let mut st = self.exclusive();
             let (p, _) = st.partition_or_create(partition)?;
             p.complete = true;
         }
@@ -266,7 +273,7 @@ impl ControlPlane for Controller {
                 req.public_partition
             )));
         }
-        let mut st = self.lock();
+        let mut st = self.exclusive();
         let st = &mut *st;
         // 1–3: every source exists, is not being cleared, and has every field produced.
         let public = st.partitions.get(&req.public_partition).ok_or_else(|| {
@@ -294,6 +301,7 @@ impl ControlPlane for Controller {
             }
             sources.push((src, schemas));
         }
+        drop(public);
         // 4–6: destination types compatible, destinations not being cleared, no private payload.
         if let Some(dest) = st.partitions.get(partition) {
             for (_, schemas) in &sources {
@@ -352,7 +360,7 @@ impl ControlPlane for Controller {
     ) -> Result<usize> {
         check_keys(partition, keys)?;
         check_field_list(partition, fields)?;
-        let mut st = self.lock();
+        let mut st = self.exclusive();
         let st = &mut *st;
         let Some(p) = st.partitions.get_mut(partition) else {
             return Ok(0);
@@ -391,9 +399,9 @@ impl ControlPlane for Controller {
         fields: &BTreeMap<FieldName, FieldMeta>,
     ) -> Result<BatchMeta> {
         tokio::task::consume_budget().await;
-        let mut st = self.lock();
+        let st = self.shared();
         st.refuse_linked(partition, samples, "write")?;
-        let Some(p) = st.partitions.get_mut(partition) else {
+        let Some(mut p) = st.partitions.lock_mut(partition) else {
             return Err(gone_partition(partition));
         };
         let slots = p.check_write(samples, fields)?;
@@ -409,36 +417,38 @@ impl ControlPlane for Controller {
     ) -> Result<KvMeta> {
         check_keys(partition, keys)?;
         tokio::task::consume_budget().await;
-        let mut st = self.lock();
-        if let Some(p) = st.partitions.get(partition) {
-            let clearing = p.clearing_keys(keys);
-            if !clearing.is_empty() {
-                return Ok(KvMeta {
-                    meta: BatchMeta::empty(partition),
-                    keys: Vec::new(),
-                    missing: Vec::new(),
-                    clearing,
-                });
-            }
-            // Existing keys are checked before any key is created: a refused put leaves nothing.
-            let (slots, _) = p.resolve_keys(keys, false)?;
-            let existing: Vec<SampleId> = slots
-                .into_iter()
-                .flatten()
-                .map(|s| p.sample_of(s))
-                .collect();
-            p.check_write(&existing, fields)?;
-            st.refuse_linked(partition, &existing, "write")?;
-        }
-        let (p, alloc) = st.partition_or_create(partition)?;
-        let (slots, created) = p.resolve_or_create(alloc, keys)?;
-        p.note_fields_written(fields.keys());
-        Ok(KvMeta {
-            meta: p.write_meta(&slots),
-            keys: keys.to_vec(),
-            missing: created,
-            clearing: Vec::new(),
-        })
+        self.in_partition(
+            partition,
+            |_| Ok(()),
+            |st, p| {
+                let clearing = p.clearing_keys(keys);
+                if !clearing.is_empty() {
+                    return Ok(KvMeta {
+                        meta: BatchMeta::empty(partition),
+                        keys: Vec::new(),
+                        missing: Vec::new(),
+                        clearing,
+                    });
+                }
+                // Existing keys are checked before any key is created: a refused put leaves nothing.
+                let (slots, _) = p.resolve_keys(keys, false)?;
+                let existing: Vec<SampleId> = slots
+                    .into_iter()
+                    .flatten()
+                    .map(|s| p.sample_of(s))
+                    .collect();
+                p.check_write(&existing, fields)?;
+                st.refuse_linked(partition, &existing, "write")?;
+                let (slots, created) = p.resolve_or_create(&mut st.alloc(), keys)?;
+                p.note_fields_written(fields.keys());
+                Ok(KvMeta {
+                    meta: p.write_meta(&slots),
+                    keys: keys.to_vec(),
+                    missing: created,
+                    clearing: Vec::new(),
+                })
+            },
+        )
     }
 
     async fn kv_mark_clearing(&self, partition: &str, keys: &[String]) -> Result<BatchMeta> {
@@ -479,22 +489,23 @@ impl ControlPlane for Controller {
         samples: &[SampleId],
         fields: &[FieldName],
     ) -> Result<Vec<bool>> {
-        let st = self.lock();
-        Ok(match st.partitions.get(partition) {
+        let st = self.shared();
+        let held = match st.partitions.get(partition) {
             Some(p) => p.holds(samples, fields),
             None => vec![false; samples.len()],
-        })
+        };
+        Ok(held)
     }
 
     async fn drop_partition(&self, partition: &str) -> Result<()> {
         {
-            let mut st = self.lock();
-            match st.partitions.get(partition) {
+            let mut st = self.exclusive();
+            let held = st.partitions.get(partition).map(|p| p.len());
+            match held {
                 None => return Ok(()),
-                Some(p) if p.len() > 0 => {
+                Some(n) if n > 0 => {
                     return Err(Error::conflict(format!(
-                        "partition `{partition}` still holds {} samples; clear them first",
-                        p.len()
+                        "partition `{partition}` still holds {n} samples; clear them first"
                     )))
                 }
                 Some(_) => {
@@ -506,6 +517,28 @@ impl ControlPlane for Controller {
         self.forget_partition(partition);
         self.wake(partition);
         Ok(())
+    }
+}
+
+/// The answer of a key lookup: the keys found (`slots[i]` is `keys[i]`'s slot, if any) with
+/// the fields all of them have, and the keys `missing`.
+fn found_keys_meta(
+    p: &Partition,
+    keys: &[String],
+    slots: &[Option<u32>],
+    missing: Vec<String>,
+) -> KvMeta {
+    let (found_keys, found): (Vec<String>, Vec<u32>) = keys
+        .iter()
+        .zip(slots)
+        .filter_map(|(k, s)| s.map(|s| (k.clone(), s)))
+        .unzip();
+    let fids = p.common_fields(&found);
+    KvMeta {
+        meta: p.build_meta(&found, &fids, Production::Computed),
+        keys: found_keys,
+        missing,
+        clearing: Vec::new(),
     }
 }
 
@@ -524,6 +557,7 @@ fn mark_unlinked(st: &mut State, public_partition: &str, prefix: &str) -> Result
         .into_iter()
         .filter(|(_, id)| !st.is_linked(*id))
         .unzip();
+    drop(p);
     let p = present(&mut st.partitions, public_partition)?;
     let meta = if ids.is_empty() {
         BatchMeta::empty(public_partition)
@@ -546,7 +580,8 @@ impl Controller {
     /// overtakes its first attempt waits for it. See `controller/answers.rs`.
     pub async fn get_meta_once(&self, req: GetMetaRequest, id: RequestId) -> Result<BatchMeta> {
         let _turn = self.request_turn(&id).await;
-        match self.lock().answers.lookup(&id)? {
+        let first = self.shared().answers().lookup(&id)?;
+        match first {
             Some(answers::Answer::Meta(meta)) => {
                 tracing::debug!(client = %format_args!("{:016x}", id.client), seq = id.seq, partition = %req.partition, "a request came again: answered as the first time");
                 return Ok(meta);
@@ -566,7 +601,8 @@ impl Controller {
         id: RequestId,
     ) -> Result<Vec<BackendMeta>> {
         let _turn = self.request_turn(&id).await;
-        match self.lock().answers.lookup(&id)? {
+        let first = self.shared().answers().lookup(&id)?;
+        match first {
             Some(answers::Answer::Replaced(replaced)) => return Ok(replaced),
             Some(other) => return Err(another_answer(&id, &other)),
             None => {}
@@ -576,7 +612,7 @@ impl Controller {
 
     /// How many remembered answers the controller keeps (see [`Controller::get_meta_once`]).
     pub fn remembered_answers(&self) -> usize {
-        self.lock().answers.len()
+        self.shared().answers().len()
     }
 
     /// [`ControlPlane::get_meta`]; with `once`, an answer that changed the state is
@@ -612,28 +648,42 @@ impl Controller {
                         req.partition
                     )));
                 }
-                let mut st = self.lock();
-                if *count as u64 > st.alloc.available() {
-                    return Err(Error::capacity_exceeded(format!(
-                        "partition `{}`: insert of {count} samples, but only {} sample indexes \
-                         are left (clear samples to reuse theirs)",
+                let too_many = |available: u64| {
+                    Error::capacity_exceeded(format!(
+                        "partition `{}`: insert of {count} samples, but only {available} sample \
+                         indexes are left (clear samples to reuse theirs)",
                         req.partition,
-                        st.alloc.available()
-                    )));
-                }
-                let (p, alloc) = st.partition_or_create(&req.partition)?;
-                let slots = p.allocate(alloc, *count);
-                // The fields the inserter is about to write (see `note_fields_written`).
-                p.note_fields_written(&req.fields);
-                let meta = p.build_meta(&slots, &[], Production::NoneReady);
-                if let Some(id) = once {
-                    st.answers.remember(id, answers::Answer::Meta(meta.clone()));
-                }
-                Ok(meta)
+                    ))
+                };
+                let fits = |st: &State| {
+                    let available = st.alloc().available();
+                    if *count as u64 > available {
+                        return Err(too_many(available));
+                    }
+                    Ok(())
+                };
+                self.in_partition(&req.partition, fits, |st, p| {
+                    let slots = {
+                        let mut alloc = st.alloc();
+                        if *count as u64 > alloc.available() {
+                            return Err(too_many(alloc.available()));
+                        }
+                        p.allocate(&mut alloc, *count)
+                    };
+                    // The fields the inserter is about to write (see `note_fields_written`).
+                    p.note_fields_written(&req.fields);
+                    let meta = p.build_meta(&slots, &[], Production::NoneReady);
+                    if let Some(id) = once {
+                        st.answers()
+                            .remember(id, answers::Answer::Meta(meta.clone()));
+                    }
+                    Ok(meta)
+                })
             }
             GetMetaMode::Force => {
-                let st = self.lock();
-                Ok(st.partition(&req.partition)?.force_meta(&req.fields))
+                let st = self.shared();
+                let meta = st.partition(&req.partition)?.force_meta(&req.fields);
+                Ok(meta)
             }
         }
     }
@@ -652,19 +702,19 @@ impl Controller {
         // An overwrite waits while a checkpoint copies payloads: its writer retires the old
         // cells once answered, and the copy may still have to read them.
         let replaced = self
-            .unless_held(|st, held| {
+            .unless_held_shared(|st, held| {
                 let applied = (|| {
                     st.refuse_linked(&notice.partition, &notice.samples, "write")?;
-                    let p = st
+                    let mut p = st
                         .partitions
-                        .get_mut(&notice.partition)
+                        .lock_mut(&notice.partition)
                         .ok_or_else(|| gone_partition(&notice.partition))?;
                     if held && p.replaces_cells(&notice) {
                         return Ok(None);
                     }
                     let replaced = p.notify(&notice)?;
                     if let Some(id) = once {
-                        st.answers
+                        st.answers()
                             .remember(id, answers::Answer::Replaced(replaced.clone()));
                     }
                     Ok(Some(replaced))

@@ -40,7 +40,7 @@ fn counts(state: &State) -> SnapshotCounts {
         partitions: state.partitions.len() as u64,
         ..SnapshotCounts::default()
     };
-    for p in state.partitions.values() {
+    for (_, p) in state.partitions.iter() {
         let (keys, leases) = p.key_and_lease_counts();
         c.samples += p.len() as u64;
         c.keys += keys as u64;
@@ -125,7 +125,7 @@ impl Controller {
     /// ([`Sampler::save_state`]), so that a restored controller answers the ranks of a group
     /// as the saved one would have.
     pub fn snapshot(&self) -> Result<(Vec<u8>, SnapshotCounts)> {
-        let st = self.lock();
+        let st = self.exclusive();
         let samplers = self.sampler_states()?;
         self.encode_snapshot(&st, &samplers)
     }
@@ -137,12 +137,14 @@ impl Controller {
         st: &State,
         samplers: &[(String, Vec<u8>)],
     ) -> Result<(Vec<u8>, SnapshotCounts)> {
+        let answers = st.answers();
+        let units = st.alloc().units();
         let body = postcard::to_allocvec(&BodyRef {
             epoch: self.epoch(),
-            units: st.alloc.units(),
+            units,
             state: st,
             samplers,
-            answers: st.answers.all(),
+            answers: answers.all(),
         })
         .map_err(|e| Error::internal(format!("cannot encode the controller state: {e}")))?;
         Ok((frame(&body), counts(st)))
@@ -163,12 +165,12 @@ impl Controller {
         } = decode(snapshot)?;
         let counts = counts(&state);
         let names: Vec<String> = {
-            let mut st = self.lock();
-            if st.alloc.units() != units {
+            let mut st = self.exclusive();
+            if st.alloc_mut().units() != units {
                 return Err(Error::invalid(format!(
                     "controller snapshot: taken with {units} storage units, this controller \
                      has {}",
-                    st.alloc.units()
+                    st.alloc_mut().units()
                 )));
             }
             if !st.partitions.is_empty() {
@@ -185,7 +187,7 @@ impl Controller {
             self.load_sampler_states(&samplers, &state.order)
                 .map_err(|e| e.context("controller snapshot"))?;
             *st = state;
-            st.answers.replace(answers);
+            st.answers_mut().replace(answers);
             // A state dir's next record must carry the whole restored state.
             st.partitions.mark_all_changed();
             self.epoch
