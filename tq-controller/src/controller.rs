@@ -146,20 +146,19 @@ impl State {
 
     /// Step 1 of every whole-sample clear: hides the slots `select` picks in `partition` and
     /// returns their metadata. Refused (nothing marked) while a picked public sample is still
-    /// linked. A missing partition has nothing to clear.
+    /// linked. A missing partition has nothing to clear. Needs the state shared only: links
+    /// change under the exclusive lock.
     fn mark_clearing_where(
-        &mut self,
+        &self,
         partition: &str,
         select: impl FnOnce(&Partition) -> Vec<u32>,
     ) -> Result<BatchMeta> {
-        let Some(p) = self.partitions.get(partition) else {
+        let Some(mut p) = self.partitions.lock_mut(partition) else {
             return Ok(BatchMeta::empty(partition));
         };
         let slots = select(&p);
         let selected: Vec<SampleId> = slots.iter().map(|&s| p.sample_of(s)).collect();
-        drop(p);
         self.refuse_linked(partition, &selected, "clear")?;
-        let p = present(&mut self.partitions, partition)?;
         Ok(p.mark_clearing(&slots))
     }
 

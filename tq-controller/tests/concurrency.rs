@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -100,7 +101,7 @@ fn a_partition_busy_in_its_critical_section_does_not_hold_up_another() {
     entered.recv().unwrap();
 
     // Meanwhile everything that touches only `free` goes on: insert, production, fetch with a
-    // lease, ack, status queries.
+    // lease, ack, status queries, clear.
     let (done_tx, done) = mpsc::channel();
     {
         let c = c.clone();
@@ -119,6 +120,9 @@ fn a_partition_busy_in_its_critical_section_does_not_hold_up_another() {
                     .unwrap();
                 let produced = c.production_status("free", &["x".into()]).await.unwrap();
                 let consumed = c.consumption_status("free", "t").await.unwrap();
+                // A clear of samples that nothing links to releases under the shared lock.
+                let marked = c.mark_clearing("free", Some(meta.samples())).await.unwrap();
+                c.release("free", marked.samples()).await.unwrap();
                 (meta.len(), acked, produced, consumed)
             });
             done_tx.send(outcome).unwrap();
@@ -151,6 +155,7 @@ fn many_threads_on_many_partitions_consume_every_sample_exactly_once() {
     const SAMPLES: usize = 600;
     const CONSUMERS: usize = 3;
     let c = controller();
+    let cleared = Arc::new(AtomicUsize::new(0));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
@@ -170,7 +175,7 @@ fn many_threads_on_many_partitions_consume_every_sample_exactly_once() {
                 c1.mark_complete(&p1).await.unwrap();
             }));
             for k in 0..CONSUMERS {
-                let (c2, p2) = (c.clone(), p.clone());
+                let (c2, p2, cleared) = (c.clone(), p.clone(), cleared.clone());
                 consumers.push(tokio::spawn(async move {
                     let mut got = Vec::new();
                     loop {
@@ -193,6 +198,14 @@ fn many_threads_on_many_partitions_consume_every_sample_exactly_once() {
                                     c2.ack(&p2, "t", lease, meta.samples()).await.unwrap();
                                 }
                                 got.extend_from_slice(meta.samples());
+                                // One consumer of three clears what it consumed.
+                                if k == 1 {
+                                    let marked =
+                                        c2.mark_clearing(&p2, Some(meta.samples())).await.unwrap();
+                                    assert_eq!(marked.len(), meta.len());
+                                    c2.release(&p2, marked.samples()).await.unwrap();
+                                    cleared.fetch_add(meta.len(), Ordering::Relaxed);
+                                }
                             }
                             Err(e) if e.kind() == &ErrorKind::Closed => break,
                             Err(e) => panic!("fetch on {p2}: {e}"),
@@ -234,11 +247,14 @@ fn many_threads_on_many_partitions_consume_every_sample_exactly_once() {
         assert_eq!(unique.len(), SAMPLES, "p{i}: no sample consumed twice");
     }
     // The state the threads left is whole: it snapshots, restores, and says the same.
+    let left = PARTITIONS * SAMPLES - cleared.load(Ordering::Relaxed);
+    assert!(left < PARTITIONS * SAMPLES, "some batches were cleared");
     let (snapshot, counts) = c.snapshot().unwrap();
-    assert_eq!(counts.samples as usize, PARTITIONS * SAMPLES);
+    assert_eq!(counts.samples as usize, left);
+    assert_eq!(c.samples_in_use(), left);
     let restored = Controller::new(ControllerConfig::default()).unwrap();
     restored.restore(&snapshot).unwrap();
     let status = restored.status();
     assert_eq!(status.partitions.len(), PARTITIONS);
-    assert_eq!(restored.samples_in_use(), PARTITIONS * SAMPLES);
+    assert_eq!(restored.samples_in_use(), left);
 }

@@ -35,25 +35,45 @@ impl ControlPlane for Controller {
         if let Some(s) = samples {
             check_unique_ids(partition, s)?;
         }
-        self.unless_held(|st, held| {
+        self.unless_held_shared(|st, held| {
             (!held).then(|| st.mark_clearing_where(partition, |p| p.select(samples)))
         })
         .await
     }
 
     async fn release(&self, partition: &str, samples: &[SampleId]) -> Result<()> {
-        let dropped = {
-            let mut st = self.exclusive();
-            let st = &mut *st;
-            let Some(p) = st.partitions.get_mut(partition) else {
-                return Ok(());
+        // Samples of a partition that holds no links, and that nothing links to (only public
+        // samples can be linked to), release under the shared lock: the partition and the
+        // allocator are all they touch. Emptied, the partition is dropped under the exclusive
+        // lock (checked again there: an insert may have come between).
+        let released_alone = {
+            let st = self.shared();
+            let outcome = match st.partitions.lock_mut(partition) {
+                None => return Ok(()),
+                Some(mut p) if !is_public(partition) && !p.holds_links() => {
+                    p.release(&mut st.alloc(), samples);
+                    Some(p.len() == 0 && !p.complete)
+                }
+                Some(_) => None,
             };
-            let released = p.release(
-                st.alloc.get_mut().unwrap_or_else(|e| e.into_inner()),
-                samples,
-            );
-            st.after_release(partition, released);
-            st.drop_if_empty(partition)
+            outcome
+        };
+        let dropped = match released_alone {
+            Some(false) => false,
+            Some(true) => self.exclusive().drop_if_empty(partition),
+            None => {
+                let mut st = self.exclusive();
+                let st = &mut *st;
+                match st.partitions.get_mut(partition) {
+                    Some(p) => {
+                        let alloc = st.alloc.get_mut().unwrap_or_else(|e| e.into_inner());
+                        let released = p.release(alloc, samples);
+                        st.after_release(partition, released);
+                        st.drop_if_empty(partition)
+                    }
+                    None => false,
+                }
+            }
         };
         if dropped {
             self.forget_partition(partition);
@@ -453,7 +473,7 @@ impl ControlPlane for Controller {
 
     async fn kv_mark_clearing(&self, partition: &str, keys: &[String]) -> Result<BatchMeta> {
         check_keys(partition, keys)?;
-        self.unless_held(|st, held| {
+        self.unless_held_shared(|st, held| {
             (!held).then(|| st.mark_clearing_where(partition, |p| p.key_slots_for_clear(keys)))
         })
         .await

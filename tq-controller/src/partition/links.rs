@@ -3,6 +3,11 @@
 use super::*;
 
 impl Partition {
+    /// Whether any cell of this partition is a link (its release must update the links).
+    pub fn holds_links(&self) -> bool {
+        !self.links.is_empty()
+    }
+
     /// Drops the link of field `name` of `id`, if any (the cell reads as never written).
     pub fn unlink_by_id(&mut self, id: SampleId, name: &str) -> Option<SampleId> {
         let slot = self.slot_for(id)?;
