@@ -210,6 +210,17 @@ async fn drain(client: Client, partition: &str, batch: usize, read: bool) -> Dra
     }
 }
 
+/// Inserts `samples` samples into `partition` and produces their field `id`.
+async fn fill(c: &Controller, partition: &str, samples: usize) -> Result<()> {
+    let meta = c
+        .get_meta(insert_request(partition, &["id"], samples))
+        .await?;
+    let schemas = BTreeMap::from([("id".to_string(), FieldMeta::dense(DType::I64, vec![]))]);
+    c.notify_production(produced(partition, &meta, schemas))
+        .await
+        .map(drop)
+}
+
 /// The in-process cost of one `fetch(batch)` from a partition of `samples` produced samples
 /// (one field), each fetch's samples given back untimed so that every fetch meets the same
 /// partition.
@@ -220,13 +231,7 @@ pub fn fetch_cost(
     reps: usize,
 ) -> Result<Stats> {
     let c = Arc::new(Controller::new(ControllerConfig::default())?);
-    runtime.block_on(async {
-        let meta = c.get_meta(insert_request("p", &["id"], samples)).await?;
-        let schemas = BTreeMap::from([("id".to_string(), FieldMeta::dense(DType::I64, vec![]))]);
-        c.notify_production(produced("p", &meta, schemas))
-            .await
-            .map(drop)
-    })?;
+    runtime.block_on(fill(&c, "p", samples))?;
     measure_rounds(crate::controller::WARMUP_ROUNDS, reps, || {
         let t = Instant::now();
         let got = runtime.block_on(c.get_meta(GetMetaRequest::fetch(
@@ -246,4 +251,289 @@ pub fn fetch_cost(
         runtime.block_on(c.return_fetched("p", "t", None, got.samples()))?;
         Ok(took)
     })
+}
+
+/// What [`parallel_fetches`] measured.
+#[derive(Debug, Clone, Copy)]
+pub struct ParallelRun {
+    pub threads: usize,
+    pub partitions: usize,
+    /// Fetch + give-back rounds per second, over all threads.
+    pub rounds_per_s: f64,
+}
+
+/// The in-process controller driven by `threads` OS threads at once, each looping
+/// `fetch(batch)` → `return_fetched` `rounds` times on partition `thread % partitions` (each of
+/// `samples` produced samples): how far requests on different partitions run side by side
+/// (`partitions == threads`) against requests on one (`partitions == 1`).
+pub fn parallel_fetches(
+    threads: usize,
+    partitions: usize,
+    samples: usize,
+    batch: usize,
+    rounds: usize,
+) -> Result<ParallelRun> {
+    let threads = threads.max(1);
+    let partitions = partitions.clamp(1, threads);
+    let c = Arc::new(Controller::new(ControllerConfig::default())?);
+    let runtime = one_thread_runtime()?;
+    runtime.block_on(async {
+        for p in 0..partitions {
+            fill(&c, &format!("p{p}"), samples).await?;
+        }
+        Ok::<_, Error>(())
+    })?;
+    let start = Arc::new(std::sync::Barrier::new(threads + 1));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let (c, start) = (c.clone(), start.clone());
+            std::thread::spawn(move || -> Result<()> {
+                let runtime = one_thread_runtime()?;
+                let name = format!("p{}", t % partitions);
+                // Each thread its own task name: threads on one partition do not take from
+                // each other, so every fetch finds a full batch.
+                let task = format!("t{t}");
+                start.wait();
+                runtime.block_on(async {
+                    for _ in 0..rounds {
+                        let got = c
+                            .get_meta(GetMetaRequest::fetch(
+                                name.as_str(),
+                                &["id"],
+                                task.as_str(),
+                                batch,
+                                Wait::NoWait,
+                            ))
+                            .await?;
+                        if got.len() != batch {
+                            return Err(Error::internal(format!(
+                                "{name}: fetch of {batch} got {}",
+                                got.len()
+                            )));
+                        }
+                        c.return_fetched(&name, &task, None, got.samples()).await?;
+                    }
+                    Ok(())
+                })
+            })
+        })
+        .collect();
+    start.wait();
+    let started = Instant::now();
+    for w in workers {
+        w.join()
+            .map_err(|_| Error::internal("a benchmark thread panicked"))??;
+    }
+    let elapsed = started.elapsed();
+    Ok(ParallelRun {
+        threads,
+        partitions,
+        rounds_per_s: (threads * rounds) as f64 / elapsed.as_secs_f64().max(1e-9),
+    })
+}
+
+fn one_thread_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| Error::internal(format!("cannot start a runtime: {e}")))
+}
+
+/// Bytes of each raw round trip of [`raw_round_trips`]: about a small fetch's request.
+pub const RAW_MESSAGE_BYTES: usize = 64;
+
+/// The transport's floor for the many-clients workload, measured in the same run:
+/// `clients` connections (opened first, each its own) to an echo server on loopback, each
+/// sending `per_client` messages of [`RAW_MESSAGE_BYTES`] and waiting for each echo. The
+/// server runs on a thread of its own with a two-worker runtime, as `tq serve` does, and the
+/// clients on the caller's runtime, as the many-clients run's clients do. Round trips per
+/// second over all clients.
+pub async fn raw_round_trips(clients: usize, per_client: usize) -> Result<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let io = |e: std::io::Error| Error::internal(format!("raw loopback baseline: {e}"));
+    let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let _ = addr_tx.send(listener.local_addr()?);
+            let accept = async {
+                loop {
+                    let (mut conn, _) = listener.accept().await?;
+                    conn.set_nodelay(true)?;
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; RAW_MESSAGE_BYTES];
+                        while conn.read_exact(&mut buf).await.is_ok() {
+                            if conn.write_all(&buf).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+            };
+            tokio::select! {
+                r = accept => r,
+                _ = stop_rx => Ok(()),
+            }
+        })
+    });
+    let addr = addr_rx
+        .await
+        .map_err(|_| Error::internal("raw loopback baseline: the echo server did not start"))?;
+    let mut conns = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let conn = tokio::net::TcpStream::connect(addr).await.map_err(io)?;
+        conn.set_nodelay(true).map_err(io)?;
+        conns.push(conn);
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = conns
+        .into_iter()
+        .map(|mut conn| {
+            tokio::spawn(async move {
+                let mut buf = [7u8; RAW_MESSAGE_BYTES];
+                for _ in 0..per_client {
+                    conn.write_all(&buf).await?;
+                    conn.read_exact(&mut buf).await?;
+                }
+                Ok::<_, std::io::Error>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await
+            .map_err(|e| Error::internal(format!("raw loopback baseline: {e}")))?
+            .map_err(io)?;
+    }
+    let elapsed = started.elapsed();
+    let _ = stop_tx.send(());
+    server
+        .join()
+        .map_err(|_| Error::internal("raw loopback baseline: the echo server panicked"))?
+        .map_err(io)?;
+    Ok((clients * per_client) as f64 / elapsed.as_secs_f64().max(1e-9))
+}
+
+/// What the whole-partition queries cost in process on a partition of `samples` produced
+/// samples: `production_status` of one field and `consumption_status` of one task (which
+/// answer a row per sample, so they cost the partition by what they return), and the
+/// controller's `status` (`tq stats`: counts, from bitmaps).
+pub struct QueryCosts {
+    pub production_status: Stats,
+    pub consumption_status: Stats,
+    pub status: Stats,
+}
+
+pub fn query_costs(
+    runtime: &tokio::runtime::Runtime,
+    samples: usize,
+    reps: usize,
+) -> Result<QueryCosts> {
+    let c = Arc::new(Controller::new(ControllerConfig::default())?);
+    runtime.block_on(fill(&c, "p", samples))?;
+    let check = |got: usize, what: &str| {
+        if got == samples {
+            Ok(())
+        } else {
+            Err(Error::internal(format!(
+                "{what} of {samples} samples answered {got} rows"
+            )))
+        }
+    };
+    let warmup = crate::controller::WARMUP_ROUNDS;
+    let production_status = measure_rounds(warmup, reps, || {
+        let t = Instant::now();
+        let got = runtime.block_on(c.production_status("p", &["id".to_string()]))?;
+        let took = t.elapsed();
+        check(got.samples.len(), "production_status")?;
+        Ok(took)
+    })?;
+    let consumption_status = measure_rounds(warmup, reps, || {
+        let t = Instant::now();
+        let got = runtime.block_on(c.consumption_status("p", "t"))?;
+        let took = t.elapsed();
+        check(got.samples.len(), "consumption_status")?;
+        Ok(took)
+    })?;
+    let status = measure_rounds(warmup, reps, || {
+        let t = Instant::now();
+        let got = c.status();
+        let took = t.elapsed();
+        let held: u64 = got.partitions.iter().map(|p| p.samples).sum();
+        check(held as usize, "status")?;
+        Ok(took)
+    })?;
+    Ok(QueryCosts {
+        production_status,
+        consumption_status,
+        status,
+    })
+}
+
+/// One `fetch(batch)` made durable on a state dir (`tq controller --state-dir`): the fetch,
+/// then [`tq_controller::StateDir::changed`], which returns once a record with it is on disk,
+/// from a partition of `samples` produced samples. A record carries each changed partition
+/// whole, so this shows what a commit costs by partition size.
+pub fn state_dir_fetch_cost(
+    runtime: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    samples: usize,
+    batch: usize,
+    reps: usize,
+) -> Result<Stats> {
+    let c = Arc::new(Controller::new(ControllerConfig::default())?);
+    let state = tq_controller::StateDir::open(dir, c.clone())?;
+    runtime.block_on(async {
+        fill(&c, "p", samples).await?;
+        state.changed().await
+    })?;
+    let reps = reps.min(samples / batch.max(1)).max(1);
+    measure_rounds(0, reps, || {
+        runtime.block_on(async {
+            let t = Instant::now();
+            let got = c
+                .get_meta(GetMetaRequest::fetch(
+                    "p",
+                    &["id"],
+                    "t",
+                    batch,
+                    Wait::NoWait,
+                ))
+                .await?;
+            state.changed().await?;
+            let took = t.elapsed();
+            if got.len() != batch {
+                return Err(Error::internal(format!(
+                    "fetch of {batch} from {samples} samples got {}",
+                    got.len()
+                )));
+            }
+            Ok(took)
+        })
+    })
+}
+
+/// The disk's floor for a commit, in the same run: appending `bytes` to a file in `dir` and
+/// `fdatasync`ing it, `reps` times.
+pub fn append_sync_floor(dir: &std::path::Path, bytes: usize, reps: usize) -> Result<Stats> {
+    use std::io::Write;
+    let io = |e: std::io::Error| Error::internal(format!("disk floor in {}: {e}", dir.display()));
+    let path = dir.join("floor.bin");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(io)?;
+    let block = vec![5u8; bytes];
+    let stats = measure_rounds(2, reps, || {
+        let t = Instant::now();
+        file.write_all(&block).map_err(io)?;
+        file.sync_data().map_err(io)?;
+        Ok(t.elapsed())
+    });
+    let _ = std::fs::remove_file(&path);
+    stats
 }

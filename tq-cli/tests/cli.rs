@@ -71,6 +71,46 @@ fn bench_reports_figures_next_to_memcpy() {
     assert!(stdout.contains("allocate + notify + fetch"), "{stdout}");
 }
 
+#[cfg(feature = "bench")]
+#[test]
+fn bench_scale_reports_every_table_with_its_baseline() {
+    let out = tq(&[
+        "bench",
+        "--deployment",
+        "scale",
+        "--scale-clients",
+        "4",
+        "--scale-samples",
+        "256,512",
+        "--scale-payloads",
+        "0",
+        "--reps",
+        "1",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for table in [
+        "one fetch of 8 in process, by partition size",
+        "whole-partition queries in process",
+        "made durable on a state dir",
+        "from OS threads at once",
+        "C clients (own connections)",
+    ] {
+        assert!(stdout.contains(table), "no `{table}` table: {stdout}");
+    }
+    // Same-run baselines: the disk floor and the raw loopback floor have numbers.
+    assert!(stdout.contains("disk floor"), "{stdout}");
+    assert!(stdout.contains("raw floor samples/s"), "{stdout}");
+    // Two threads on two partitions, and each many-clients row exactly once.
+    assert!(stdout.contains("| 2 | 2 |"), "{stdout}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| 256 | none | 4 |") || l.starts_with("| 512 | none | 4 |"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert!(rows.iter().all(|r| r.ends_with("| yes |")), "{rows:?}");
+}
+
 #[cfg(not(feature = "bench"))]
 #[test]
 fn a_production_build_has_no_bench_command() {
