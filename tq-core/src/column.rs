@@ -206,7 +206,11 @@ fn is_contiguous_run(positions: &[usize]) -> bool {
 /// Copies equal-shaped tensor cells into one tensor of `shape` (the batch shape).
 /// Callers pass rows they checked (or took from one tensor), so the sizes always agree.
 fn pack_dense(dtype: DType, shape: Vec<usize>, rows: &[Value]) -> Tensor {
-    let buf = crate::buffer::concatenated(rows.iter().map(|r| &r.bytes()[..]));
+    // One row is its own column: its bytes are shared, not copied.
+    let buf = match rows {
+        [one] => one.bytes().clone(),
+        _ => crate::buffer::concatenated(rows.iter().map(|r| &r.bytes()[..])),
+    };
     #[allow(clippy::expect_used)] // every row has the checked dtype and row shape
     Tensor::new(dtype, shape, buf).expect("rows were checked to share dtype and shape")
 }
@@ -376,6 +380,34 @@ impl Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_row_is_shared_not_copied_and_several_are_packed() {
+        let row = Tensor::from_slice(vec![4], &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+        let one = Column::from_values("x", vec![Value::Tensor(row.clone())]).unwrap();
+        let Column::Dense(t) = one else {
+            panic!("one row of a tensor field is dense")
+        };
+        assert_eq!(t.shape(), &[1, 4]);
+        assert_eq!(
+            t.data().as_ptr(),
+            row.data().as_ptr(),
+            "the row's bytes are shared"
+        );
+        let two = Column::from_values(
+            "x",
+            vec![Value::Tensor(row.clone()), Value::Tensor(row.clone())],
+        )
+        .unwrap();
+        let Column::Dense(t) = two else {
+            panic!("rows of one shape are dense")
+        };
+        assert_eq!(t.shape(), &[2, 4]);
+        assert_eq!(
+            t.to_vec::<f32>().unwrap(),
+            [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]
+        );
+    }
 
     #[test]
     fn length_mismatch_names_the_field() {

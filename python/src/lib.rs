@@ -1,0 +1,328 @@
+//! `tq._native`: the Rust side of tq's Python package, a thin layer over the `tq` facade.
+//!
+//! The pure-Python package (`python/tq/`) is the API users call; this module only moves data
+//! and errors across the boundary:
+//! - every call that waits or moves data runs with the GIL released, on a tokio runtime owned
+//!   by the client;
+//! - dense data comes in from numpy arrays, which this module checks itself (an `ndarray`,
+//!   C-contiguous, a dtype tq has) and copies once into tq's buffer while it holds the GIL;
+//! - dense data goes out as `Buffer` objects that own tq's bytes and describe them with
+//!   numpy's `__array_interface__`, so `numpy.asarray(buffer)` views them without a copy;
+//! - errors become the exception classes of `tq.errors`, by kind, with the retry status.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use std::sync::{Arc, Mutex};
+use tq::{Batch, Error, ErrorKind, Retry};
+
+mod convert;
+use convert::{column_from_py, column_to_py, Buffer};
+
+/// A tq error as the exception class of `tq.errors` for its kind.
+fn raise(py: Python<'_>, e: Error) -> PyErr {
+    let class = match e.kind() {
+        ErrorKind::Invalid => "InvalidError",
+        ErrorKind::NotFound => "NotFoundError",
+        ErrorKind::Conflict => "ConflictError",
+        ErrorKind::CapacityExceeded => "CapacityExceededError",
+        ErrorKind::DataLost => "DataLostError",
+        ErrorKind::Unsupported { .. } => "UnsupportedError",
+        ErrorKind::Timeout => "TimeoutError",
+        ErrorKind::Unavailable => "UnavailableError",
+        ErrorKind::Corrupted => "CorruptedError",
+        ErrorKind::PermissionDenied => "PermissionDeniedError",
+        ErrorKind::Closed => "ClosedError",
+        _ => "InternalError",
+    };
+    let retry = match e.retry() {
+        Retry::Safe => "safe",
+        Retry::OutcomeUnknown => "outcome_unknown",
+        _ => "never",
+    };
+    let made = py
+        .import("tq.errors")
+        .and_then(|m| m.getattr(class))
+        .and_then(|c| c.call1((e.to_string(), retry)));
+    match made {
+        Ok(exc) => PyErr::from_value(exc),
+        Err(import_failed) => import_failed,
+    }
+}
+
+/// What a client needs to run: the facade client and the runtime its calls run on.
+struct Running {
+    runtime: tokio::runtime::Runtime,
+    client: tq::Client,
+}
+
+/// A tq client (embedded or connected); `tq.Client` wraps it.
+#[pyclass(frozen, module = "tq._native")]
+struct NativeClient {
+    running: Mutex<Option<Arc<Running>>>,
+    description: String,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Error> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("tq-python")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::internal(format!("cannot start tq's runtime: {e}")))
+}
+
+/// The configuration given as TOML text (`kind == "toml"`), a TOML file (`"path"`), JSON of
+/// a dict (`"json"`) or nothing (`"default"`); the environment's `TQ_*` overrides apply to
+/// every form, as for the Rust `Config::load`.
+fn config(kind: &str, text: &str) -> Result<tq::Config, Error> {
+    let mut config = match kind {
+        "default" => tq::Config::default(),
+        "toml" => tq::Config::from_toml(text)?,
+        "path" => {
+            let body = std::fs::read_to_string(text)
+                .map_err(|e| Error::invalid(format!("cannot read configuration `{text}`: {e}")))?;
+            tq::Config::from_toml(&body)
+                .map_err(|e| e.context(format!("configuration `{text}`")))?
+        }
+        "json" => {
+            let value: serde_json::Value = serde_json::from_str(text)
+                .map_err(|e| Error::invalid(format!("configuration: {e}")))?;
+            let table = toml::Value::try_from(value)
+                .map_err(|e| Error::invalid(format!("configuration: {e}")))?;
+            let body = toml::to_string(&table)
+                .map_err(|e| Error::invalid(format!("configuration: {e}")))?;
+            tq::Config::from_toml(&body)?
+        }
+        other => {
+            return Err(Error::invalid(format!(
+                "unknown configuration form `{other}`"
+            )))
+        }
+    };
+    config.apply_env(std::env::vars())?;
+    Ok(config)
+}
+
+impl NativeClient {
+    fn running(&self, py: Python<'_>) -> PyResult<Arc<Running>> {
+        let slot = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        slot.clone().ok_or_else(|| {
+            raise(
+                py,
+                Error::closed(format!("the client ({}) is closed", self.description)),
+            )
+        })
+    }
+
+    /// Runs `call` on the client's runtime with the GIL released.
+    fn run<T: Send, F>(
+        &self,
+        py: Python<'_>,
+        call: impl FnOnce(tq::Client) -> F + Send,
+    ) -> PyResult<T>
+    where
+        F: std::future::Future<Output = Result<T, Error>> + Send,
+    {
+        let running = self.running(py)?;
+        let outcome = py.detach(|| {
+            let client = running.client.clone();
+            running.runtime.block_on(call(client))
+        });
+        outcome.map_err(|e| raise(py, e))
+    }
+}
+
+#[pymethods]
+impl NativeClient {
+    /// Everything in this process: a controller and storage units, no servers.
+    #[staticmethod]
+    fn embedded(py: Python<'_>, kind: &str, text: &str) -> PyResult<NativeClient> {
+        let built = py.detach(|| -> Result<Running, Error> {
+            let config = config(kind, text)?;
+            let runtime = runtime()?;
+            // Built inside the runtime: the storage may start tasks.
+            let client =
+                runtime.block_on(async { tq::Client::builder().config(config).build() })?;
+            Ok(Running { runtime, client })
+        });
+        let running = built.map_err(|e| raise(py, e))?;
+        Ok(NativeClient {
+            running: Mutex::new(Some(Arc::new(running))),
+            description: "embedded".into(),
+        })
+    }
+
+    /// A running deployment at `url` (`tcp://host:port`), with `token` if it needs one.
+    #[staticmethod]
+    #[pyo3(signature = (url, kind, text, token=None))]
+    fn connect(
+        py: Python<'_>,
+        url: &str,
+        kind: &str,
+        text: &str,
+        token: Option<String>,
+    ) -> PyResult<NativeClient> {
+        let built = py.detach(|| -> Result<Running, Error> {
+            let mut config = config(kind, text)?;
+            if let Some(token) = token {
+                config.net.token = Some(token);
+            }
+            let runtime = runtime()?;
+            let client = runtime.block_on(tq::Client::builder().config(config).connect(url))?;
+            Ok(Running { runtime, client })
+        });
+        let running = built.map_err(|e| raise(py, e))?;
+        Ok(NativeClient {
+            running: Mutex::new(Some(Arc::new(running))),
+            description: url.to_string(),
+        })
+    }
+
+    /// Closes the client; calls after this raise `ClosedError`. Closing twice is harmless.
+    fn close(&self, py: Python<'_>) {
+        let taken = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        // The runtime stops without the GIL: its threads may be waiting to take it.
+        py.detach(move || drop(taken));
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("NativeClient({})", self.description)
+    }
+
+    /// Writes `keys` with the fields in `columns` (field name → numpy array, list of arrays,
+    /// or list of encoded objects as `bytes`), row `i` for `keys[i]`, and `tags[i]` merged
+    /// into the tags of `keys[i]`.
+    #[pyo3(signature = (partition, keys, columns, tags=None))]
+    fn kv_batch_put(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        keys: Vec<String>,
+        columns: &Bound<'_, PyDict>,
+        tags: Option<Vec<Bound<'_, PyDict>>>,
+    ) -> PyResult<()> {
+        let batch = batch_from_py(py, columns)?;
+        let tags = tags
+            .map(|t| {
+                t.iter()
+                    .map(convert::tags_from_py)
+                    .collect::<PyResult<Vec<_>>>()
+            })
+            .transpose()?;
+        self.run(py, move |client| async move {
+            client
+                .partition(partition)
+                .kv_batch_put(&keys, &batch, tags)
+                .await
+                .map(drop)
+        })
+    }
+
+    /// Reads `keys` (rows in that order): field name → a `Buffer` (dense), a list of
+    /// `Buffer`s (ragged) or a list of `bytes` (objects).
+    #[pyo3(signature = (partition, keys, fields=None))]
+    fn kv_batch_get<'py>(
+        &self,
+        py: Python<'py>,
+        partition: String,
+        keys: Vec<String>,
+        fields: Option<Vec<String>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let batch = self.run(py, move |client| async move {
+            let names: Option<Vec<&str>> = fields
+                .as_ref()
+                .map(|f| f.iter().map(String::as_str).collect());
+            client
+                .partition(partition)
+                .kv_batch_get(&keys, names.as_deref())
+                .await
+        })?;
+        let out = PyDict::new(py);
+        for (name, column) in batch.into_columns() {
+            out.set_item(name, column_to_py(py, column)?)?;
+        }
+        Ok(out)
+    }
+
+    /// The keys of `partition` with their tags, as `(key, tags)` pairs.
+    fn kv_list<'py>(&self, py: Python<'py>, partition: String) -> PyResult<Bound<'py, PyList>> {
+        let listing = self.run(py, move |client| async move {
+            client.partition(partition).kv_list().await
+        })?;
+        let out = PyList::empty(py);
+        for (key, tags) in listing.entries {
+            let pair = PyTuple::new(
+                py,
+                [
+                    key.into_pyobject(py)?.into_any(),
+                    convert::tags_to_py(py, &tags)?.into_any(),
+                ],
+            )?;
+            out.append(pair)?;
+        }
+        Ok(out)
+    }
+
+    /// Removes `keys` of `partition` (keys that do not exist are skipped).
+    fn kv_clear(&self, py: Python<'_>, partition: String, keys: Vec<String>) -> PyResult<()> {
+        self.run(py, move |client| async move {
+            client.partition(partition).kv_clear(&keys).await
+        })
+    }
+
+    /// Removes the cells of `fields` of `keys`; the keys stay.
+    fn kv_clear_fields(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        keys: Vec<String>,
+        fields: Vec<String>,
+    ) -> PyResult<()> {
+        self.run(py, move |client| async move {
+            let names: Vec<&str> = fields.iter().map(String::as_str).collect();
+            client
+                .partition(partition)
+                .kv_clear_fields(&keys, &names)
+                .await
+        })
+    }
+
+    /// Partition names, in creation order.
+    fn list_partitions(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        self.run(py, |client| async move { client.list_partitions().await })
+    }
+}
+
+/// A batch from field name → column, every column checked (same number of rows).
+fn batch_from_py(py: Python<'_>, columns: &Bound<'_, PyDict>) -> PyResult<Batch> {
+    let mut parts = Vec::with_capacity(columns.len());
+    for (name, value) in columns.iter() {
+        let name: String = name
+            .extract()
+            .map_err(|_| PyTypeError::new_err("field names must be str"))?;
+        let column = column_from_py(py, &name, &value)?;
+        parts.push((name, column));
+    }
+    Batch::from_columns(parts).map_err(|e| raise(py, e))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeClient>()?;
+    m.add_class::<Buffer>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,164 @@
+"""The KV API from Python, embedded and against a real `tq serve`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tq
+
+DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.uint16, np.uint32,
+          np.uint64, np.float16, np.float32, np.float64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_round_trips(client: tq.Client, dtype) -> None:
+    p = client.partition("dtypes")
+    data = (np.arange(24) % 7).astype(dtype).reshape(4, 2, 3)
+    p.kv_batch_put(["a", "b", "c", "d"], {"x": data})
+    back = p.kv_batch_get(["a", "b", "c", "d"], ["x"])["x"]
+    assert back.dtype == np.dtype(dtype)
+    assert back.shape == (4, 2, 3)
+    np.testing.assert_array_equal(back, data)
+
+
+def test_rows_follow_the_order_of_the_keys(client: tq.Client) -> None:
+    p = client.partition("order")
+    p.kv_batch_put(["a", "b", "c"], {"x": np.array([[1], [2], [3]], dtype=np.int64)})
+    back = p.kv_batch_get(["c", "a", "b"])["x"]
+    assert back[:, 0].tolist() == [3, 1, 2]
+
+
+def test_a_dense_field_is_one_array_viewing_tqs_buffer(client: tq.Client) -> None:
+    p = client.partition("views")
+    data = np.random.default_rng(0).standard_normal((8, 1024)).astype(np.float32)
+    p.kv_batch_put([f"k{i}" for i in range(8)], {"x": data})
+    first = p.kv_batch_get([f"k{i}" for i in range(8)])["x"]
+    # Not a copy: the array owns nothing and its base is tq's buffer object.
+    assert not first.flags.owndata
+    assert isinstance(first.base, tq.Buffer)
+    assert first.base.nbytes == data.nbytes
+    assert first.__array_interface__["data"][0] == first.base.address
+    # Read-only: tq's bytes are shared, so changing them takes an explicit copy.
+    assert not first.flags.writeable
+    with pytest.raises(ValueError):
+        first[0, 0] = 1.0
+    np.testing.assert_array_equal(first, data)
+    # The view keeps the buffer alive after everything else let go of it.
+    del p
+    assert float(first.sum()) == pytest.approx(float(data.sum()), rel=1e-5)
+
+
+def test_one_key_is_read_where_tq_keeps_it(client: tq.Client) -> None:
+    p = client.partition("same-address")
+    p.kv_put("k", {"x": np.arange(4096, dtype=np.float32)})
+    one = p.kv_batch_get(["k"])["x"]
+    two = p.kv_batch_get(["k"])["x"]
+    # The in-memory store hands out its own bytes: two reads view the same memory.
+    assert one.base.address == two.base.address
+    assert one.shape == (1, 4096)
+
+
+def test_a_non_contiguous_array_is_taken_as_its_values(client: tq.Client) -> None:
+    p = client.partition("strided")
+    data = np.arange(40, dtype=np.int32).reshape(4, 10)[:, ::2]
+    assert not data.flags.c_contiguous
+    p.kv_batch_put(["a", "b", "c", "d"], {"x": data})
+    np.testing.assert_array_equal(p.kv_batch_get(["a", "b", "c", "d"])["x"], data)
+
+
+def test_ragged_fields_are_lists_of_arrays(client: tq.Client) -> None:
+    p = client.partition("ragged")
+    rows = [np.arange(n, dtype=np.int64) for n in (3, 1, 5)]
+    p.kv_batch_put(["a", "b", "c"], {"tokens": rows})
+    back = p.kv_batch_get(["c", "a", "b"])["tokens"]
+    assert [r.tolist() for r in back] == [rows[2].tolist(), rows[0].tolist(), rows[1].tolist()]
+    assert all(isinstance(r.base, tq.Buffer) for r in back)
+
+
+def test_object_fields_keep_python_values(client: tq.Client) -> None:
+    p = client.partition("objects")
+    values = ["héllo", b"\x00raw", 7, 2.5, True, None, {"nested": [1, 2]}]
+    keys = [f"k{i}" for i in range(len(values))]
+    p.kv_batch_put(keys, {"obj": values})
+    back = p.kv_batch_get(keys)["obj"]
+    assert back == values
+    assert type(back[4]) is bool and type(back[2]) is int
+
+
+def test_kv_put_and_kv_get_take_one_row(client: tq.Client) -> None:
+    p = client.partition("single")
+    p.kv_put("k", {"ids": np.array([1, 2, 3]), "score": 0.5, "text": "hi"}, tags={"step": 3})
+    got = p.kv_get("k")
+    assert got["ids"].tolist() == [1, 2, 3]
+    assert got["score"] == 0.5
+    assert got["text"] == "hi"
+    assert p.kv_list() == {"k": {"step": 3}}
+
+
+def test_tags_list_and_clears(client: tq.Client) -> None:
+    p = client.partition("tags")
+    p.kv_batch_put(
+        ["a", "b"],
+        {"x": np.zeros((2, 2)), "y": np.ones((2, 1))},
+        tags=[{"ok": True, "n": 1, "w": 0.5, "s": "x"}, {}],
+    )
+    assert p.kv_list() == {"a": {"ok": True, "n": 1, "w": 0.5, "s": "x"}, "b": {}}
+    p.kv_clear_fields(["a"], ["y"])
+    assert sorted(p.kv_batch_get(["a"]).keys()) == ["x"]
+    p.kv_clear(["a", "missing"])
+    assert list(p.kv_list()) == ["b"]
+    assert "tags" in client.list_partitions()
+
+
+def test_errors_have_their_kind_and_retry_status(client: tq.Client) -> None:
+    p = client.partition("errors")
+    p.kv_put("here", {"x": np.zeros(2)})
+    with pytest.raises(tq.NotFoundError) as missing:
+        p.kv_batch_get(["here", "absent"])
+    assert "absent" in str(missing.value)
+    assert isinstance(missing.value, KeyError) and isinstance(missing.value, tq.TqError)
+    assert missing.value.retry in ("never", "safe", "outcome_unknown")
+    # A put with rows that do not match the keys changes nothing.
+    with pytest.raises(tq.InvalidError):
+        p.kv_batch_put(["a", "b"], {"x": np.zeros((3, 2))})
+    assert list(p.kv_list()) == ["here"]
+    with pytest.raises(TypeError):
+        p.kv_batch_put("ab", {"x": np.zeros((2, 2))})
+    with pytest.raises(ValueError):
+        p.kv_batch_put(["a"], {"x": np.zeros(1, dtype=np.complex64)})
+
+
+def test_bad_configuration_is_refused_with_the_key() -> None:
+    with pytest.raises(tq.InvalidError) as bad:
+        tq.Client.embedded(storage={"no_such_key": 1})
+    assert "no_such_key" in str(bad.value)
+
+
+def test_a_closed_client_says_so() -> None:
+    c = tq.Client.embedded(storage={"num_units": 3})
+    p = c.partition("p")
+    p.kv_put("k", {"x": np.zeros(1)})
+    c.close()
+    c.close()
+    assert c.closed
+    with pytest.raises(tq.ClosedError):
+        p.kv_list()
+
+
+def test_a_real_deployment_shares_keys_between_clients(served: str) -> None:
+    with tq.connect(served) as writer, tq.connect(served) as reader:
+        data = np.arange(12, dtype=np.float64).reshape(3, 4)
+        writer.partition("shared").kv_batch_put(["a", "b", "c"], {"x": data, "t": ["p", "q", "r"]})
+        back = reader.partition("shared").kv_batch_get(["c", "b", "a"])
+        np.testing.assert_array_equal(back["x"], data[::-1])
+        assert back["t"] == ["r", "q", "p"]
+        assert not back["x"].flags.owndata
+        reader.partition("shared").kv_clear(["a", "b", "c"])
+        assert writer.partition("shared").kv_list() == {}
+
+
+def test_a_deployment_that_is_not_there_is_unavailable() -> None:
+    with pytest.raises(tq.TqError) as gone:
+        tq.connect("tcp://127.0.0.1:1", net={"connect_timeout_ms": 500, "retry_max_elapsed_ms": 500})
+    assert isinstance(gone.value, (tq.UnavailableError, tq.TimeoutError)), repr(gone.value)
