@@ -14,10 +14,16 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use std::sync::{Arc, Mutex};
-use tq::{Batch, Error, ErrorKind, Retry};
+use std::time::Duration;
+use tq::{Batch, Error, ErrorKind, GetMetaRequest, Retry, Wait};
 
 mod convert;
+mod meta;
 use convert::{column_from_py, column_to_py, Buffer};
+use meta::Meta;
+
+/// How often a waiting call looks for Ctrl-C (and other signals Python handles).
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 /// A tq error as the exception class of `tq.errors` for its kind.
 fn raise(py: Python<'_>, e: Error) -> PyErr {
@@ -115,7 +121,9 @@ impl NativeClient {
         })
     }
 
-    /// Runs `call` on the client's runtime with the GIL released.
+    /// Runs `call` on the client's runtime with the GIL released. Every [`SIGNAL_CHECK`] it
+    /// takes the GIL back for a moment to let Python handle signals: on Ctrl-C the call is
+    /// dropped (what it had not done yet is not done) and `KeyboardInterrupt` raised.
     fn run<T: Send, F>(
         &self,
         py: Python<'_>,
@@ -125,11 +133,18 @@ impl NativeClient {
         F: std::future::Future<Output = Result<T, Error>> + Send,
     {
         let running = self.running(py)?;
-        let outcome = py.detach(|| {
-            let client = running.client.clone();
-            running.runtime.block_on(call(client))
-        });
-        outcome.map_err(|e| raise(py, e))
+        let mut call = Box::pin(call(running.client.clone()));
+        loop {
+            let step = py.detach(|| {
+                running
+                    .runtime
+                    .block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut call).await })
+            });
+            match step {
+                Ok(outcome) => return outcome.map_err(|e| raise(py, e)),
+                Err(_still_running) => py.check_signals()?,
+            }
+        }
     }
 }
 
@@ -250,11 +265,7 @@ impl NativeClient {
                 .kv_batch_get(&keys, names.as_deref())
                 .await
         })?;
-        let out = PyDict::new(py);
-        for (name, column) in batch.into_columns() {
-            out.set_item(name, column_to_py(py, column)?)?;
-        }
-        Ok(out)
+        columns_to_dict(py, batch)
     }
 
     /// The keys of `partition` with their tags, as `(key, tags)` pairs.
@@ -304,6 +315,186 @@ impl NativeClient {
     fn list_partitions(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         self.run(py, |client| async move { client.list_partitions().await })
     }
+
+    // ----------------------------------------------------------------------------------------
+    // Metadata API
+
+    /// Writes `columns` into new samples of `partition`; returns their metadata.
+    fn put_new(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        columns: &Bound<'_, PyDict>,
+    ) -> PyResult<Meta> {
+        let batch = batch_from_py(py, columns)?;
+        let inner = self.run(py, move |client| async move {
+            client.partition(partition).put_new(&batch).await
+        })?;
+        Ok(Meta { inner })
+    }
+
+    /// Writes `columns` into the samples `meta` names (a stage filling in its fields);
+    /// returns the samples' metadata with those fields.
+    fn put(&self, py: Python<'_>, meta: &Meta, columns: &Bound<'_, PyDict>) -> PyResult<Meta> {
+        let batch = batch_from_py(py, columns)?;
+        let meta = meta.inner.clone();
+        let inner = self.run(
+            py,
+            move |client| async move { client.put(&meta, &batch).await },
+        )?;
+        Ok(Meta { inner })
+    }
+
+    /// Takes up to `batch_size` samples of `partition` whose `fields` are produced and that
+    /// `task` has not consumed. `timeout`: seconds to wait for enough (`None`: the configured
+    /// `controller.fetch_timeout_ms`; 0: answer at once, possibly empty). `lease`: seconds the
+    /// samples stay reserved until `ack` (acknowledged mode) instead of consumed at once.
+    #[pyo3(signature = (partition, fields, task, batch_size, timeout=None, sampler=None, lease=None))]
+    #[allow(clippy::too_many_arguments)] // one per keyword of the Python call
+    fn fetch(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        fields: Vec<String>,
+        task: String,
+        batch_size: usize,
+        timeout: Option<f64>,
+        sampler: Option<String>,
+        lease: Option<f64>,
+    ) -> PyResult<Meta> {
+        let seconds = |what: &str, s: f64| {
+            if s.is_finite() && s >= 0.0 {
+                Ok(Duration::from_secs_f64(s))
+            } else {
+                Err(raise(
+                    py,
+                    Error::invalid(format!("{what} must be a number of seconds >= 0, got {s}")),
+                ))
+            }
+        };
+        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let lease = lease.map(|l| seconds("lease", l)).transpose()?;
+        let inner = self.run(py, move |client| async move {
+            let wait = match timeout {
+                None => Wait::For(client.config().fetch_timeout()),
+                Some(t) if t.is_zero() => Wait::NoWait,
+                Some(t) => Wait::For(t),
+            };
+            let names: Vec<&str> = fields.iter().map(String::as_str).collect();
+            let mut req = GetMetaRequest::fetch(partition, &names, task, batch_size, wait);
+            if let Some(s) = sampler {
+                req = req.with_sampler(s);
+            }
+            if let Some(l) = lease {
+                req = req.with_lease(l);
+            }
+            client.get_meta(req).await
+        })?;
+        Ok(Meta { inner })
+    }
+
+    /// Acknowledges samples fetched with a lease by `task`; returns how many this lease
+    /// acknowledged (a repeat answers the same).
+    fn ack(&self, py: Python<'_>, task: String, meta: &Meta) -> PyResult<usize> {
+        let meta = meta.inner.clone();
+        self.run(
+            py,
+            move |client| async move { client.ack(&task, &meta).await },
+        )
+    }
+
+    /// The payloads of `meta`'s samples (only `fields`, if given), as `kv_batch_get` returns
+    /// them.
+    #[pyo3(signature = (meta, fields=None))]
+    fn get_data<'py>(
+        &self,
+        py: Python<'py>,
+        meta: &Meta,
+        fields: Option<Vec<String>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let meta = match fields {
+            Some(f) => meta.inner.select_fields(&f).map_err(|e| raise(py, e))?,
+            None => meta.inner.clone(),
+        };
+        let batch = self.run(
+            py,
+            move |client| async move { client.get_data(&meta).await },
+        )?;
+        columns_to_dict(py, batch)
+    }
+
+    /// Removes `meta`'s samples (payloads and metadata).
+    fn clear_samples(&self, py: Python<'_>, meta: &Meta) -> PyResult<()> {
+        let meta = meta.inner.clone();
+        self.run(py, move |client| async move {
+            client.clear_samples(&meta).await
+        })
+    }
+
+    fn production_status<'py>(
+        &self,
+        py: Python<'py>,
+        partition: String,
+        fields: Vec<String>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let status = self.run(py, move |client| async move {
+            let names: Vec<&str> = fields.iter().map(String::as_str).collect();
+            client.partition(partition).production_status(&names).await
+        })?;
+        meta::production_to_py(py, status)
+    }
+
+    fn consumption_status<'py>(
+        &self,
+        py: Python<'py>,
+        partition: String,
+        task: String,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let status = self.run(py, move |client| async move {
+            client.partition(partition).consumption_status(&task).await
+        })?;
+        meta::consumption_to_py(py, status)
+    }
+
+    /// Declares that no more samples will be added to `partition`.
+    fn complete(&self, py: Python<'_>, partition: String) -> PyResult<()> {
+        self.run(py, move |client| async move {
+            client.partition(partition).complete().await
+        })
+    }
+
+    /// Clears every sample of `partition` and drops it.
+    fn clear_partition(&self, py: Python<'_>, partition: String) -> PyResult<()> {
+        self.run(py, move |client| async move {
+            client.partition(partition).clear().await
+        })
+    }
+
+    /// Forgets what `task` (every task, if `None`) consumed of `partition`.
+    #[pyo3(signature = (partition, task=None))]
+    fn reset_consumption(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        task: Option<String>,
+    ) -> PyResult<()> {
+        self.run(py, move |client| async move {
+            let p = client.partition(partition);
+            match task {
+                Some(t) => p.reset_consumption(&t).await,
+                None => p.reset_all_consumption().await,
+            }
+        })
+    }
+}
+
+/// A batch as field name → column for the Python layer.
+fn columns_to_dict(py: Python<'_>, batch: Batch) -> PyResult<Bound<'_, PyDict>> {
+    let out = PyDict::new(py);
+    for (name, column) in batch.into_columns() {
+        out.set_item(name, column_to_py(py, column)?)?;
+    }
+    Ok(out)
 }
 
 /// A batch from field name → column, every column checked (same number of rows).
@@ -323,6 +514,7 @@ fn batch_from_py(py: Python<'_>, columns: &Bound<'_, PyDict>) -> PyResult<Batch>
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeClient>()?;
     m.add_class::<Buffer>()?;
+    m.add_class::<Meta>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

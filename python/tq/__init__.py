@@ -2,7 +2,8 @@
 
 ``tq.Client.embedded()`` runs a controller and storage units inside this process;
 ``tq.connect(url)`` attaches to a running deployment (``tq serve``). Both give a
-:class:`Client`, whose :meth:`Client.partition` handles carry the KV API::
+:class:`Client`, whose :meth:`Client.partition` handles carry the KV API and the metadata API
+(``put`` / ``fetch`` / :meth:`Client.get_data`)::
 
     import numpy as np
     import tq
@@ -23,11 +24,11 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _convert
-from ._native import Buffer, NativeClient
+from ._native import BatchMeta, Buffer, NativeClient
 from .errors import *  # noqa: F401,F403 (the exception classes are part of the package API)
 from .errors import TqError, __all__ as _error_names
 
-__all__ = ["Client", "Partition", "Buffer", "connect", "__version__", *_error_names]
+__all__ = ["Client", "Partition", "BatchMeta", "Buffer", "connect", "__version__", *_error_names]
 
 from ._native import __version__
 
@@ -81,6 +82,29 @@ class Client:
     def list_partitions(self) -> List[str]:
         """Partition names, in creation order."""
         return self._native.list_partitions()
+
+    # -- metadata API ---------------------------------------------------------------------
+
+    def get_data(self, meta: BatchMeta, fields: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """The payloads of ``meta``'s samples (only ``fields``, if given), rows in ``meta``'s
+        order, as :meth:`Partition.kv_batch_get` returns them."""
+        names = None if fields is None else list(fields)
+        return _convert.columns_out(self._native.get_data(meta, names))
+
+    def put(self, meta: BatchMeta, fields: Mapping[str, Any]) -> BatchMeta:
+        """Writes ``fields`` into the samples ``meta`` names (row ``i`` into sample ``i``): how
+        a stage fills in the fields it produces. Returns the samples with those fields."""
+        return self._native.put(meta, _convert.columns_in(fields))
+
+    def clear_samples(self, meta: BatchMeta) -> None:
+        """Removes ``meta``'s samples: payloads, metadata and consumption."""
+        self._native.clear_samples(meta)
+
+    def ack(self, task: str, meta: BatchMeta) -> int:
+        """Consumes samples that ``task`` fetched with a lease; returns how many this lease
+        acknowledged (a repeat answers the same, so retrying is safe; fewer than ``len(meta)``
+        means the lease ran out and the rest may be another consumer's now)."""
+        return self._native.ack(task, meta)
 
     def close(self) -> None:
         """Closes the client (and, when embedded, the store with it). Closing twice is fine."""
@@ -170,6 +194,56 @@ class Partition:
     def kv_clear_fields(self, keys: Sequence[str], fields: Sequence[str]) -> None:
         """Removes the cells of ``fields`` of ``keys``; the keys and their other fields stay."""
         self._native.kv_clear_fields(self.name, _convert.keys_in(keys), list(fields))
+
+    # -- metadata API ---------------------------------------------------------------------
+
+    def put(self, fields: Mapping[str, Any]) -> BatchMeta:
+        """Writes ``fields`` into new samples (one per row); returns their metadata."""
+        return self._native.put_new(self.name, _convert.columns_in(fields))
+
+    def fetch(
+        self,
+        fields: Sequence[str],
+        task: str,
+        batch_size: int,
+        *,
+        timeout: Optional[float] = None,
+        sampler: Optional[str] = None,
+        lease: Optional[float] = None,
+    ) -> BatchMeta:
+        """Takes up to ``batch_size`` samples whose ``fields`` are produced and that ``task``
+        has not consumed yet, oldest first (or as ``sampler`` picks), and marks them consumed.
+
+        Waits for a full batch up to ``timeout`` seconds (``None``: the configured
+        ``controller.fetch_timeout_ms``; ``0``: answers at once, possibly empty) and raises
+        :class:`tq.TimeoutError` after that. A complete partition gives its last, smaller
+        batch, then :class:`tq.ClosedError`. With ``lease`` (seconds), the samples are only
+        reserved until :meth:`Client.ack`, and come back to the task if the lease runs out.
+        The wait releases the GIL, and Ctrl-C interrupts it.
+        """
+        return self._native.fetch(self.name, list(fields), task, batch_size, timeout, sampler, lease)
+
+    def production_status(self, fields: Sequence[str]) -> Dict[str, Any]:
+        """Which of ``fields`` each sample has: ``{"global_indexes": [...], "fields": [...],
+        "produced": [[bool per field] per sample]}``."""
+        return self._native.production_status(self.name, list(fields))
+
+    def consumption_status(self, task: str) -> Dict[str, Any]:
+        """What ``task`` consumed: ``{"global_indexes", "consumed", "leased"}``, a list each."""
+        return self._native.consumption_status(self.name, task)
+
+    def reset_consumption(self, task: Optional[str] = None) -> None:
+        """Forgets what ``task`` (every task, if ``None``) consumed, so it sees every sample
+        again."""
+        self._native.reset_consumption(self.name, task)
+
+    def complete(self) -> None:
+        """Declares that no more samples will be added: consumers end once they took all."""
+        self._native.complete(self.name)
+
+    def clear(self) -> None:
+        """Clears every sample and drops the partition."""
+        self._native.clear_partition(self.name)
 
     def __repr__(self) -> str:
         return f"<tq.Partition {self.name!r}>"
