@@ -148,6 +148,94 @@ impl NativeClient {
     }
 }
 
+impl NativeClient {
+    /// One operation, blocking or started (see the comment above the operations): `start`
+    /// makes its future, `answer` turns its value into Python's.
+    fn call<T, F>(
+        &self,
+        py: Python<'_>,
+        done: Option<Py<PyAny>>,
+        answer: fn(Python<'_>, T) -> PyResult<Py<PyAny>>,
+        start: impl FnOnce(tq::Client) -> F + Send,
+    ) -> PyResult<Py<PyAny>>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, Error>> + Send + 'static,
+    {
+        let Some(done) = done else {
+            let value = self.run(py, start)?;
+            return answer(py, value);
+        };
+        let running = self.running(py)?;
+        let future = start(running.client.clone());
+        let settle = Settle(Some(done));
+        let handle = running.runtime.spawn(async move {
+            let outcome = future.await;
+            settle.with(move |py| {
+                outcome
+                    .map_err(|e| raise(py, e))
+                    .and_then(|v| answer(py, v))
+            });
+        });
+        let task = Task {
+            abort: Mutex::new(Some(handle.abort_handle())),
+        };
+        Ok(Bound::new(py, task)?.into_any().unbind())
+    }
+}
+
+/// The `done` callback of a started operation, called exactly once: with the outcome, or, if
+/// the operation is dropped first (cancelled, or its client closed), with `ClosedError`, so an
+/// awaiting coroutine never waits forever.
+struct Settle(Option<Py<PyAny>>);
+
+impl Settle {
+    fn with(mut self, outcome: impl FnOnce(Python<'_>) -> PyResult<Py<PyAny>>) {
+        if let Some(done) = self.0.take() {
+            Python::attach(|py| deliver(py, &done, outcome(py)));
+        }
+    }
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            Python::attach(|py| {
+                let gone = Error::closed("the operation was cancelled or its client closed");
+                deliver(py, &done, Err(raise(py, gone)));
+            });
+        }
+    }
+}
+
+fn deliver(py: Python<'_>, done: &Py<PyAny>, outcome: PyResult<Py<PyAny>>) {
+    let called = match outcome {
+        Ok(value) => done.call1(py, (true, value)),
+        Err(e) => done.call1(py, (false, e.into_value(py))),
+    };
+    if let Err(e) = called {
+        // Nobody to hand it to (the event loop closed, say): reported like any callback error.
+        e.write_unraisable(py, None);
+    }
+}
+
+/// A started operation (see `NativeClient::call`); `cancel()` drops it.
+#[pyclass(frozen, module = "tq._native")]
+struct Task {
+    abort: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+#[pymethods]
+impl Task {
+    /// Stops the operation if it is still running (what it had not done yet is not done);
+    /// its `done` callback is then called with `ClosedError`.
+    fn cancel(&self) {
+        if let Some(abort) = self.abort.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            abort.abort();
+        }
+    }
+}
+
 #[pymethods]
 impl NativeClient {
     /// Everything in this process: a controller and storage units, no servers.
@@ -217,10 +305,14 @@ impl NativeClient {
         format!("NativeClient({})", self.description)
     }
 
-    /// Writes `keys` with the fields in `columns` (field name → numpy array, list of arrays,
-    /// or list of encoded objects as `bytes`), row `i` for `keys[i]`, and `tags[i]` merged
-    /// into the tags of `keys[i]`.
-    #[pyo3(signature = (partition, keys, columns, tags=None))]
+    // Each operation below runs to completion with the GIL released when `done` is `None`,
+    // and answers its result; with a `done` callback it starts on the runtime at once,
+    // answers a `Task`, and calls `done(ok, value)` from a runtime thread when it ends (the
+    // asyncio layer in `tq/_aio.py` turns that into an awaitable). See `NativeClient::call`.
+
+    /// Writes `keys` with the fields in `columns` (field name → `(kind, payload, bf16)`, see
+    /// `convert.rs`), row `i` for `keys[i]`, and `tags[i]` merged into the tags of `keys[i]`.
+    #[pyo3(signature = (partition, keys, columns, tags=None, done=None))]
     fn kv_batch_put(
         &self,
         py: Python<'_>,
@@ -228,7 +320,8 @@ impl NativeClient {
         keys: Vec<String>,
         columns: &Bound<'_, PyDict>,
         tags: Option<Vec<Bound<'_, PyDict>>>,
-    ) -> PyResult<()> {
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         let batch = batch_from_py(py, columns)?;
         let tags = tags
             .map(|t| {
@@ -237,72 +330,70 @@ impl NativeClient {
                     .collect::<PyResult<Vec<_>>>()
             })
             .transpose()?;
-        self.run(py, move |client| async move {
-            client
-                .partition(partition)
-                .kv_batch_put(&keys, &batch, tags)
-                .await
-                .map(drop)
+        self.call(py, done, none, move |client| async move {
+            let p = client.partition(partition);
+            p.kv_batch_put(&keys, &batch, tags).await.map(drop)
         })
     }
 
-    /// Reads `keys` (rows in that order): field name → a `Buffer` (dense), a list of
-    /// `Buffer`s (ragged) or a list of `bytes` (objects).
-    #[pyo3(signature = (partition, keys, fields=None))]
-    fn kv_batch_get<'py>(
+    /// Reads `keys` (rows in that order): field name → `(kind, payload)`, with a `Buffer`
+    /// (dense), a list of `Buffer`s (ragged) or a list of `bytes` (objects).
+    #[pyo3(signature = (partition, keys, fields=None, done=None))]
+    fn kv_batch_get(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         partition: String,
         keys: Vec<String>,
         fields: Option<Vec<String>>,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let batch = self.run(py, move |client| async move {
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(py, done, columns_to_dict, move |client| async move {
             let names: Option<Vec<&str>> = fields
                 .as_ref()
                 .map(|f| f.iter().map(String::as_str).collect());
-            client
-                .partition(partition)
-                .kv_batch_get(&keys, names.as_deref())
-                .await
-        })?;
-        columns_to_dict(py, batch)
+            let p = client.partition(partition);
+            p.kv_batch_get(&keys, names.as_deref()).await
+        })
     }
 
     /// The keys of `partition` with their tags, as `(key, tags)` pairs.
-    fn kv_list<'py>(&self, py: Python<'py>, partition: String) -> PyResult<Bound<'py, PyList>> {
-        let listing = self.run(py, move |client| async move {
+    #[pyo3(signature = (partition, done=None))]
+    fn kv_list(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(py, done, listing_to_py, move |client| async move {
             client.partition(partition).kv_list().await
-        })?;
-        let out = PyList::empty(py);
-        for (key, tags) in listing.entries {
-            let pair = PyTuple::new(
-                py,
-                [
-                    key.into_pyobject(py)?.into_any(),
-                    convert::tags_to_py(py, &tags)?.into_any(),
-                ],
-            )?;
-            out.append(pair)?;
-        }
-        Ok(out)
+        })
     }
 
     /// Removes `keys` of `partition` (keys that do not exist are skipped).
-    fn kv_clear(&self, py: Python<'_>, partition: String, keys: Vec<String>) -> PyResult<()> {
-        self.run(py, move |client| async move {
+    #[pyo3(signature = (partition, keys, done=None))]
+    fn kv_clear(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        keys: Vec<String>,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(py, done, none, move |client| async move {
             client.partition(partition).kv_clear(&keys).await
         })
     }
 
     /// Removes the cells of `fields` of `keys`; the keys stay.
+    #[pyo3(signature = (partition, keys, fields, done=None))]
     fn kv_clear_fields(
         &self,
         py: Python<'_>,
         partition: String,
         keys: Vec<String>,
         fields: Vec<String>,
-    ) -> PyResult<()> {
-        self.run(py, move |client| async move {
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(py, done, none, move |client| async move {
             let names: Vec<&str> = fields.iter().map(String::as_str).collect();
             client
                 .partition(partition)
@@ -312,44 +403,50 @@ impl NativeClient {
     }
 
     /// Partition names, in creation order.
-    fn list_partitions(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        self.run(py, |client| async move { client.list_partitions().await })
+    #[pyo3(signature = (done=None))]
+    fn list_partitions(&self, py: Python<'_>, done: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
+        self.call(py, done, strings_to_py, |client| async move {
+            client.list_partitions().await
+        })
     }
 
-    // ----------------------------------------------------------------------------------------
-    // Metadata API
-
-    /// Writes `columns` into new samples of `partition`; returns their metadata.
+    /// Writes `columns` into new samples of `partition`; answers their `BatchMeta`.
+    #[pyo3(signature = (partition, columns, done=None))]
     fn put_new(
         &self,
         py: Python<'_>,
         partition: String,
         columns: &Bound<'_, PyDict>,
-    ) -> PyResult<Meta> {
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         let batch = batch_from_py(py, columns)?;
-        let inner = self.run(py, move |client| async move {
+        self.call(py, done, meta_to_py, move |client| async move {
             client.partition(partition).put_new(&batch).await
-        })?;
-        Ok(Meta { inner })
+        })
     }
 
     /// Writes `columns` into the samples `meta` names (a stage filling in its fields);
-    /// returns the samples' metadata with those fields.
-    fn put(&self, py: Python<'_>, meta: &Meta, columns: &Bound<'_, PyDict>) -> PyResult<Meta> {
+    /// answers the samples' `BatchMeta` with those fields.
+    #[pyo3(signature = (meta, columns, done=None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        meta: &Meta,
+        columns: &Bound<'_, PyDict>,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         let batch = batch_from_py(py, columns)?;
         let meta = meta.inner.clone();
-        let inner = self.run(
-            py,
-            move |client| async move { client.put(&meta, &batch).await },
-        )?;
-        Ok(Meta { inner })
+        self.call(py, done, meta_to_py, move |client| async move {
+            client.put(&meta, &batch).await
+        })
     }
 
     /// Takes up to `batch_size` samples of `partition` whose `fields` are produced and that
     /// `task` has not consumed. `timeout`: seconds to wait for enough (`None`: the configured
     /// `controller.fetch_timeout_ms`; 0: answer at once, possibly empty). `lease`: seconds the
     /// samples stay reserved until `ack` (acknowledged mode) instead of consumed at once.
-    #[pyo3(signature = (partition, fields, task, batch_size, timeout=None, sampler=None, lease=None))]
+    #[pyo3(signature = (partition, fields, task, batch_size, timeout=None, sampler=None, lease=None, done=None))]
     #[allow(clippy::too_many_arguments)] // one per keyword of the Python call
     fn fetch(
         &self,
@@ -361,7 +458,8 @@ impl NativeClient {
         timeout: Option<f64>,
         sampler: Option<String>,
         lease: Option<f64>,
-    ) -> PyResult<Meta> {
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         let seconds = |what: &str, s: f64| {
             if s.is_finite() && s >= 0.0 {
                 Ok(Duration::from_secs_f64(s))
@@ -374,7 +472,7 @@ impl NativeClient {
         };
         let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
         let lease = lease.map(|l| seconds("lease", l)).transpose()?;
-        let inner = self.run(py, move |client| async move {
+        self.call(py, done, meta_to_py, move |client| async move {
             let wait = match timeout {
                 None => Wait::For(client.config().fetch_timeout()),
                 Some(t) if t.is_zero() => Wait::NoWait,
@@ -389,96 +487,120 @@ impl NativeClient {
                 req = req.with_lease(l);
             }
             client.get_meta(req).await
-        })?;
-        Ok(Meta { inner })
+        })
     }
 
-    /// Acknowledges samples fetched with a lease by `task`; returns how many this lease
+    /// Acknowledges samples fetched with a lease by `task`; answers how many this lease
     /// acknowledged (a repeat answers the same).
-    fn ack(&self, py: Python<'_>, task: String, meta: &Meta) -> PyResult<usize> {
+    #[pyo3(signature = (task, meta, done=None))]
+    fn ack(
+        &self,
+        py: Python<'_>,
+        task: String,
+        meta: &Meta,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         let meta = meta.inner.clone();
-        self.run(
-            py,
-            move |client| async move { client.ack(&task, &meta).await },
-        )
+        self.call(py, done, count_to_py, move |client| async move {
+            client.ack(&task, &meta).await
+        })
     }
 
-    /// The payloads of `meta`'s samples (only `fields`, if given), as `kv_batch_get` returns
-    /// them.
-    #[pyo3(signature = (meta, fields=None))]
-    fn get_data<'py>(
+    /// The payloads of `meta`'s samples (only `fields`, if given), as `kv_batch_get` answers.
+    #[pyo3(signature = (meta, fields=None, done=None))]
+    fn get_data(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         meta: &Meta,
         fields: Option<Vec<String>>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         let meta = match fields {
             Some(f) => meta.inner.select_fields(&f).map_err(|e| raise(py, e))?,
             None => meta.inner.clone(),
         };
-        let batch = self.run(
-            py,
-            move |client| async move { client.get_data(&meta).await },
-        )?;
-        columns_to_dict(py, batch)
+        self.call(py, done, columns_to_dict, move |client| async move {
+            client.get_data(&meta).await
+        })
     }
 
     /// Removes `meta`'s samples (payloads and metadata).
-    fn clear_samples(&self, py: Python<'_>, meta: &Meta) -> PyResult<()> {
+    #[pyo3(signature = (meta, done=None))]
+    fn clear_samples(
+        &self,
+        py: Python<'_>,
+        meta: &Meta,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         let meta = meta.inner.clone();
-        self.run(py, move |client| async move {
+        self.call(py, done, none, move |client| async move {
             client.clear_samples(&meta).await
         })
     }
 
-    fn production_status<'py>(
+    #[pyo3(signature = (partition, fields, done=None))]
+    fn production_status(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         partition: String,
         fields: Vec<String>,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let status = self.run(py, move |client| async move {
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(py, done, meta::production_to_py, move |client| async move {
             let names: Vec<&str> = fields.iter().map(String::as_str).collect();
             client.partition(partition).production_status(&names).await
-        })?;
-        meta::production_to_py(py, status)
+        })
     }
 
-    fn consumption_status<'py>(
+    #[pyo3(signature = (partition, task, done=None))]
+    fn consumption_status(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         partition: String,
         task: String,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let status = self.run(py, move |client| async move {
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(py, done, meta::consumption_to_py, move |client| async move {
             client.partition(partition).consumption_status(&task).await
-        })?;
-        meta::consumption_to_py(py, status)
+        })
     }
 
     /// Declares that no more samples will be added to `partition`.
-    fn complete(&self, py: Python<'_>, partition: String) -> PyResult<()> {
-        self.run(py, move |client| async move {
+    #[pyo3(signature = (partition, done=None))]
+    fn complete(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(py, done, none, move |client| async move {
             client.partition(partition).complete().await
         })
     }
 
     /// Clears every sample of `partition` and drops it.
-    fn clear_partition(&self, py: Python<'_>, partition: String) -> PyResult<()> {
-        self.run(py, move |client| async move {
+    #[pyo3(signature = (partition, done=None))]
+    fn clear_partition(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(py, done, none, move |client| async move {
             client.partition(partition).clear().await
         })
     }
 
     /// Forgets what `task` (every task, if `None`) consumed of `partition`.
-    #[pyo3(signature = (partition, task=None))]
+    #[pyo3(signature = (partition, task=None, done=None))]
     fn reset_consumption(
         &self,
         py: Python<'_>,
         partition: String,
         task: Option<String>,
-    ) -> PyResult<()> {
-        self.run(py, move |client| async move {
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(py, done, none, move |client| async move {
             let p = client.partition(partition);
             match task {
                 Some(t) => p.reset_consumption(&t).await,
@@ -488,13 +610,45 @@ impl NativeClient {
     }
 }
 
+/// Results for Python: each takes the GIL token and the operation's value.
+fn none(py: Python<'_>, (): ()) -> PyResult<Py<PyAny>> {
+    Ok(py.None())
+}
+
+fn strings_to_py(py: Python<'_>, names: Vec<String>) -> PyResult<Py<PyAny>> {
+    Ok(PyList::new(py, names)?.into_any().unbind())
+}
+
+fn count_to_py(py: Python<'_>, n: usize) -> PyResult<Py<PyAny>> {
+    Ok(n.into_pyobject(py)?.into_any().unbind())
+}
+
+fn meta_to_py(py: Python<'_>, inner: tq::BatchMeta) -> PyResult<Py<PyAny>> {
+    Ok(Bound::new(py, Meta { inner })?.into_any().unbind())
+}
+
+fn listing_to_py(py: Python<'_>, listing: tq::KeyListing) -> PyResult<Py<PyAny>> {
+    let out = PyList::empty(py);
+    for (key, tags) in listing.entries {
+        let pair = PyTuple::new(
+            py,
+            [
+                key.into_pyobject(py)?.into_any(),
+                convert::tags_to_py(py, &tags)?.into_any(),
+            ],
+        )?;
+        out.append(pair)?;
+    }
+    Ok(out.into_any().unbind())
+}
+
 /// A batch as field name → column for the Python layer.
-fn columns_to_dict(py: Python<'_>, batch: Batch) -> PyResult<Bound<'_, PyDict>> {
+fn columns_to_dict(py: Python<'_>, batch: Batch) -> PyResult<Py<PyAny>> {
     let out = PyDict::new(py);
     for (name, column) in batch.into_columns() {
         out.set_item(name, column_to_py(py, column)?)?;
     }
-    Ok(out)
+    Ok(out.into_any().unbind())
 }
 
 /// A batch from field name → column, every column checked (same number of rows).
@@ -515,6 +669,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeClient>()?;
     m.add_class::<Buffer>()?;
     m.add_class::<Meta>()?;
+    m.add_class::<Task>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -101,10 +101,7 @@ impl Meta {
 
 /// `production_status` for Python: `{"global_indexes": [...], "fields": [...],
 /// "produced": [[bool per field] per sample]}`.
-pub fn production_to_py<'py>(
-    py: Python<'py>,
-    status: tq::ProductionStatus,
-) -> PyResult<Bound<'py, PyDict>> {
+pub fn production_to_py(py: Python<'_>, status: tq::ProductionStatus) -> PyResult<Py<PyAny>> {
     let d = PyDict::new(py);
     let width = status.fields.len().max(1);
     let rows: Vec<Vec<bool>> = status
@@ -122,14 +119,11 @@ pub fn production_to_py<'py>(
     )?;
     d.set_item("fields", status.fields)?;
     d.set_item("produced", rows)?;
-    Ok(d)
+    Ok(d.into_any().unbind())
 }
 
 /// `consumption_status` for Python: `{"global_indexes", "consumed", "leased"}`.
-pub fn consumption_to_py<'py>(
-    py: Python<'py>,
-    status: tq::ConsumptionStatus,
-) -> PyResult<Bound<'py, PyDict>> {
+pub fn consumption_to_py(py: Python<'_>, status: tq::ConsumptionStatus) -> PyResult<Py<PyAny>> {
     let d = PyDict::new(py);
     d.set_item(
         "global_indexes",
@@ -141,5 +135,5 @@ pub fn consumption_to_py<'py>(
     )?;
     d.set_item("consumed", status.consumed)?;
     d.set_item("leased", status.leased)?;
-    Ok(d)
+    Ok(d.into_any().unbind())
 }

@@ -23,7 +23,7 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from . import _convert
+from . import _aio, _convert
 from ._native import BatchMeta, Buffer, NativeClient
 from .errors import *  # noqa: F401,F403 (the exception classes are part of the package API)
 from .errors import TqError, __all__ as _error_names
@@ -105,6 +105,31 @@ class Client:
         acknowledged (a repeat answers the same, so retrying is safe; fewer than ``len(meta)``
         means the lease ran out and the rest may be another consumer's now)."""
         return self._native.ack(task, meta)
+
+    # -- asyncio: the same operations as coroutines, driven by tq's runtime -----------------
+
+    async def async_list_partitions(self) -> List[str]:
+        """:meth:`list_partitions` as a coroutine."""
+        return await _aio.run(lambda done: self._native.list_partitions(done=done))
+
+    async def async_get_data(self, meta: BatchMeta, fields: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """:meth:`get_data` as a coroutine."""
+        names = None if fields is None else list(fields)
+        native = await _aio.run(lambda done: self._native.get_data(meta, names, done=done))
+        return _convert.columns_out(native)
+
+    async def async_put(self, meta: BatchMeta, fields: Mapping[str, Any]) -> BatchMeta:
+        """:meth:`put` as a coroutine."""
+        columns = _convert.columns_in(fields)
+        return await _aio.run(lambda done: self._native.put(meta, columns, done=done))
+
+    async def async_clear_samples(self, meta: BatchMeta) -> None:
+        """:meth:`clear_samples` as a coroutine."""
+        await _aio.run(lambda done: self._native.clear_samples(meta, done=done))
+
+    async def async_ack(self, task: str, meta: BatchMeta) -> int:
+        """:meth:`ack` as a coroutine."""
+        return await _aio.run(lambda done: self._native.ack(task, meta, done=done))
 
     def close(self) -> None:
         """Closes the client (and, when embedded, the store with it). Closing twice is fine."""
@@ -244,6 +269,92 @@ class Partition:
     def clear(self) -> None:
         """Clears every sample and drops the partition."""
         self._native.clear_partition(self.name)
+
+    # -- asyncio: the same operations as coroutines, driven by tq's runtime -----------------
+    # Cancelling one (``task.cancel()``, a timeout) cancels the operation: what it had not
+    # done yet is not done.
+
+    async def async_kv_put(self, key: str, fields: Mapping[str, Any], tags: Optional[Mapping[str, Any]] = None) -> None:
+        """:meth:`kv_put` as a coroutine."""
+        rows = {name: _convert.row_in(name, value) for name, value in fields.items()}
+        await self.async_kv_batch_put([key], rows, None if tags is None else [tags])
+
+    async def async_kv_batch_put(
+        self,
+        keys: Sequence[str],
+        fields: Mapping[str, Any],
+        tags: Optional[Sequence[Mapping[str, Any]]] = None,
+    ) -> None:
+        """:meth:`kv_batch_put` as a coroutine."""
+        keys = _convert.keys_in(keys)
+        columns = _convert.columns_in(fields)
+        tag_list = None if tags is None else [dict(t) for t in tags]
+        await _aio.run(lambda done: self._native.kv_batch_put(self.name, keys, columns, tag_list, done=done))
+
+    async def async_kv_batch_get(self, keys: Sequence[str], fields: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """:meth:`kv_batch_get` as a coroutine."""
+        keys = _convert.keys_in(keys)
+        names = None if fields is None else list(fields)
+        native = await _aio.run(lambda done: self._native.kv_batch_get(self.name, keys, names, done=done))
+        return _convert.columns_out(native)
+
+    async def async_kv_get(self, key: str, fields: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """:meth:`kv_get` as a coroutine."""
+        got = await self.async_kv_batch_get([key], fields)
+        return {name: value[0] for name, value in got.items()}
+
+    async def async_kv_list(self) -> Dict[str, Dict[str, Any]]:
+        """:meth:`kv_list` as a coroutine."""
+        pairs = await _aio.run(lambda done: self._native.kv_list(self.name, done=done))
+        return {key: tags for key, tags in pairs}
+
+    async def async_kv_clear(self, keys: Sequence[str]) -> None:
+        """:meth:`kv_clear` as a coroutine."""
+        keys = _convert.keys_in(keys)
+        await _aio.run(lambda done: self._native.kv_clear(self.name, keys, done=done))
+
+    async def async_kv_clear_fields(self, keys: Sequence[str], fields: Sequence[str]) -> None:
+        """:meth:`kv_clear_fields` as a coroutine."""
+        keys, names = _convert.keys_in(keys), list(fields)
+        await _aio.run(lambda done: self._native.kv_clear_fields(self.name, keys, names, done=done))
+
+    async def async_put(self, fields: Mapping[str, Any]) -> BatchMeta:
+        """:meth:`put` as a coroutine."""
+        columns = _convert.columns_in(fields)
+        return await _aio.run(lambda done: self._native.put_new(self.name, columns, done=done))
+
+    async def async_fetch(
+        self,
+        fields: Sequence[str],
+        task: str,
+        batch_size: int,
+        *,
+        timeout: Optional[float] = None,
+        sampler: Optional[str] = None,
+        lease: Optional[float] = None,
+    ) -> BatchMeta:
+        """:meth:`fetch` as a coroutine: waits without blocking the event loop."""
+        names = list(fields)
+        return await _aio.run(
+            lambda done: self._native.fetch(self.name, names, task, batch_size, timeout, sampler, lease, done=done)
+        )
+
+    async def async_production_status(self, fields: Sequence[str]) -> Dict[str, Any]:
+        """:meth:`production_status` as a coroutine."""
+        names = list(fields)
+        return await _aio.run(lambda done: self._native.production_status(self.name, names, done=done))
+
+    async def async_consumption_status(self, task: str) -> Dict[str, Any]:
+        """:meth:`consumption_status` as a coroutine."""
+        return await _aio.run(lambda done: self._native.consumption_status(self.name, task, done=done))
+
+    async def async_complete(self) -> None:
+        """:meth:`complete` as a coroutine."""
+        await _aio.run(lambda done: self._native.complete(self.name, done=done))
+
+    async def async_clear(self) -> None:
+        """:meth:`clear` as a coroutine."""
+        await _aio.run(lambda done: self._native.clear_partition(self.name, done=done))
 
     def __repr__(self) -> str:
         return f"<tq.Partition {self.name!r}>"
