@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -26,9 +27,9 @@ def _tq_binary() -> str | None:
     return shutil.which("tq")
 
 
-@pytest.fixture
-def served() -> Iterator[str]:
-    """The URL of a `tq serve --units 2` started for the test and stopped after it."""
+@contextlib.contextmanager
+def serve(*extra: str) -> Iterator[str]:
+    """Runs `tq serve --units 2` (plus `extra` arguments) for the duration; yields its URL."""
     binary = _tq_binary()
     if binary is None:
         if os.environ.get("TQ_REQUIRE_SERVE"):
@@ -37,7 +38,7 @@ def served() -> Iterator[str]:
     env = dict(os.environ)
     env.pop("TQ_NET_TOKEN", None)
     proc = subprocess.Popen(
-        [binary, "serve", "--listen", "tcp://127.0.0.1:0", "--units", "2"],
+        [binary, "serve", "--listen", "tcp://127.0.0.1:0", "--units", "2", *extra],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -56,3 +57,10 @@ def served() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def served() -> Iterator[str]:
+    """The URL of a `tq serve --units 2` started for the test and stopped after it."""
+    with serve() as url:
+        yield url
