@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tq::{Batch, Error, ErrorKind, GetMetaRequest, Retry, Wait};
 
+mod bench;
 mod convert;
 mod meta;
 use convert::{column_from_py, column_to_py, Buffer};
@@ -124,7 +125,7 @@ impl NativeClient {
     /// Runs `call` on the client's runtime with the GIL released. Every [`SIGNAL_CHECK`] it
     /// takes the GIL back for a moment to let Python handle signals: on Ctrl-C the call is
     /// dropped (what it had not done yet is not done) and `KeyboardInterrupt` raised.
-    fn run<T: Send, F>(
+    pub(crate) fn run<T: Send, F>(
         &self,
         py: Python<'_>,
         call: impl FnOnce(tq::Client) -> F + Send,
@@ -670,6 +671,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Buffer>()?;
     m.add_class::<Meta>()?;
     m.add_class::<Task>()?;
+    m.add_function(wrap_pyfunction!(bench::bench_kv, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Benchmarks refuse a debug build (its figures say nothing about tq).
+    m.add("debug_build", cfg!(debug_assertions))?;
     Ok(())
 }

@@ -35,3 +35,20 @@ def test_the_grpo_example_runs_on_a_real_deployment(tmp_path: pathlib.Path) -> N
         out = _run("--prompts", "24", "--group", "2", "--connect", url)
         assert "trained on 48 responses" in out
         assert "check: OK" in out
+
+
+def test_the_python_benchmark_reports_python_next_to_rust_and_memcpy() -> None:
+    bench = EXAMPLES.parent / "benchmarks" / "kv.py"
+    done = subprocess.run(
+        [sys.executable, str(bench), "--reps", "1", "--allow-debug", "--tq-bin", ""],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| small")]
+    assert len(rows) == 2, done.stdout  # put and get, embedded (no binary given: no remote)
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[4]) > 0, row  # the python / rust ratio
+    assert "no tq binary" in done.stdout
