@@ -68,6 +68,20 @@ struct Running {
 struct NativeClient {
     running: Mutex<Option<Arc<Running>>>,
     description: String,
+    /// The process that made the client: its runtime's threads live there only. A forked
+    /// child that inherits the client must make its own (see `running` and `Drop`).
+    pid: u32,
+}
+
+impl Drop for NativeClient {
+    fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A copy in a forked child: the runtime's threads are not in this process, so
+            // shutting it down would wait for them forever. The parent's copy is the real one.
+            let inherited = self.running.get_mut().map(Option::take);
+            std::mem::forget(inherited);
+        }
+    }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, Error> {
@@ -113,6 +127,16 @@ fn config(kind: &str, text: &str) -> Result<tq::Config, Error> {
 
 impl NativeClient {
     fn running(&self, py: Python<'_>) -> PyResult<Arc<Running>> {
+        if std::process::id() != self.pid {
+            return Err(raise(
+                py,
+                Error::closed(format!(
+                    "the client ({}) was made in process {}, before this process forked from \
+                     it; make a new client here (each process needs its own)",
+                    self.description, self.pid
+                )),
+            ));
+        }
         let slot = self.running.lock().unwrap_or_else(|p| p.into_inner());
         slot.clone().ok_or_else(|| {
             raise(
@@ -253,6 +277,7 @@ impl NativeClient {
         let running = built.map_err(|e| raise(py, e))?;
         Ok(NativeClient {
             running: Mutex::new(Some(Arc::new(running))),
+            pid: std::process::id(),
             description: "embedded".into(),
         })
     }
@@ -279,12 +304,16 @@ impl NativeClient {
         let running = built.map_err(|e| raise(py, e))?;
         Ok(NativeClient {
             running: Mutex::new(Some(Arc::new(running))),
+            pid: std::process::id(),
             description: url.to_string(),
         })
     }
 
     /// Closes the client; calls after this raise `ClosedError`. Closing twice is harmless.
     fn close(&self, py: Python<'_>) {
+        if std::process::id() != self.pid {
+            return; // a forked child's copy: see `Drop`
+        }
         let taken = self
             .running
             .lock()

@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _aio, _convert
+from . import stream as _stream
 from ._native import BatchMeta, Buffer, NativeClient
 from .errors import *  # noqa: F401,F403 (the exception classes are part of the package API)
 from .errors import TqError, __all__ as _error_names
 
-__all__ = ["Client", "Partition", "BatchMeta", "Buffer", "connect", "__version__", *_error_names]
+__all__ = ["Client", "Partition", "BatchMeta", "Buffer", "StreamingDataset", "connect", "__version__", *_error_names]
 
 from ._native import __version__
+from .stream import StreamingDataset
 
 #: What ``config`` may be: a dict of sections (as in tq's TOML), the path of a TOML file, or
 #: ``None`` for the defaults. Keyword arguments add or replace sections.
@@ -355,6 +357,44 @@ class Partition:
     async def async_clear(self) -> None:
         """:meth:`clear` as a coroutine."""
         await _aio.run(lambda done: self._native.clear_partition(self.name, done=done))
+
+    # -- streams -----------------------------------------------------------------------------
+
+    def stream(
+        self,
+        fields: Sequence[str],
+        task: str,
+        batch_size: int,
+        *,
+        sampler: Optional[str] = None,
+        lease: Optional[float] = None,
+        idle_timeout: Optional[float] = None,
+    ) -> Iterator[Tuple[BatchMeta, Dict[str, Any]]]:
+        """Yields ``(meta, data)`` for each batch of ``task`` as it becomes ready, until the
+        partition is complete and the task has consumed all of it (the last batch may be
+        smaller). Other streams of the same task share the samples: each goes to one of them.
+
+        Without ``lease``, a batch is consumed when it is handed out. With ``lease``
+        (seconds), it is acknowledged when the next one is asked for (so a ``for`` loop that
+        runs to the end acknowledges every batch): a consumer that dies or stops while working
+        on a batch lets it come back to the task after the lease, for another consumer. ``idle_timeout`` (seconds) raises
+        :class:`tq.TimeoutError` after that long without a batch; by default a stream waits as
+        long as the partition is not complete.
+        """
+        return _stream.stream(self, fields, task, batch_size, sampler=sampler, lease=lease, idle_timeout=idle_timeout)
+
+    def async_stream(
+        self,
+        fields: Sequence[str],
+        task: str,
+        batch_size: int,
+        *,
+        sampler: Optional[str] = None,
+        lease: Optional[float] = None,
+        idle_timeout: Optional[float] = None,
+    ) -> AsyncIterator[Tuple[BatchMeta, Dict[str, Any]]]:
+        """:meth:`stream` as an async iterator (``async for meta, data in p.async_stream(...)``)."""
+        return _stream.async_stream(self, fields, task, batch_size, sampler=sampler, lease=lease, idle_timeout=idle_timeout)
 
     def __repr__(self) -> str:
         return f"<tq.Partition {self.name!r}>"

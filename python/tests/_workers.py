@@ -1,0 +1,35 @@
+"""Functions that test worker processes run (importable by spawned children)."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+import numpy as np
+
+import tq
+
+#: A client the parent made before forking (see `check_inherited`).
+INHERITED: Any = None
+
+
+def consume(dataset: tq.StreamingDataset) -> List[int]:
+    """Iterates `dataset` to its end; the `x` values of every batch it got."""
+    seen: List[int] = []
+    for batch in dataset:
+        seen += batch["x"][:, 0].tolist()
+    return seen
+
+
+def check_inherited(out: Any) -> None:
+    """In a forked child: the parent's client refuses, a new one works."""
+    try:
+        INHERITED.list_partitions()
+        out.put("the inherited client answered")
+        return
+    except tq.ClosedError as e:
+        refused = "fork" in str(e)
+    with tq.Client.embedded() as own:
+        p = own.partition("child")
+        p.kv_put("k", {"x": np.arange(3)})
+        value = p.kv_get("k")["x"].tolist()
+    out.put(("refused" if refused else "refused without saying why", value))
