@@ -432,6 +432,119 @@ impl NativeClient {
         })
     }
 
+    /// Merges `tags[i]` into the tags of `keys[i]` (creating keys that do not exist), writing
+    /// no field.
+    #[pyo3(signature = (partition, keys, tags, done=None))]
+    fn kv_set_tags(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        keys: Vec<String>,
+        tags: Vec<Bound<'_, PyDict>>,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let tags = tags
+            .iter()
+            .map(convert::tags_from_py)
+            .collect::<PyResult<Vec<_>>>()?;
+        self.call(py, done, none, move |client| async move {
+            client
+                .partition(partition)
+                .kv_set_tags(&keys, tags)
+                .await
+                .map(drop)
+        })
+    }
+
+    /// The tags of `keys`, in order.
+    #[pyo3(signature = (partition, keys, done=None))]
+    fn kv_tags(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        keys: Vec<String>,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(py, done, tag_list_to_py, move |client| async move {
+            client.partition(partition).kv_tags(&keys).await
+        })
+    }
+
+    /// Merges `columns` into the cells of `keys` by `merge` (`"replace"`, `"add"`, `"max"`,
+    /// `"concat"` along `dim`, or the name of a merge function registered with the storage).
+    #[pyo3(signature = (partition, keys, columns, merge, dim=0, done=None))]
+    #[allow(clippy::too_many_arguments)] // one per keyword of the Python call
+    fn kv_batch_update(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        keys: Vec<String>,
+        columns: &Bound<'_, PyDict>,
+        merge: String,
+        dim: usize,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let batch = batch_from_py(py, columns)?;
+        let merge = match merge.as_str() {
+            "replace" => tq::MergeOp::Replace,
+            "add" => tq::MergeOp::Add,
+            "max" => tq::MergeOp::Max,
+            "concat" => tq::MergeOp::Concat { dim },
+            _ => tq::MergeOp::Named(merge),
+        };
+        self.call(py, done, none, move |client| async move {
+            let p = client.partition(partition);
+            p.kv_batch_update(&keys, &batch, &merge).await.map(drop)
+        })
+    }
+
+    /// Makes `fields` of `keys` read the payloads of `public_keys` in the public partition
+    /// (no copy); keys are created on first use.
+    #[pyo3(signature = (partition, keys, public_keys, fields, public_partition=None, replace_private=false, done=None))]
+    #[allow(clippy::too_many_arguments)] // one per keyword of the Python call
+    fn kv_link(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        keys: Vec<String>,
+        public_keys: Vec<String>,
+        fields: Vec<String>,
+        public_partition: Option<String>,
+        replace_private: bool,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let mut options = tq::LinkOptions {
+            replace_private,
+            ..Default::default()
+        };
+        if let Some(public) = public_partition {
+            options.public_partition = public;
+        }
+        self.call(py, done, none, move |client| async move {
+            let names: Vec<&str> = fields.iter().map(String::as_str).collect();
+            let p = client.partition(partition);
+            p.kv_link(&keys, &public_keys, &names, &options)
+                .await
+                .map(drop)
+        })
+    }
+
+    /// Drops the links of `fields` of `keys`; answers how many links there were.
+    #[pyo3(signature = (partition, keys, fields, done=None))]
+    fn kv_unlink(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        keys: Vec<String>,
+        fields: Vec<String>,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(py, done, count_to_py, move |client| async move {
+            let names: Vec<&str> = fields.iter().map(String::as_str).collect();
+            client.partition(partition).kv_unlink(&keys, &names).await
+        })
+    }
+
     /// Partition names, in creation order.
     #[pyo3(signature = (done=None))]
     fn list_partitions(&self, py: Python<'_>, done: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
@@ -651,6 +764,14 @@ fn strings_to_py(py: Python<'_>, names: Vec<String>) -> PyResult<Py<PyAny>> {
 
 fn count_to_py(py: Python<'_>, n: usize) -> PyResult<Py<PyAny>> {
     Ok(n.into_pyobject(py)?.into_any().unbind())
+}
+
+fn tag_list_to_py(py: Python<'_>, tags: Vec<tq::Tags>) -> PyResult<Py<PyAny>> {
+    let out = PyList::empty(py);
+    for t in &tags {
+        out.append(convert::tags_to_py(py, t)?)?;
+    }
+    Ok(out.into_any().unbind())
 }
 
 fn meta_to_py(py: Python<'_>, inner: tq::BatchMeta) -> PyResult<Py<PyAny>> {

@@ -89,6 +89,17 @@ def test_every_async_variant_answers_as_its_blocking_twin(client: tq.Client) -> 
         await p.async_kv_clear_fields(["k"], ["s"])
         assert sorted((await p.async_kv_get("k")).keys()) == ["x"]
         await p.async_kv_clear(["k"])
+        await p.async_kv_set_tags(["t"], [{"a": 1}])
+        assert await p.async_kv_tags(["t"]) == [{"a": 1}]
+        await p.async_kv_put("u", {"x": np.array([1, 2])})
+        await p.async_kv_update(["u"], {"x": np.array([[1, 1]])}, "add")
+        assert (await p.async_kv_get("u"))["x"].tolist() == [2, 3]
+        await client.partition("__public__/aio").async_kv_put("src", {"s": np.arange(2)})
+        await p.async_kv_link(["v"], ["src"], ["s"], public_partition="__public__/aio")
+        assert (await p.async_kv_get("v"))["s"].tolist() == [0, 1]
+        assert await p.async_kv_unlink(["v"], ["s"]) == 1
+        await client.partition("__public__/aio").async_kv_clear(["src"])
+        await p.async_kv_clear(["t", "u", "v"])
         meta = await p.async_put({"y": np.zeros((2, 1))})
         await client.async_put(meta, {"z": np.ones((2, 1))})
         assert (await p.async_production_status(["y", "z"]))["produced"] == [[True, True]] * 2

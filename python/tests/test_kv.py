@@ -162,3 +162,34 @@ def test_a_deployment_that_is_not_there_is_unavailable() -> None:
     with pytest.raises(tq.TqError) as gone:
         tq.connect("tcp://127.0.0.1:1", net={"connect_timeout_ms": 500, "retry_max_elapsed_ms": 500})
     assert isinstance(gone.value, (tq.UnavailableError, tq.TimeoutError)), repr(gone.value)
+
+
+def test_tags_alone_and_updates_by_merge(client: tq.Client) -> None:
+    p = client.partition("update")
+    p.kv_set_tags(["a", "b"], [{"stage": "new"}, {"stage": "new", "w": 2}])
+    assert p.kv_tags(["b", "a"]) == [{"stage": "new", "w": 2}, {"stage": "new"}]
+    p.kv_batch_put(["a", "b"], {"x": np.array([[1, 2], [3, 4]], dtype=np.int64)})
+    p.kv_update(["a", "b"], {"x": np.array([[10, 10], [0, 100]], dtype=np.int64)}, "add")
+    assert p.kv_batch_get(["a", "b"])["x"].tolist() == [[11, 12], [3, 104]]
+    p.kv_update(["a", "b"], {"x": np.array([[5, 50], [5, 5]], dtype=np.int64)}, "max")
+    assert p.kv_batch_get(["a", "b"])["x"].tolist() == [[11, 50], [5, 104]]
+    p.kv_update(["a"], {"x": np.array([[7, 8]], dtype=np.int64)}, "concat", dim=0)
+    assert p.kv_get("a")["x"].tolist() == [11, 50, 7, 8]
+    with pytest.raises(tq.TqError):
+        p.kv_update(["a"], {"x": np.array([[1, 1]], dtype=np.int64)}, "no-such-merge")
+
+
+def test_links_share_a_public_payload(client: tq.Client) -> None:
+    public = client.partition("__public__")
+    public.kv_put("prompt-0", {"prompt": np.arange(4, dtype=np.int32)})
+    p = client.partition("responses")
+    p.kv_link(["r0", "r1"], ["prompt-0", "prompt-0"], ["prompt"])
+    p.kv_batch_put(["r0", "r1"], {"response": np.array([[1], [2]], dtype=np.int32)})
+    got = p.kv_batch_get(["r0", "r1"])
+    assert got["prompt"].tolist() == [[0, 1, 2, 3]] * 2
+    # The public sample cannot be cleared while it is linked; unlinking frees it.
+    with pytest.raises(tq.ConflictError):
+        public.kv_clear(["prompt-0"])
+    assert p.kv_unlink(["r0", "r1"], ["prompt"]) == 2
+    public.kv_clear(["prompt-0"])
+    assert public.kv_list() == {}

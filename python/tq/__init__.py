@@ -222,6 +222,45 @@ class Partition:
         """Removes the cells of ``fields`` of ``keys``; the keys and their other fields stay."""
         self._native.kv_clear_fields(self.name, _convert.keys_in(keys), list(fields))
 
+    def kv_set_tags(self, keys: Sequence[str], tags: Sequence[Mapping[str, Any]]) -> None:
+        """Merges ``tags[i]`` into the tags of ``keys[i]`` (creating keys that do not exist),
+        writing no field."""
+        self._native.kv_set_tags(self.name, _convert.keys_in(keys), [dict(t) for t in tags])
+
+    def kv_tags(self, keys: Sequence[str]) -> List[Dict[str, Any]]:
+        """The tags of ``keys``, in order."""
+        return self._native.kv_tags(self.name, _convert.keys_in(keys))
+
+    def kv_update(self, keys: Sequence[str], fields: Mapping[str, Any], merge: str = "replace", *, dim: int = 0) -> None:
+        """Merges ``fields`` (rows as in :meth:`kv_batch_put`) into the cells of ``keys``:
+        ``merge`` is ``"replace"``, ``"add"``, ``"max"``, ``"concat"`` (along ``dim`` of each
+        row), or the name of a merge function registered with the storage. A key or field
+        not written yet takes the value as it is."""
+        keys = _convert.keys_in(keys)
+        self._native.kv_batch_update(self.name, keys, _convert.columns_in(fields), merge, dim)
+
+    def kv_link(
+        self,
+        keys: Sequence[str],
+        public_keys: Sequence[str],
+        fields: Sequence[str],
+        *,
+        public_partition: Optional[str] = None,
+        replace_private: bool = False,
+    ) -> None:
+        """Makes ``fields`` of ``keys[i]`` read the payload of ``public_keys[i]`` in the public
+        partition (``"__public__"`` or ``"__public__/<namespace>"``) without copying it: a
+        prompt shared by a group's responses is stored once. ``replace_private`` clears a
+        payload a destination field holds itself instead of refusing the link."""
+        self._native.kv_link(
+            self.name, _convert.keys_in(keys), _convert.keys_in(public_keys), list(fields), public_partition, replace_private
+        )
+
+    def kv_unlink(self, keys: Sequence[str], fields: Sequence[str]) -> int:
+        """Drops the links of ``fields`` of ``keys`` (the cells read as never written); returns
+        how many links there were."""
+        return self._native.kv_unlink(self.name, _convert.keys_in(keys), list(fields))
+
     # -- metadata API ---------------------------------------------------------------------
 
     def put(self, fields: Mapping[str, Any]) -> BatchMeta:
@@ -319,6 +358,41 @@ class Partition:
         """:meth:`kv_clear_fields` as a coroutine."""
         keys, names = _convert.keys_in(keys), list(fields)
         await _aio.run(lambda done: self._native.kv_clear_fields(self.name, keys, names, done=done))
+
+    async def async_kv_set_tags(self, keys: Sequence[str], tags: Sequence[Mapping[str, Any]]) -> None:
+        """:meth:`kv_set_tags` as a coroutine."""
+        keys, tag_list = _convert.keys_in(keys), [dict(t) for t in tags]
+        await _aio.run(lambda done: self._native.kv_set_tags(self.name, keys, tag_list, done=done))
+
+    async def async_kv_tags(self, keys: Sequence[str]) -> List[Dict[str, Any]]:
+        """:meth:`kv_tags` as a coroutine."""
+        keys = _convert.keys_in(keys)
+        return await _aio.run(lambda done: self._native.kv_tags(self.name, keys, done=done))
+
+    async def async_kv_update(self, keys: Sequence[str], fields: Mapping[str, Any], merge: str = "replace", *, dim: int = 0) -> None:
+        """:meth:`kv_update` as a coroutine."""
+        keys, columns = _convert.keys_in(keys), _convert.columns_in(fields)
+        await _aio.run(lambda done: self._native.kv_batch_update(self.name, keys, columns, merge, dim, done=done))
+
+    async def async_kv_link(
+        self,
+        keys: Sequence[str],
+        public_keys: Sequence[str],
+        fields: Sequence[str],
+        *,
+        public_partition: Optional[str] = None,
+        replace_private: bool = False,
+    ) -> None:
+        """:meth:`kv_link` as a coroutine."""
+        keys, public, names = _convert.keys_in(keys), _convert.keys_in(public_keys), list(fields)
+        await _aio.run(
+            lambda done: self._native.kv_link(self.name, keys, public, names, public_partition, replace_private, done=done)
+        )
+
+    async def async_kv_unlink(self, keys: Sequence[str], fields: Sequence[str]) -> int:
+        """:meth:`kv_unlink` as a coroutine."""
+        keys, names = _convert.keys_in(keys), list(fields)
+        return await _aio.run(lambda done: self._native.kv_unlink(self.name, keys, names, done=done))
 
     async def async_put(self, fields: Mapping[str, Any]) -> BatchMeta:
         """:meth:`put` as a coroutine."""
