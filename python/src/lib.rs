@@ -209,6 +209,46 @@ impl NativeClient {
     }
 }
 
+impl NativeClient {
+    /// [`NativeClient::call`] for an operation whose future is not `Send` (checkpoints): it
+    /// runs on a blocking thread of the runtime (so the future never moves between threads),
+    /// and, once started, runs to its end even if its awaiter is cancelled.
+    fn call_pinned<T, F>(
+        &self,
+        py: Python<'_>,
+        done: Option<Py<PyAny>>,
+        answer: fn(Python<'_>, T) -> PyResult<Py<PyAny>>,
+        start: impl FnOnce(tq::Client) -> F + Send + 'static,
+    ) -> PyResult<Py<PyAny>>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, Error>>,
+    {
+        let running = self.running(py)?;
+        let client = running.client.clone();
+        let Some(done) = done else {
+            let value = py
+                .detach(|| running.runtime.block_on(start(client)))
+                .map_err(|e| raise(py, e))?;
+            return answer(py, value);
+        };
+        let settle = Settle(Some(done));
+        let runtime = running.runtime.handle().clone();
+        running.runtime.spawn_blocking(move || {
+            let outcome = runtime.block_on(start(client));
+            settle.with(move |py| {
+                outcome
+                    .map_err(|e| raise(py, e))
+                    .and_then(|v| answer(py, v))
+            });
+        });
+        let task = Task {
+            abort: Mutex::new(None),
+        };
+        Ok(Bound::new(py, task)?.into_any().unbind())
+    }
+}
+
 /// The `done` callback of a started operation, called exactly once: with the outcome, or, if
 /// the operation is dropped first (cancelled, or its client closed), with `ClosedError`, so an
 /// awaiting coroutine never waits forever.
@@ -545,6 +585,43 @@ impl NativeClient {
         })
     }
 
+    /// What the deployment holds (what `tq stats` shows), as JSON.
+    #[pyo3(signature = (done=None))]
+    fn status(&self, py: Python<'_>, done: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
+        self.call(py, done, json_to_py, |client| async move {
+            let status = client.status().await?;
+            to_json(&status)
+        })
+    }
+
+    /// Saves the controller's state and the payloads into directory `path`; answers the
+    /// checkpoint's manifest as JSON.
+    #[pyo3(signature = (path, done=None))]
+    fn save_checkpoint(
+        &self,
+        py: Python<'_>,
+        path: String,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call_pinned(py, done, json_to_py, move |client| async move {
+            to_json(&client.save_checkpoint(&path).await?)
+        })
+    }
+
+    /// Restores the checkpoint in directory `path` into this client's controller (which must
+    /// hold no partition yet); answers its manifest as JSON.
+    #[pyo3(signature = (path, done=None))]
+    fn load_checkpoint(
+        &self,
+        py: Python<'_>,
+        path: String,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call_pinned(py, done, json_to_py, move |client| async move {
+            to_json(&client.load_checkpoint(&path).await?)
+        })
+    }
+
     /// Partition names, in creation order.
     #[pyo3(signature = (done=None))]
     fn list_partitions(&self, py: Python<'_>, done: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
@@ -772,6 +849,15 @@ fn tag_list_to_py(py: Python<'_>, tags: Vec<tq::Tags>) -> PyResult<Py<PyAny>> {
         out.append(convert::tags_to_py(py, t)?)?;
     }
     Ok(out.into_any().unbind())
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Error> {
+    serde_json::to_string(value).map_err(|e| Error::internal(format!("cannot encode JSON: {e}")))
+}
+
+/// JSON text as the Python value it encodes.
+fn json_to_py(py: Python<'_>, text: String) -> PyResult<Py<PyAny>> {
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
 }
 
 fn meta_to_py(py: Python<'_>, inner: tq::BatchMeta) -> PyResult<Py<PyAny>> {

@@ -108,11 +108,41 @@ class Client:
         means the lease ran out and the rest may be another consumer's now)."""
         return self._native.ack(task, meta)
 
+    def status(self) -> Dict[str, Any]:
+        """What the deployment holds, as ``tq stats`` shows it: ``{"storage_backend",
+        "controller": {partitions, index use, leases, ...}, "units": [...]}``."""
+        return self._native.status()
+
+    def save_checkpoint(self, path: Union[str, "os.PathLike[str]"]) -> Dict[str, Any]:
+        """Saves the controller's state (and, for storage units, the payloads) into the
+        directory ``path``; returns the checkpoint's manifest (format, epoch, counts, files)."""
+        return self._native.save_checkpoint(os.fspath(path))
+
+    def load_checkpoint(self, path: Union[str, "os.PathLike[str]"]) -> Dict[str, Any]:
+        """Restores the checkpoint in ``path`` into this client's deployment, which must hold
+        no partition yet. Everything is checked before anything changes; an error names the
+        file at fault. Returns the manifest."""
+        return self._native.load_checkpoint(os.fspath(path))
+
     # -- asyncio: the same operations as coroutines, driven by tq's runtime -----------------
 
     async def async_list_partitions(self) -> List[str]:
         """:meth:`list_partitions` as a coroutine."""
         return await _aio.run(lambda done: self._native.list_partitions(done=done))
+
+    async def async_status(self) -> Dict[str, Any]:
+        """:meth:`status` as a coroutine."""
+        return await _aio.run(lambda done: self._native.status(done=done))
+
+    async def async_save_checkpoint(self, path: Union[str, "os.PathLike[str]"]) -> Dict[str, Any]:
+        """:meth:`save_checkpoint` as a coroutine (once started, it runs to its end)."""
+        where = os.fspath(path)
+        return await _aio.run(lambda done: self._native.save_checkpoint(where, done=done))
+
+    async def async_load_checkpoint(self, path: Union[str, "os.PathLike[str]"]) -> Dict[str, Any]:
+        """:meth:`load_checkpoint` as a coroutine (once started, it runs to its end)."""
+        where = os.fspath(path)
+        return await _aio.run(lambda done: self._native.load_checkpoint(where, done=done))
 
     async def async_get_data(self, meta: BatchMeta, fields: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         """:meth:`get_data` as a coroutine."""
