@@ -20,6 +20,7 @@ use tq::{Batch, Error, ErrorKind, GetMetaRequest, Retry, Wait};
 mod bench;
 mod convert;
 mod meta;
+mod serve;
 use convert::{column_from_py, column_to_py, Buffer};
 use meta::Meta;
 
@@ -907,6 +908,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Buffer>()?;
     m.add_class::<Meta>()?;
     m.add_class::<Task>()?;
+    m.add_class::<serve::NativeServer>()?;
     m.add_function(wrap_pyfunction!(bench::bench_kv, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Benchmarks refuse a debug build (its figures say nothing about tq).

@@ -25,11 +25,22 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, 
 
 from . import _aio, _convert
 from . import stream as _stream
-from ._native import BatchMeta, Buffer, NativeClient
+from ._native import BatchMeta, Buffer, NativeClient, NativeServer
 from .errors import *  # noqa: F401,F403 (the exception classes are part of the package API)
 from .errors import TqError, __all__ as _error_names
 
-__all__ = ["Client", "Partition", "BatchMeta", "Buffer", "StreamingDataset", "connect", "__version__", *_error_names]
+__all__ = [
+    "Client",
+    "Partition",
+    "BatchMeta",
+    "Buffer",
+    "Server",
+    "StreamingDataset",
+    "connect",
+    "serve",
+    "__version__",
+    *_error_names,
+]
 
 from ._native import __version__
 from .stream import StreamingDataset
@@ -189,6 +200,74 @@ def connect(url: str, token: Optional[str] = None, config: ConfigLike = None, **
     """
     form, text = _config_form(config, sections)
     return Client(NativeClient.connect(url, form, text, token))
+
+
+class Server:
+    """A deployment hosted by this process (a controller and storage units serving over TCP):
+    what :func:`serve` answers. Other processes reach it with ``tq.connect(server.url)``.
+    Close it with :meth:`close` or use it as a context manager; its data goes with it."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: NativeServer) -> None:
+        self._native = native
+
+    @property
+    def url(self) -> str:
+        """Where clients connect (``tcp://host:port``)."""
+        return self._native.url
+
+    @property
+    def units(self) -> List[tuple]:
+        """Each storage unit's ``(id, endpoint)``."""
+        return self._native.units
+
+    def connect(self, token: Optional[str] = None) -> Client:
+        """A client of this deployment."""
+        return connect(self.url, token=token)
+
+    def close(self) -> None:
+        """Stops serving (connections end, the units stop). Closing twice is fine."""
+        self._native.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<tq.Server {self.url} {len(self.units)} units{' closed' if self.closed else ''}>"
+
+
+def serve(
+    config: ConfigLike = None,
+    *,
+    listen: str = "tcp://127.0.0.1:0",
+    units: Optional[int] = None,
+    unit_host: Optional[str] = None,
+    advertise_host: Optional[str] = None,
+    capacity_per_unit: Optional[int] = None,
+    default_sampler: Optional[str] = None,
+    insecure: bool = False,
+    **sections: Any,
+) -> Server:
+    """Hosts a deployment in this process, as ``tq serve`` does: a controller on ``listen``
+    (port 0 picks a free one) and ``units`` storage units (default ``storage.num_units``) on
+    free ports of ``unit_host``. A non-loopback address needs a token (``net.token`` or
+    ``TQ_NET_TOKEN``) unless ``insecure``. The configuration is as for
+    :meth:`Client.embedded`; its samplers are the controller's.
+    """
+    form, text = _config_form(config, sections)
+    return Server(
+        NativeServer.start(
+            form, text, listen, units, unit_host, advertise_host, capacity_per_unit, default_sampler, insecure
+        )
+    )
 
 
 class Partition:

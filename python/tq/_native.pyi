@@ -111,6 +111,27 @@ class NativeClient:
     def save_checkpoint(self, path: str, done: Optional[Done] = None) -> Any: ...
     def load_checkpoint(self, path: str, done: Optional[Done] = None) -> Any: ...
 
+class NativeServer:
+    @staticmethod
+    def start(
+        kind: str,
+        text: str,
+        listen: str,
+        units: Optional[int] = None,
+        unit_host: Optional[str] = None,
+        advertise_host: Optional[str] = None,
+        capacity_per_unit: Optional[int] = None,
+        default_sampler: Optional[str] = None,
+        insecure: bool = False,
+    ) -> NativeServer: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def units(self) -> List[Tuple[str, str]]: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+
 def bench_kv(client: NativeClient, partition: str, keys: List[str], row_bytes: int, reps: int) -> Tuple[List[float], List[float]]: ...
 
 debug_build: bool

@@ -6,9 +6,9 @@
 use clap::Args;
 use std::sync::Arc;
 use std::time::Duration;
-use tq_backend_simple::{MemoryUnit, StorageUnit, UnitConfig, UnitServer};
+use tq_backend_simple::UnitServer;
 use tq_client::{pool_config, Config};
-use tq_controller::{Controller, ControllerConfig, ControllerServer, RemoteControlPlane, UnitInfo};
+use tq_controller::{ControllerServer, RemoteControlPlane, UnitInfo};
 use tq_core::{Error, Result};
 use tq_net::{Endpoint, Server, ServerConfig};
 
@@ -60,16 +60,7 @@ impl Security {
 
     /// Refuses to expose a server beyond this host without a token, unless `--insecure`.
     fn check(&self, endpoint: &Endpoint) -> Result<()> {
-        if !endpoint.is_loopback() && self.token.is_none() {
-            if self.insecure {
-                tracing::warn!(%endpoint, "listening on a non-loopback address without a token (--insecure)");
-            } else {
-                return Err(Error::invalid(format!(
-                    "refusing to listen on non-loopback {endpoint} without a token: pass --token (or set TQ_NET_TOKEN), or --insecure"
-                )));
-            }
-        }
-        Ok(())
+        tq::server::check_exposure(endpoint, self.token.as_deref(), self.insecure)
     }
 
     fn server_config(&self, name: &str) -> ServerConfig {
@@ -175,49 +166,13 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     })
 }
 
-/// The controller a configuration describes: its samplers, and either `units` storage units
-/// (which resolve links) or the configuration's shared storage (which does not).
+/// The controller a configuration describes (see `tq::server::controller_service`).
 fn controller(
     config: &Config,
     units: Option<u32>,
     sampler: Option<tq_controller::SamplerSpec>,
 ) -> Result<ControllerServer> {
-    let (default_sampler, named) = config.sampler_specs()?;
-    let shared = config.storage_is_shared();
-    if shared && units.is_some() {
-        return Err(Error::invalid(format!(
-            "--units: the configured storage (backend `{}`) is shared by every process and has \
-             no storage units",
-            config.storage.backend
-        )));
-    }
-    if shared {
-        // Refuse at start what every client would refuse on connecting.
-        config
-            .check_shared_storage()
-            .map_err(|e| e.context("the [storage] section this controller hands its clients"))?;
-    }
-
-    let units = units.unwrap_or(config.storage.num_units);
-    if units == 0 {
-        return Err(Error::invalid("--units must be at least 1"));
-    }
-    let controller = Controller::new(ControllerConfig {
-        storage_units: if shared { 1 } else { units },
-        default_sampler: sampler.unwrap_or(default_sampler),
-        storage_backend: config.storage.backend.to_string(),
-        links_supported: !shared,
-    })?;
-    for (name, spec) in named {
-        controller.register_sampler(name, spec.build()?);
-    }
-    let controller = Arc::new(controller);
-    Ok(if shared {
-        tracing::info!(backend = %config.storage.backend, "shared storage: clients reach it directly");
-        ControllerServer::with_shared_storage(controller, config.storage_description()?)
-    } else {
-        ControllerServer::new(controller, units)
-    })
+    tq::server::controller_service(config, units, sampler)
 }
 
 async fn start_unit(
@@ -228,52 +183,14 @@ async fn start_unit(
     security: &Security,
     config: &Config,
 ) -> Result<(Server, Arc<UnitServer>)> {
-    let unit_config = UnitConfig {
-        capacity: capacity.or(config.storage.capacity_per_unit),
-        compaction_threshold: config.storage.compaction_threshold,
-        ..UnitConfig::default()
-    };
     // The flag wins; otherwise the configuration's `[storage.ssd]`.
-    let offload = match &ssd.ssd_path {
-        Some(path) => {
-            Some(tq_backend_ssd::SsdConfig::enabled_at(path).with_threshold(ssd.ssd_threshold))
-        }
-        None => config
-            .storage
-            .ssd
-            .enabled
-            .then(|| config.storage.ssd.clone()),
-    };
-    let unit_id = id.to_string();
-    let make = move || -> Result<Arc<dyn StorageUnit>> {
-        Ok(match &offload {
-            Some(offload) => Arc::new(tq_backend_ssd::SsdUnit::new(
-                unit_id.clone(),
-                unit_config.clone(),
-                offload.clone(),
-            )?),
-            None => Arc::new(MemoryUnit::with_config(
-                unit_id.clone(),
-                unit_config.clone(),
-            )?),
-        })
-    };
-    let handler = Arc::new(UnitServer::new(make()?).with_factory(Box::new(make)));
-    let server = Server::bind(listen, security.server_config(id), handler.clone()).await?;
-    Ok((server, handler))
-}
-
-/// The endpoint clients should use: `local` with its host replaced by `host`, if given.
-fn advertised(local: &Endpoint, host: Option<&str>) -> Result<String> {
-    match (local, host) {
-        (Endpoint::Tcp(addr), Some(host)) => {
-            let port = addr.rsplit(':').next().unwrap_or_default();
-            Ok(format!("tcp://{host}:{port}")
-                .parse::<Endpoint>()?
-                .to_string())
-        }
-        _ => Ok(local.to_string()),
-    }
+    let offload = ssd
+        .ssd_path
+        .as_ref()
+        .map(|path| tq_backend_ssd::SsdConfig::enabled_at(path).with_threshold(ssd.ssd_threshold));
+    let mut config = config.clone();
+    config.net.token = security.token.clone();
+    tq::server::start_unit(id, listen, capacity, offload, &config).await
 }
 
 /// `tq serve`: a controller and N storage units in one process.
@@ -281,54 +198,32 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
     let shutdown = shutdown_signal()?;
     let exporter = args.metrics.install()?;
     let config = args.security.load()?;
-    let listen: Endpoint = args.listen.parse()?;
-    args.security.check(&listen)?;
-    let service = Arc::new(controller(&config, args.units, args.default_sampler)?);
-    let unit_count = if config.storage_is_shared() {
-        0
-    } else {
-        args.units.unwrap_or(config.storage.num_units)
+    let options = tq::server::ServeOptions {
+        listen: args.listen.clone(),
+        units: args.units,
+        unit_host: args.unit_host.clone(),
+        advertise_host: args.advertise_host.clone(),
+        capacity_per_unit: args.capacity_per_unit,
+        default_sampler: args.default_sampler,
+        ssd: args.ssd.ssd_path.as_ref().map(|path| {
+            tq_backend_ssd::SsdConfig::enabled_at(path).with_threshold(args.ssd.ssd_threshold)
+        }),
+        insecure: args.security.insecure,
     };
-    let unit_listen: Endpoint = format!("tcp://{}:0", args.unit_host).parse()?;
-    if unit_count > 0 {
-        args.security.check(&unit_listen)?;
-    }
-    let mut units = Vec::new();
-    let mut unit_handlers = Vec::new();
-    for i in 0..unit_count {
-        let id = format!("unit-{i}");
-        let (server, handler) = start_unit(
-            &id,
-            &unit_listen,
-            args.capacity_per_unit,
-            &args.ssd,
-            &args.security,
-            &config,
-        )
-        .await?;
-        // In the controller's process: its epoch from the start.
-        handler.adopt_epoch(service.epoch())?;
-        let endpoint = advertised(server.local_endpoint(), args.advertise_host.as_deref())?;
-        let registration = service.register_unit(UnitInfo {
-            id: id.clone(),
-            endpoint: endpoint.clone(),
-            instance: tq_core::new_epoch(),
-            registration: 0,
-        })?;
-        handler.adopt_registration(registration);
+    let deployment = tq::server::Deployment::start(config, options).await?;
+    for (id, endpoint) in deployment.unit_endpoints() {
         println!("listening unit {id} {endpoint}");
-        units.push(server);
-        unit_handlers.push(handler);
     }
-    let (server, probe) =
-        start_controller(&listen, &args.security, service, unit_handlers, None).await?;
+    println!("listening controller {}", deployment.url());
+    let probe = Arc::new(ServerProbe {
+        controller: Some(deployment.controller_service().clone()),
+        units: deployment.unit_services().to_vec(),
+        storage: None,
+    });
     let _metrics = args.metrics.serve(exporter, probe).await?;
     shutdown.await;
     eprintln!("shutting down");
-    server.shutdown().await;
-    for u in units {
-        u.shutdown().await;
-    }
+    deployment.shutdown().await;
     Ok(())
 }
 

@@ -51,6 +51,9 @@ pub use tq_core::{
     Value,
 };
 
+#[cfg(feature = "remote")]
+pub mod server;
+
 /// Seeing inside a deployment: [`Client::status`] and [`Client::metrics`] (what `tq stats` and
 /// a scrape of `tq serve --metrics-listen` show), request ids that correlate one operation's
 /// log lines across processes, and (feature `metrics`) the Prometheus exporter.

@@ -1,0 +1,51 @@
+"""tq.serve: a deployment hosted by a Python process, used from other processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tq
+
+
+def test_a_hosted_deployment_serves_another_process() -> None:
+    with tq.serve(units=3, controller={"samplers": {"grpo": "grpo:2"}}) as server:
+        assert server.url.startswith("tcp://127.0.0.1:")
+        assert [u[0] for u in server.units] == ["unit-0", "unit-1", "unit-2"]
+        with server.connect() as c:
+            c.partition("p").kv_batch_put(["a", "b"], {"x": np.arange(4).reshape(2, 2)})
+        child = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent("""
+                import json, sys, tq
+                with tq.connect(sys.argv[1]) as c:
+                    got = c.partition("p").kv_batch_get(["b", "a"])["x"].tolist()
+                    p = c.partition("groups")
+                    p.put({"x": [1, 2, 3, 4]})
+                    batch = p.fetch(["x"], task="t", batch_size=2, sampler="grpo")
+                    print(json.dumps({"got": got, "group": len(batch), "units": len(c.status()["units"])}))
+            """), server.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert child.returncode == 0, child.stderr
+        assert json.loads(child.stdout) == {"got": [[2, 3], [0, 1]], "group": 2, "units": 3}
+    assert server.closed
+    # Closed: nothing listens there any more.
+    with pytest.raises(tq.TqError):
+        tq.connect(server.url, net={"connect_timeout_ms": 500, "retry_max_elapsed_ms": 500})
+
+
+def test_serve_refuses_what_it_cannot_do() -> None:
+    with pytest.raises(tq.InvalidError) as exposed:
+        tq.serve(listen="tcp://0.0.0.0:0")
+    assert "without a token" in str(exposed.value)
+    with pytest.raises(tq.InvalidError):
+        tq.serve(units=0)
+    with pytest.raises(tq.InvalidError):
+        tq.serve(default_sampler="no-such-sampler")

@@ -1,0 +1,305 @@
+//! Hosting a deployment in this process: a controller and storage units serving over TCP, as
+//! `tq serve` does (feature `remote`). Clients elsewhere reach it with [`crate::Client::connect`]
+//! at [`Deployment::url`]. `tq serve`, the benchmarks and the Python package's `tq.serve` all
+//! start their servers here.
+//!
+//! ```no_run
+//! # async fn run() -> tq::Result<()> {
+//! let deployment = tq::server::Deployment::start(tq::Config::default(), Default::default()).await?;
+//! let client = tq::Client::connect(deployment.url()).await?;
+//! # drop(client);
+//! deployment.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+use crate::{Config, Error, Result};
+use std::sync::Arc;
+use tq_backend_simple::{MemoryUnit, StorageUnit, UnitConfig};
+use tq_controller::{Controller, ControllerConfig, SamplerSpec, UnitInfo};
+
+pub use tq_backend_simple::UnitServer;
+pub use tq_controller::ControllerServer;
+pub use tq_net::{Endpoint, Server, ServerConfig};
+
+/// How [`Deployment::start`] serves (the flags of `tq serve`).
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The controller's endpoint (`tcp://host:port`; port 0 picks a free one).
+    pub listen: String,
+    /// Storage units to run (default: `storage.num_units`). None with shared (KV) storage.
+    pub units: Option<u32>,
+    /// Host the storage units listen on, each on a free port.
+    pub unit_host: String,
+    /// Host name clients use to reach the units, when not `unit_host` (e.g. it is 0.0.0.0).
+    pub advertise_host: Option<String>,
+    /// Maximum samples per storage unit (default: `storage.capacity_per_unit`).
+    pub capacity_per_unit: Option<usize>,
+    /// The controller's default sampler (default: `controller.default_sampler`).
+    pub default_sampler: Option<SamplerSpec>,
+    /// SSD offload of the units, overriding `[storage.ssd]` (feature `ssd`).
+    #[cfg(feature = "ssd")]
+    pub ssd: Option<tq_backend_ssd::SsdConfig>,
+    /// Serve a non-loopback address without a token.
+    pub insecure: bool,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            listen: "tcp://127.0.0.1:0".into(),
+            units: None,
+            unit_host: "127.0.0.1".into(),
+            advertise_host: None,
+            capacity_per_unit: None,
+            default_sampler: None,
+            #[cfg(feature = "ssd")]
+            ssd: None,
+            insecure: false,
+        }
+    }
+}
+
+/// Refuses to expose a server beyond this host without a token, unless `insecure`.
+pub fn check_exposure(endpoint: &Endpoint, token: Option<&str>, insecure: bool) -> Result<()> {
+    if !endpoint.is_loopback() && token.is_none() {
+        if insecure {
+            tracing::warn!(%endpoint, "listening on a non-loopback address without a token (insecure)");
+        } else {
+            return Err(Error::invalid(format!(
+                "refusing to listen on non-loopback {endpoint} without a token: set one \
+                 (--token, TQ_NET_TOKEN or net.token), or allow it explicitly (--insecure)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The settings of a server named `name` with `config`'s token.
+pub fn server_config(config: &Config, name: &str) -> ServerConfig {
+    ServerConfig {
+        token: config.net.token.clone(),
+        name: name.to_string(),
+        ..ServerConfig::default()
+    }
+}
+
+/// The controller a configuration describes: its samplers, and either `units` storage units
+/// (which resolve links) or the configuration's shared storage (which does not).
+pub fn controller_service(
+    config: &Config,
+    units: Option<u32>,
+    sampler: Option<SamplerSpec>,
+) -> Result<ControllerServer> {
+    let (default_sampler, named) = config.sampler_specs()?;
+    let shared = config.storage_is_shared();
+    if shared && units.is_some() {
+        return Err(Error::invalid(format!(
+            "units: the configured storage (backend `{}`) is shared by every process and has \
+             no storage units",
+            config.storage.backend
+        )));
+    }
+    if shared {
+        // Refuse at start what every client would refuse on connecting.
+        config
+            .check_shared_storage()
+            .map_err(|e| e.context("the [storage] section this controller hands its clients"))?;
+    }
+    let units = units.unwrap_or(config.storage.num_units);
+    if units == 0 {
+        return Err(Error::invalid("a deployment needs at least 1 storage unit"));
+    }
+    let controller = Controller::new(ControllerConfig {
+        storage_units: if shared { 1 } else { units },
+        default_sampler: sampler.unwrap_or(default_sampler),
+        storage_backend: config.storage.backend.to_string(),
+        links_supported: !shared,
+    })?;
+    for (name, spec) in named {
+        controller.register_sampler(name, spec.build()?);
+    }
+    let controller = Arc::new(controller);
+    Ok(if shared {
+        tracing::info!(backend = %config.storage.backend, "shared storage: clients reach it directly");
+        ControllerServer::with_shared_storage(controller, config.storage_description()?)
+    } else {
+        ControllerServer::new(controller, units)
+    })
+}
+
+/// SSD offload for units: `explicit` if given, else the configuration's `[storage.ssd]`.
+#[cfg(feature = "ssd")]
+pub type Offload = Option<tq_backend_ssd::SsdConfig>;
+/// SSD offload for units (none without feature `ssd`).
+#[cfg(not(feature = "ssd"))]
+pub type Offload = Option<std::convert::Infallible>;
+
+#[cfg(feature = "ssd")]
+fn offload(config: &Config, explicit: Offload) -> Offload {
+    explicit.or_else(|| {
+        config
+            .storage
+            .ssd
+            .enabled
+            .then(|| config.storage.ssd.clone())
+    })
+}
+
+#[cfg(not(feature = "ssd"))]
+fn offload(_config: &Config, _explicit: Offload) -> Offload {
+    None
+}
+
+/// A storage unit `id` serving on `listen`: in memory, or with large cells on disk when
+/// `ssd` (or the configuration) says so. Not yet registered with a controller.
+pub async fn start_unit(
+    id: &str,
+    listen: &Endpoint,
+    capacity: Option<usize>,
+    ssd: Offload,
+    config: &Config,
+) -> Result<(Server, Arc<UnitServer>)> {
+    let unit_config = UnitConfig {
+        capacity: capacity.or(config.storage.capacity_per_unit),
+        compaction_threshold: config.storage.compaction_threshold,
+        ..UnitConfig::default()
+    };
+    let offload = offload(config, ssd);
+    let unit_id = id.to_string();
+    let make = move || -> Result<Arc<dyn StorageUnit>> {
+        #[cfg(feature = "ssd")]
+        if let Some(offload) = &offload {
+            return Ok(Arc::new(tq_backend_ssd::SsdUnit::new(
+                unit_id.clone(),
+                unit_config.clone(),
+                offload.clone(),
+            )?));
+        }
+        #[cfg(not(feature = "ssd"))]
+        let _ = &offload;
+        Ok(Arc::new(MemoryUnit::with_config(
+            unit_id.clone(),
+            unit_config.clone(),
+        )?))
+    };
+    let handler = Arc::new(UnitServer::new(make()?).with_factory(Box::new(make)));
+    let server = Server::bind(listen, server_config(config, id), handler.clone()).await?;
+    Ok((server, handler))
+}
+
+/// `local` as clients should reach it: with `host` instead of the listening address's host.
+pub fn advertised(local: &Endpoint, host: Option<&str>) -> Result<String> {
+    match (local, host) {
+        (Endpoint::Tcp(addr), Some(host)) => {
+            let port = addr.rsplit(':').next().unwrap_or_default();
+            Ok(format!("tcp://{host}:{port}")
+                .parse::<Endpoint>()?
+                .to_string())
+        }
+        _ => Ok(local.to_string()),
+    }
+}
+
+/// A controller and its storage units serving in this process (see the module docs).
+pub struct Deployment {
+    controller: Server,
+    service: Arc<ControllerServer>,
+    units: Vec<Server>,
+    unit_services: Vec<Arc<UnitServer>>,
+    unit_endpoints: Vec<(String, String)>,
+    url: String,
+}
+
+impl Deployment {
+    /// Starts the units (registered with the controller in its epoch before anyone can
+    /// connect), then the controller. Refuses a non-loopback address without a token unless
+    /// `options.insecure`.
+    pub async fn start(config: Config, options: ServeOptions) -> Result<Deployment> {
+        let listen: Endpoint = options.listen.parse()?;
+        let token = config.net.token.as_deref();
+        check_exposure(&listen, token, options.insecure)?;
+        let service = Arc::new(controller_service(
+            &config,
+            options.units,
+            options.default_sampler,
+        )?);
+        let unit_count = if config.storage_is_shared() {
+            0
+        } else {
+            options.units.unwrap_or(config.storage.num_units)
+        };
+        let unit_listen: Endpoint = format!("tcp://{}:0", options.unit_host).parse()?;
+        if unit_count > 0 {
+            check_exposure(&unit_listen, token, options.insecure)?;
+        }
+        let mut units = Vec::new();
+        let mut unit_services = Vec::new();
+        let mut unit_endpoints = Vec::new();
+        for i in 0..unit_count {
+            let id = format!("unit-{i}");
+            #[cfg(feature = "ssd")]
+            let ssd = options.ssd.clone();
+            #[cfg(not(feature = "ssd"))]
+            let ssd = None;
+            let (server, handler) =
+                start_unit(&id, &unit_listen, options.capacity_per_unit, ssd, &config).await?;
+            // In the controller's process: its epoch from the start.
+            handler.adopt_epoch(service.epoch())?;
+            let endpoint = advertised(server.local_endpoint(), options.advertise_host.as_deref())?;
+            let registration = service.register_unit(UnitInfo {
+                id: id.clone(),
+                endpoint: endpoint.clone(),
+                instance: tq_core::new_epoch(),
+                registration: 0,
+            })?;
+            handler.adopt_registration(registration);
+            units.push(server);
+            unit_services.push(handler);
+            unit_endpoints.push((id, endpoint));
+        }
+        let controller = Server::bind(
+            &listen,
+            server_config(&config, "controller"),
+            service.clone(),
+        )
+        .await?;
+        service.count_connections(controller.connection_count());
+        let url = controller.local_endpoint().to_string();
+        Ok(Deployment {
+            controller,
+            service,
+            units,
+            unit_services,
+            unit_endpoints,
+            url,
+        })
+    }
+
+    /// Where clients connect (`tcp://host:port`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Each storage unit's id and endpoint, in routing order.
+    pub fn unit_endpoints(&self) -> &[(String, String)] {
+        &self.unit_endpoints
+    }
+
+    /// The controller being served (for metrics and health probes).
+    pub fn controller_service(&self) -> &Arc<ControllerServer> {
+        &self.service
+    }
+
+    /// The storage units being served, in routing order.
+    pub fn unit_services(&self) -> &[Arc<UnitServer>] {
+        &self.unit_services
+    }
+
+    /// Stops accepting, ends the connections, then stops the units.
+    pub async fn shutdown(self) {
+        self.controller.shutdown().await;
+        for u in self.units {
+            u.shutdown().await;
+        }
+    }
+}
