@@ -4,9 +4,10 @@
 #
 #   bash scripts/test.sh
 #
-# Environment: TQ_VENV (where the virtual environment lives; default target/python-venv, made
-# on first use and reused), TQ_REQUIRE_REDIS / TQ_REQUIRE_URING (fail instead of skipping the
-# Redis and io_uring tests, as CI does). Extra arguments go to `cargo test`.
+# Environment: TQ_VENV (where the virtual environment lives; default: the shared torch venv
+# when present, else target/python-venv, made on first use and reused), TQ_REQUIRE_REDIS /
+# TQ_REQUIRE_URING / TQ_REQUIRE_TORCH (fail instead of skipping the Redis, io_uring and torch
+# tests, as CI does). Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -16,6 +17,12 @@ echo "== Rust: cargo test --workspace --features $FEATURES"
 cargo test --workspace --features "$FEATURES" "$@"
 
 echo "== Python: pip install ./python, then pytest python/tests"
+# With torch: the shared venv CI keeps ($HOME/.cache/tq/venv-torch, see .ci/run) when it is
+# there; torch pulls several GiB, so it is installed once per machine, not per run.
+torch_venv="$HOME/.cache/tq/venv-torch"
+if [ -z "${TQ_VENV:-}" ] && [ -x "$torch_venv/bin/python" ] && "$torch_venv/bin/python" -c "import torch, tensordict" 2>/dev/null; then
+  TQ_VENV="$torch_venv"
+fi
 venv="${TQ_VENV:-$root/target/python-venv}"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"

@@ -2,6 +2,7 @@
 //! (tq's bytes, viewed by numpy without a copy), tags both ways.
 
 use super::raise;
+use bytes::BytesMut;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
@@ -46,13 +47,38 @@ fn dtype_of_typestr(s: &str) -> Option<DType> {
 }
 
 /// tq's bytes of one tensor, owned by this object and described to numpy through
-/// `__array_interface__` (read-only), so `numpy.asarray(buffer)` is a view: no copy, and the
-/// array keeps this buffer alive as its `base`.
+/// `__array_interface__`, so `numpy.asarray(buffer)` is a view: no copy, and the array keeps
+/// this buffer alive as its `base`. The view is writable only when the bytes belong to this
+/// buffer alone (a batch assembled for this read); bytes tq shares (the store's own, for a
+/// single key) are read-only.
 #[pyclass(frozen, module = "tq._native")]
 pub struct Buffer {
-    data: Bytes,
+    data: Data,
     dtype: DType,
     shape: Vec<usize>,
+}
+
+enum Data {
+    /// Shared with tq (the store, another reader): never written through.
+    Shared(Bytes),
+    /// This buffer's alone: numpy may write into it.
+    Owned(BytesMut),
+}
+
+impl Data {
+    fn address(&self) -> usize {
+        match self {
+            Data::Shared(b) => b.as_ptr() as usize,
+            Data::Owned(b) => b.as_ptr() as usize,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Data::Shared(b) => b.len(),
+            Data::Owned(b) => b.len(),
+        }
+    }
 }
 
 #[pymethods]
@@ -63,7 +89,8 @@ impl Buffer {
         d.set_item("version", 3)?;
         d.set_item("shape", PyTuple::new(py, &self.shape)?)?;
         d.set_item("typestr", typestr(self.dtype))?;
-        d.set_item("data", (self.data.as_ptr() as usize, true))?;
+        let readonly = matches!(self.data, Data::Shared(_));
+        d.set_item("data", (self.data.address(), readonly))?;
         Ok(d)
     }
 
@@ -83,10 +110,16 @@ impl Buffer {
         self.data.len()
     }
 
+    /// Whether the bytes are this buffer's alone (so a view of them may be written).
+    #[getter]
+    fn writable(&self) -> bool {
+        matches!(self.data, Data::Owned(_))
+    }
+
     /// Where the bytes are (for tests that check a view is not a copy).
     #[getter]
     fn address(&self) -> usize {
-        self.data.as_ptr() as usize
+        self.data.address()
     }
 
     fn __repr__(&self) -> String {
@@ -95,11 +128,12 @@ impl Buffer {
 }
 
 fn buffer(tensor: Tensor) -> Buffer {
-    Buffer {
-        dtype: tensor.dtype(),
-        shape: tensor.shape().to_vec(),
-        data: tensor.into_data(),
-    }
+    let (dtype, shape) = (tensor.dtype(), tensor.shape().to_vec());
+    let data = match tensor.into_data().try_into_mut() {
+        Ok(alone) => Data::Owned(alone),
+        Err(shared) => Data::Shared(shared),
+    };
+    Buffer { data, dtype, shape }
 }
 
 /// A numpy array's bytes as a tensor: the array must be an `ndarray`, C-contiguous, of a

@@ -57,6 +57,8 @@ def serve(*extra: str) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @pytest.fixture

@@ -39,14 +39,20 @@ def test_a_dense_field_is_one_array_viewing_tqs_buffer(client: tq.Client) -> Non
     assert isinstance(first.base, tq.Buffer)
     assert first.base.nbytes == data.nbytes
     assert first.__array_interface__["data"][0] == first.base.address
-    # Read-only: tq's bytes are shared, so changing them takes an explicit copy.
-    assert not first.flags.writeable
-    with pytest.raises(ValueError):
-        first[0, 0] = 1.0
     np.testing.assert_array_equal(first, data)
-    # The view keeps the buffer alive after everything else let go of it.
+    # Writable exactly when the bytes are this read's alone; writing then changes nothing
+    # stored, and a view of bytes tq shares refuses writes.
+    assert first.flags.writeable == first.base.writable
+    if first.flags.writeable:
+        first[0, 0] = 123.0
+        np.testing.assert_array_equal(p.kv_batch_get([f"k{i}" for i in range(8)])["x"], data)
+    else:
+        with pytest.raises(ValueError):
+            first[0, 0] = 1.0
+    # A view keeps its buffer alive after everything else let go of it.
+    kept = p.kv_batch_get([f"k{i}" for i in range(8)])["x"]
     del p
-    assert float(first.sum()) == pytest.approx(float(data.sum()), rel=1e-5)
+    assert float(kept.sum()) == pytest.approx(float(data.sum()), rel=1e-5)
 
 
 def test_one_key_is_read_where_tq_keeps_it(client: tq.Client) -> None:
@@ -54,9 +60,13 @@ def test_one_key_is_read_where_tq_keeps_it(client: tq.Client) -> None:
     p.kv_put("k", {"x": np.arange(4096, dtype=np.float32)})
     one = p.kv_batch_get(["k"])["x"]
     two = p.kv_batch_get(["k"])["x"]
-    # The in-memory store hands out its own bytes: two reads view the same memory.
+    # The in-memory store hands out its own bytes: two reads view the same memory, which
+    # is therefore read-only.
     assert one.base.address == two.base.address
     assert one.shape == (1, 4096)
+    assert not one.base.writable and not one.flags.writeable
+    with pytest.raises(ValueError):
+        one[0, 0] = 1.0
 
 
 def test_a_non_contiguous_array_is_taken_as_its_values(client: tq.Client) -> None:

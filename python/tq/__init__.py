@@ -98,11 +98,11 @@ class Client:
 
     # -- metadata API ---------------------------------------------------------------------
 
-    def get_data(self, meta: BatchMeta, fields: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    def get_data(self, meta: BatchMeta, fields: Optional[Sequence[str]] = None, *, format: str = "numpy") -> Any:
         """The payloads of ``meta``'s samples (only ``fields``, if given), rows in ``meta``'s
-        order, as :meth:`Partition.kv_batch_get` returns them."""
+        order, as :meth:`Partition.kv_batch_get` returns them (``format`` likewise)."""
         names = None if fields is None else list(fields)
-        return _convert.columns_out(self._native.get_data(meta, names))
+        return _convert.columns_out(self._native.get_data(meta, names), format)
 
     def put(self, meta: BatchMeta, fields: Mapping[str, Any]) -> BatchMeta:
         """Writes ``fields`` into the samples ``meta`` names (row ``i`` into sample ``i``): how
@@ -155,11 +155,11 @@ class Client:
         where = os.fspath(path)
         return await _aio.run(lambda done: self._native.load_checkpoint(where, done=done))
 
-    async def async_get_data(self, meta: BatchMeta, fields: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    async def async_get_data(self, meta: BatchMeta, fields: Optional[Sequence[str]] = None, *, format: str = "numpy") -> Any:
         """:meth:`get_data` as a coroutine."""
         names = None if fields is None else list(fields)
         native = await _aio.run(lambda done: self._native.get_data(meta, names, done=done))
-        return _convert.columns_out(native)
+        return _convert.columns_out(native, format)
 
     async def async_put(self, meta: BatchMeta, fields: Mapping[str, Any]) -> BatchMeta:
         """:meth:`put` as a coroutine."""
@@ -305,18 +305,22 @@ class Partition:
         columns = _convert.columns_in(fields)
         self._native.kv_batch_put(self.name, keys, columns, None if tags is None else [dict(t) for t in tags])
 
-    def kv_batch_get(self, keys: Sequence[str], fields: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    def kv_batch_get(
+        self, keys: Sequence[str], fields: Optional[Sequence[str]] = None, *, format: str = "numpy"
+    ) -> Any:
         """Reads keys; rows follow ``keys``' order. Without ``fields``, the fields every key
-        holds. A dense field comes back as **one** read-only numpy array that views tq's
-        buffer (no copy); copy it (``a.copy()``) to change it."""
+        holds. A dense field comes back as **one** numpy array that views tq's buffer (no
+        copy): writable when the buffer is this read's alone, read-only when tq shares it
+        (copy it, ``a.copy()``, to change it). ``format="torch"`` gives torch tensors (nested
+        ones for ragged fields), ``"tensordict"`` one TensorDict; see docs/python.md."""
         keys = _convert.keys_in(keys)
         names = None if fields is None else list(fields)
-        return _convert.columns_out(self._native.kv_batch_get(self.name, keys, names))
+        return _convert.columns_out(self._native.kv_batch_get(self.name, keys, names), format)
 
-    def kv_get(self, key: str, fields: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    def kv_get(self, key: str, fields: Optional[Sequence[str]] = None, *, format: str = "numpy") -> Dict[str, Any]:
         """Reads one key: field name → that key's value (a dense field's row, a ragged
         field's array, or the object)."""
-        got = self.kv_batch_get([key], fields)
+        got = self.kv_batch_get([key], fields, format="torch" if format == "tensordict" else format)
         return {name: value[0] for name, value in got.items()}
 
     def kv_list(self) -> Dict[str, Dict[str, Any]]:
@@ -441,12 +445,14 @@ class Partition:
         tag_list = None if tags is None else [dict(t) for t in tags]
         await _aio.run(lambda done: self._native.kv_batch_put(self.name, keys, columns, tag_list, done=done))
 
-    async def async_kv_batch_get(self, keys: Sequence[str], fields: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    async def async_kv_batch_get(
+        self, keys: Sequence[str], fields: Optional[Sequence[str]] = None, *, format: str = "numpy"
+    ) -> Any:
         """:meth:`kv_batch_get` as a coroutine."""
         keys = _convert.keys_in(keys)
         names = None if fields is None else list(fields)
         native = await _aio.run(lambda done: self._native.kv_batch_get(self.name, keys, names, done=done))
-        return _convert.columns_out(native)
+        return _convert.columns_out(native, format)
 
     async def async_kv_get(self, key: str, fields: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         """:meth:`kv_get` as a coroutine."""

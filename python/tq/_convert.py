@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
+from . import _torch
+
 # One tag byte in front of each encoded object says how to read it back.
 _STR, _BYTES, _INT, _FLOAT, _BOOL, _NONE, _PICKLE = b"s", b"b", b"i", b"f", b"?", b"n", b"p"
 
@@ -62,6 +64,8 @@ def _is_array(value: Any) -> bool:
 
 def column_in(field: str, value: Any, rows: int | None) -> Tuple[str, Any, bool]:
     """A field's value for the native module: ``(kind, payload, bf16)``."""
+    if _torch.is_tensor(value):
+        return _torch.tensor_in(field, value)
     if _is_array(value) and value.dtype != object:
         if value.ndim == 0:
             raise ValueError(f"field `{field}`: a dense field needs a batch dimension")
@@ -70,6 +74,9 @@ def column_in(field: str, value: Any, rows: int | None) -> Tuple[str, Any, bool]
         items = list(value)
         if items and all(_is_array(v) and v.dtype != object for v in items):
             return ("ragged", [np.ascontiguousarray(v) for v in items], False)
+        if items and all(_torch.is_tensor(v) for v in items):
+            rows = [_torch.array_of(v) for v in items]
+            return ("ragged", [a for a, _ in rows], rows[0][1])
         return ("objects", [encode_object(v) for v in items], False)
     if _is_array(value):  # an object array: one Python object per row
         return ("objects", [encode_object(v) for v in value.tolist()], False)
@@ -83,27 +90,43 @@ def row_in(field: str, value: Any) -> Any:
     """One row's value as a one-row column (for ``kv_put``)."""
     if _is_array(value) and value.dtype != object:
         return value[np.newaxis, ...]
+    if _torch.is_tensor(value):
+        return value.unsqueeze(0)
     if isinstance(value, (int, float, bool, np.number)) and not isinstance(value, (str, bytes)):
         return np.asarray([value])
     return [value]
 
 
-def columns_in(fields: Mapping[str, Any]) -> Dict[str, Tuple[str, Any, bool]]:
+def columns_in(fields: Any) -> Dict[str, Tuple[str, Any, bool]]:
+    if _torch.is_tensordict(fields):
+        fields = _torch.tensordict_fields(fields)
     if not isinstance(fields, Mapping):
         raise TypeError(f"fields must be a mapping of field name to values, got {type(fields).__name__}")
     return {name: column_in(name, value, None) for name, value in fields.items()}
 
 
-def column_out(kind: str, payload: Any) -> Any:
+FORMATS = ("numpy", "torch", "tensordict")
+
+
+def column_out(kind: str, payload: Any, format: str = "numpy") -> Any:
+    if kind == "objects":
+        return [decode_object(b) for b in payload]
+    if format != "numpy":
+        return _torch.column_out(kind, payload)
     if kind == "dense":
         return np.asarray(payload)
-    if kind == "ragged":
-        return [np.asarray(b) for b in payload]
-    return [decode_object(b) for b in payload]
+    return [np.asarray(b) for b in payload]
 
 
-def columns_out(native: Mapping[str, Tuple[str, Any]]) -> Dict[str, Any]:
-    return {name: column_out(kind, payload) for name, (kind, payload) in native.items()}
+def columns_out(native: Mapping[str, Tuple[str, Any]], format: str = "numpy") -> Any:
+    """The fields of a read as ``format`` asks: numpy arrays, torch tensors, or one
+    TensorDict."""
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+    columns = {name: column_out(kind, payload, format) for name, (kind, payload) in native.items()}
+    if format == "tensordict":
+        return _torch.tensordict_out(columns, _torch.rows_of(columns))
+    return columns
 
 
 def keys_in(keys: Sequence[str]) -> List[str]:
