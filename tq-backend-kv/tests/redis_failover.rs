@@ -32,9 +32,12 @@ async fn a_killed_master_is_replaced_and_the_client_goes_on() {
         kv.get(&before_meta).await.unwrap().column("x"),
         before.column("x")
     );
-    // Let replication catch up with the writes (WAIT on every master: 1 replica, 2 s).
+    // Let replication catch up with the writes before the kill: Redis replicates
+    // asynchronously, so a master killed before its replica has the writes loses them (that
+    // is Redis, not tq). `WAIT` from another connection proves nothing (it waits for that
+    // connection's writes only), so compare the replication offsets.
     for m in cluster.masters() {
-        cluster.nodes[m].cli(&["wait", "1", "2000"]);
+        replicated(&cluster.nodes[m]);
     }
 
     let victim = cluster.masters()[0];
@@ -84,4 +87,35 @@ async fn a_killed_master_is_replaced_and_the_client_goes_on() {
         "failover: {failures} failed reads, recovered after {:?}",
         killed_at.elapsed()
     );
+}
+
+/// Waits until the replica of master `node` has everything the master has written so far
+/// (its acknowledged offset in `INFO replication` reaches the master's offset).
+#[cfg(feature = "redis")]
+fn replicated(node: &common::RedisServer) {
+    let field = |info: &str, key: &str| -> Option<u64> {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let replica_offset = |info: &str| -> Option<u64> {
+        let line = info.lines().find(|l| l.starts_with("slave0:"))?;
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix("offset="))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let target = field(&node.cli(&["info", "replication"]), "master_repl_offset:")
+        .expect("a master reports its replication offset");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = node.cli(&["info", "replication"]);
+        if replica_offset(&info).is_some_and(|o| o >= target) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica never caught up with its master (offset {target}): {info}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
