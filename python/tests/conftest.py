@@ -28,8 +28,9 @@ def _tq_binary() -> str | None:
 
 
 @contextlib.contextmanager
-def serve(*extra: str) -> Iterator[str]:
-    """Runs `tq serve --units 2` (plus `extra` arguments) for the duration; yields its URL."""
+def serve(*extra: str, units: int | None = 2) -> Iterator[str]:
+    """Runs `tq serve --units 2` (`units=None`: no units, for shared storage; plus `extra`
+    arguments) for the duration; yields its URL."""
     binary = _tq_binary()
     if binary is None:
         if os.environ.get("TQ_REQUIRE_SERVE"):
@@ -38,7 +39,7 @@ def serve(*extra: str) -> Iterator[str]:
     env = dict(os.environ)
     env.pop("TQ_NET_TOKEN", None)
     proc = subprocess.Popen(
-        [binary, "serve", "--listen", "tcp://127.0.0.1:0", "--units", "2", *extra],
+        [binary, "serve", "--listen", "tcp://127.0.0.1:0", *(["--units", str(units)] if units else []), *extra],
         stdout=subprocess.PIPE,
         text=True,
         env=env,

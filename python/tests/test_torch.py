@@ -91,3 +91,18 @@ def test_tensordicts_in_and_out(client: tq.Client) -> None:
     assert torch.equal(again["input_ids"], td["input_ids"])
     with pytest.raises(ValueError):
         client.get_data(meta, format="pandas")
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_torch_dataloader_with_two_workers_hands_each_sample_out_once(served: str, method: str) -> None:
+    from torch.utils.data import DataLoader
+
+    with tq.connect(served) as c:
+        p = c.partition(f"loader-{method}")
+        p.put({"x": torch.arange(200).reshape(200, 1)})
+        p.complete()
+        dataset = tq.StreamingDataset(served, p.name, ["x"], task="train", batch_size=8)
+        loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context=method)
+        seen = [int(v) for batch in loader for v in batch["x"][:, 0]]
+        assert sorted(seen) == list(range(200)), "every sample once, over both workers"
+        p.clear()

@@ -43,7 +43,19 @@ __all__ = [
 ]
 
 from ._native import __version__
-from .stream import StreamingDataset
+
+
+def __getattr__(name: str) -> Any:
+    # `tq.StreamingDataset` is a torch IterableDataset when torch is installed (so DataLoader
+    # takes it as one), and a plain iterable otherwise; torch is imported only when asked for.
+    if name == "StreamingDataset":
+        try:
+            dataset = _stream.torch_dataset_class()
+        except ImportError:
+            dataset = _stream.StreamingDataset
+        globals()[name] = dataset
+        return dataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 #: What ``config`` may be: a dict of sections (as in tq's TOML), the path of a TOML file, or
 #: ``None`` for the defaults. Keyword arguments add or replace sections.

@@ -156,3 +156,30 @@ class StreamingDataset:
 
     def __repr__(self) -> str:
         return f"StreamingDataset({self.url!r}, partition={self.partition!r}, task={self.task!r}, batch_size={self.batch_size})"
+
+
+_TORCH_DATASET: Any = None
+
+
+def torch_dataset_class() -> Any:
+    """:class:`StreamingDataset` as a ``torch.utils.data.IterableDataset`` (what
+    ``tq.StreamingDataset`` is when torch is installed), made on first use so that importing
+    tq never imports torch."""
+    global _TORCH_DATASET
+    if _TORCH_DATASET is None:
+        from torch.utils.data import IterableDataset
+
+        class TorchStreamingDataset(StreamingDataset, IterableDataset):  # type: ignore[misc]
+            __doc__ = StreamingDataset.__doc__
+
+        TorchStreamingDataset.__module__ = __name__
+        TorchStreamingDataset.__qualname__ = "TorchStreamingDataset"
+        _TORCH_DATASET = TorchStreamingDataset
+    return _TORCH_DATASET
+
+
+def __getattr__(name: str) -> Any:
+    # Pickles of a torch-backed dataset name `tq.stream.TorchStreamingDataset`.
+    if name == "TorchStreamingDataset":
+        return torch_dataset_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
