@@ -36,11 +36,7 @@ impl Meta {
     /// The samples' global indexes (as TransferQueue calls them), in order.
     #[getter]
     fn global_indexes(&self) -> Vec<u64> {
-        self.inner
-            .samples()
-            .iter()
-            .map(|s| u64::from(s.index))
-            .collect()
+        global_indexes(self.inner.samples())
     }
 
     /// The fields the batch describes, by name.
@@ -99,6 +95,11 @@ impl Meta {
     }
 }
 
+/// Samples by the number TransferQueue calls their global index (the generation stays in tq).
+fn global_indexes(samples: &[tq::SampleId]) -> Vec<u64> {
+    samples.iter().map(|s| u64::from(s.index)).collect()
+}
+
 /// `production_status` for Python: `{"global_indexes": [...], "fields": [...],
 /// "produced": [[bool per field] per sample]}`.
 pub fn production_to_py(py: Python<'_>, status: tq::ProductionStatus) -> PyResult<Py<PyAny>> {
@@ -109,14 +110,7 @@ pub fn production_to_py(py: Python<'_>, status: tq::ProductionStatus) -> PyResul
         .chunks(width)
         .map(<[bool]>::to_vec)
         .collect();
-    d.set_item(
-        "global_indexes",
-        status
-            .samples
-            .iter()
-            .map(|s| u64::from(s.index))
-            .collect::<Vec<_>>(),
-    )?;
+    d.set_item("global_indexes", global_indexes(&status.samples))?;
     d.set_item("fields", status.fields)?;
     d.set_item("produced", rows)?;
     Ok(d.into_any().unbind())
@@ -125,14 +119,7 @@ pub fn production_to_py(py: Python<'_>, status: tq::ProductionStatus) -> PyResul
 /// `consumption_status` for Python: `{"global_indexes", "consumed", "leased"}`.
 pub fn consumption_to_py(py: Python<'_>, status: tq::ConsumptionStatus) -> PyResult<Py<PyAny>> {
     let d = PyDict::new(py);
-    d.set_item(
-        "global_indexes",
-        status
-            .samples
-            .iter()
-            .map(|s| u64::from(s.index))
-            .collect::<Vec<_>>(),
-    )?;
+    d.set_item("global_indexes", global_indexes(&status.samples))?;
     d.set_item("consumed", status.consumed)?;
     d.set_item("leased", status.leased)?;
     Ok(d.into_any().unbind())

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _aio, _convert
 from . import stream as _stream
@@ -75,7 +75,31 @@ def _config_form(config: ConfigLike, sections: Mapping[str, Any]) -> tuple:
     return ("json", json.dumps(merged))
 
 
-class Client:
+class _Closable:
+    """What a handle on a native object that must be closed shares: ``closed``, and the
+    context manager that closes it."""
+
+    __slots__ = ()
+    _native: Any
+
+    def close(self) -> None:  # pragma: no cover - every subclass says what closing means
+        self._native.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    def __enter__(self: "_C") -> "_C":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+_C = TypeVar("_C", bound=_Closable)
+
+
+class Client(_Closable):
     """A connection to tq: embedded (:meth:`embedded`) or to a deployment (:func:`connect`).
 
     A client is safe to share between threads; every call releases the GIL while it waits or
@@ -190,16 +214,6 @@ class Client:
         """Closes the client (and, when embedded, the store with it). Closing twice is fine."""
         self._native.close()
 
-    @property
-    def closed(self) -> bool:
-        return self._native.closed
-
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<tq.Client {self._native!r} {state}>"
@@ -214,7 +228,7 @@ def connect(url: str, token: Optional[str] = None, config: ConfigLike = None, **
     return Client(NativeClient.connect(url, form, text, token))
 
 
-class Server:
+class Server(_Closable):
     """A deployment hosted by this process (a controller and storage units serving over TCP):
     what :func:`serve` answers. Other processes reach it with ``tq.connect(server.url)``.
     Close it with :meth:`close` or use it as a context manager; its data goes with it."""
@@ -241,16 +255,6 @@ class Server:
     def close(self) -> None:
         """Stops serving (connections end, the units stop). Closing twice is fine."""
         self._native.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._native.closed
-
-    def __enter__(self) -> "Server":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<tq.Server {self.url} {len(self.units)} units{' closed' if self.closed else ''}>"

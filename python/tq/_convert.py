@@ -62,7 +62,7 @@ def _is_array(value: Any) -> bool:
     return isinstance(value, np.ndarray)
 
 
-def column_in(field: str, value: Any, rows: int | None) -> Tuple[str, Any, bool]:
+def column_in(field: str, value: Any) -> Tuple[str, Any, bool]:
     """A field's value for the native module: ``(kind, payload, bf16)``."""
     if _torch.is_tensor(value):
         return _torch.tensor_in(field, value)
@@ -102,7 +102,7 @@ def columns_in(fields: Any) -> Dict[str, Tuple[str, Any, bool]]:
         fields = _torch.tensordict_fields(fields)
     if not isinstance(fields, Mapping):
         raise TypeError(f"fields must be a mapping of field name to values, got {type(fields).__name__}")
-    return {name: column_in(name, value, None) for name, value in fields.items()}
+    return {name: column_in(name, value) for name, value in fields.items()}
 
 
 FORMATS = ("numpy", "torch", "tensordict")

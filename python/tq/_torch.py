@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
 import numpy as np
 
@@ -119,5 +119,3 @@ def rows_of(columns: Mapping[str, Any]) -> int:
         return len(value) if isinstance(value, list) else int(value.shape[0])
     return 0
 
-
-__all__: List[str] = []

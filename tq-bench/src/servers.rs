@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use tq_backend_simple::{MemoryUnit, UnitConfig, UnitServer};
-use tq_controller::{Controller, ControllerConfig, ControllerServer, RemoteControlPlane, UnitInfo};
+use tq_controller::{RemoteControlPlane, UnitInfo};
 use tq_core::Result;
 use tq_net::{ClientConfig, Endpoint, Pool, Server, ServerConfig};
 
@@ -22,22 +21,15 @@ fn named(name: &str) -> ServerConfig {
 
 /// A controller expecting `units` storage units, serving on a free loopback port.
 pub async fn controller(units: u32) -> Result<Server> {
-    let controller = Controller::new(ControllerConfig {
-        storage_units: units,
-        ..ControllerConfig::default()
-    })?;
-    let service = Arc::new(ControllerServer::new(Arc::new(controller), units));
-    Server::bind(&loopback()?, named("controller"), service).await
+    let service = tq::server::controller_service(&tq::Config::default(), Some(units), None)?;
+    Server::bind(&loopback()?, named("controller"), Arc::new(service)).await
 }
 
 /// An in-memory storage unit `id` on a free loopback port, registered with the controller at
 /// `controller` (in its epoch) before this returns.
 pub async fn unit(id: &str, controller: &str) -> Result<Server> {
-    let handler = Arc::new(UnitServer::new(Arc::new(MemoryUnit::with_config(
-        id,
-        UnitConfig::default(),
-    )?)));
-    let server = Server::bind(&loopback()?, named(id), handler.clone()).await?;
+    let (server, handler) =
+        tq::server::start_unit(id, &loopback()?, None, None, &tq::Config::default()).await?;
     let control = RemoteControlPlane::new(
         Pool::new(ClientConfig::default()),
         controller.parse()?,

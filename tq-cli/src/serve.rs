@@ -31,6 +31,15 @@ pub struct SsdArgs {
     ssd_threshold: usize,
 }
 
+impl SsdArgs {
+    /// The offload the flags ask for; `None` leaves it to the configuration's `[storage.ssd]`.
+    fn offload(&self) -> Option<tq_backend_ssd::SsdConfig> {
+        self.ssd_path.as_ref().map(|path| {
+            tq_backend_ssd::SsdConfig::enabled_at(path).with_threshold(self.ssd_threshold)
+        })
+    }
+}
+
 /// Options every server shares.
 #[derive(Args, Debug, Clone)]
 pub struct Security {
@@ -175,24 +184,6 @@ fn controller(
     tq::server::controller_service(config, units, sampler)
 }
 
-async fn start_unit(
-    id: &str,
-    listen: &Endpoint,
-    capacity: Option<usize>,
-    ssd: &SsdArgs,
-    security: &Security,
-    config: &Config,
-) -> Result<(Server, Arc<UnitServer>)> {
-    // The flag wins; otherwise the configuration's `[storage.ssd]`.
-    let offload = ssd
-        .ssd_path
-        .as_ref()
-        .map(|path| tq_backend_ssd::SsdConfig::enabled_at(path).with_threshold(ssd.ssd_threshold));
-    let mut config = config.clone();
-    config.net.token = security.token.clone();
-    tq::server::start_unit(id, listen, capacity, offload, &config).await
-}
-
 /// `tq serve`: a controller and N storage units in one process.
 pub async fn serve(mut args: ServeArgs) -> Result<()> {
     let shutdown = shutdown_signal()?;
@@ -205,9 +196,7 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
         advertise_host: args.advertise_host.clone(),
         capacity_per_unit: args.capacity_per_unit,
         default_sampler: args.default_sampler,
-        ssd: args.ssd.ssd_path.as_ref().map(|path| {
-            tq_backend_ssd::SsdConfig::enabled_at(path).with_threshold(args.ssd.ssd_threshold)
-        }),
+        ssd: args.ssd.offload(),
         insecure: args.security.insecure,
     };
     let deployment = tq::server::Deployment::start(config, options).await?;
@@ -427,12 +416,11 @@ pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
     let controller: Endpoint = args.controller.parse()?;
-    let (server, handler) = start_unit(
+    let (server, handler) = tq::server::start_unit(
         &args.id,
         &listen,
         args.capacity,
-        &args.ssd,
-        &args.security,
+        args.ssd.offload(),
         &config,
     )
     .await?;

@@ -465,6 +465,11 @@ impl Config {
             // Units have no meaning for shared storage, and a client refuses the key there.
             storage.remove("num_units");
         }
+        if self.storage.ssd == SsdSection::default() {
+            // SSD offload off: nothing to say, and a client built without the `ssd` feature
+            // refuses any `[storage.ssd]` it is handed, even a disabled one.
+            storage.remove("ssd");
+        }
         let mut description = toml::Table::new();
         description.insert("storage".into(), toml::Value::Table(storage));
         toml::to_string(&description).map_err(|e| broken(&e))

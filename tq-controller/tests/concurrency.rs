@@ -7,23 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+mod common;
+use common::insert;
 use tq_controller::*;
 use tq_core::{DType, ErrorKind, FieldMeta, SampleId};
 
 fn controller() -> Arc<Controller> {
     Arc::new(Controller::new(ControllerConfig::default()).unwrap())
-}
-
-async fn insert(c: &Controller, p: &str, n: usize) -> Vec<SampleId> {
-    let req = GetMetaRequest {
-        partition: p.into(),
-        fields: vec![],
-        mode: GetMetaMode::Insert { count: n },
-        sampler: None,
-        dp_rank: None,
-        batch_index: None,
-    };
-    c.get_meta(req).await.unwrap().samples().to_vec()
 }
 
 async fn produce(c: &Controller, p: &str, ids: &[SampleId]) {

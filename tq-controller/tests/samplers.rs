@@ -3,6 +3,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 use std::collections::HashSet;
 use std::sync::Arc;
+mod common;
+use common::insert;
 use tq_controller::*;
 use tq_core::{DType, ErrorKind, FieldMeta, SampleId, TagValue, Tags};
 
@@ -12,18 +14,6 @@ fn controller() -> Controller {
         ..Default::default()
     })
     .unwrap()
-}
-
-async fn insert(c: &Controller, p: &str, n: usize) -> Vec<SampleId> {
-    let req = GetMetaRequest {
-        partition: p.into(),
-        fields: vec![],
-        mode: GetMetaMode::Insert { count: n },
-        sampler: None,
-        dp_rank: None,
-        batch_index: None,
-    };
-    c.get_meta(req).await.unwrap().samples().to_vec()
 }
 
 /// Produces field `x` for `ids`, with tag `total_lengths` = `lengths[i]` when given.

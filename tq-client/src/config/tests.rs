@@ -91,6 +91,8 @@ fn the_storage_description_round_trips() {
     .unwrap();
     let text = c.storage_description().unwrap();
     assert!(!text.contains("not-in-the-description"), "{text}");
+    // SSD offload off says nothing: a client built without `ssd` would refuse the section.
+    assert!(!text.contains("ssd"), "{text}");
     assert_eq!(Config::from_toml(&text).unwrap().storage, c.storage);
     assert!(c.storage_is_shared());
     assert!(!Config::default().storage_is_shared());

@@ -1,7 +1,8 @@
-//! Helpers shared by the state-dir tests.
+//! Helpers shared by the controller's test files.
 
 #![allow(dead_code)] // each test file uses its own subset
-use tq_controller::{ControlPlane, Controller};
+use tq_controller::{ControlPlane, Controller, GetMetaMode, GetMetaRequest};
+use tq_core::SampleId;
 
 /// A new empty directory under the system's temp dir, named after `tag` and this process.
 pub fn tempdir(tag: &str) -> std::path::PathBuf {
@@ -29,4 +30,17 @@ pub async fn picture(c: &Controller) -> String {
         out += &format!("{:?}\n", c.consumption_status(p, "t").await.unwrap());
     }
     out
+}
+
+/// Inserts `n` samples into partition `p` (no field written yet); their ids.
+pub async fn insert(c: &Controller, p: &str, n: usize) -> Vec<SampleId> {
+    let req = GetMetaRequest {
+        partition: p.into(),
+        fields: vec![],
+        mode: GetMetaMode::Insert { count: n },
+        sampler: None,
+        dp_rank: None,
+        batch_index: None,
+    };
+    c.get_meta(req).await.unwrap().samples().to_vec()
 }
