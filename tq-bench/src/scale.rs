@@ -425,6 +425,9 @@ pub struct QueryCosts {
     pub production_status: Stats,
     pub consumption_status: Stats,
     pub status: Stats,
+    /// The same run's floor of a per-sample answer: a `Vec` of `samples` sample ids and one
+    /// of as many flags, built and dropped.
+    pub answer_floor: Stats,
 }
 
 pub fn query_costs(
@@ -458,6 +461,20 @@ pub fn query_costs(
         check(got.samples.len(), "consumption_status")?;
         Ok(took)
     })?;
+    let answer_floor = measure_rounds(warmup, reps, || {
+        let t = Instant::now();
+        let ids: Vec<SampleId> = (0..samples as u32)
+            .map(|index| SampleId {
+                index,
+                generation: 0,
+            })
+            .collect();
+        let flags: Vec<bool> = (0..samples).map(|i| i % 3 != 0).collect();
+        std::hint::black_box((&ids, &flags));
+        let took = t.elapsed();
+        check(ids.len().min(flags.len()), "the answer floor")?;
+        Ok(took)
+    })?;
     let status = measure_rounds(warmup, reps, || {
         let t = Instant::now();
         let got = c.status();
@@ -470,6 +487,7 @@ pub fn query_costs(
         production_status,
         consumption_status,
         status,
+        answer_floor,
     })
 }
 

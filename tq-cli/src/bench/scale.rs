@@ -48,7 +48,7 @@ pub fn run(runtime: &tokio::runtime::Runtime, args: &BenchArgs) -> Result<()> {
         "## Controller at scale: whole-partition queries in process, by partition size (µs median; ns per sample)"
     );
     println!();
-    println!("| samples in the partition | production_status (1 field) | consumption_status | status (`tq stats`) |\n|---|---|---|---|");
+    println!("| samples in the partition | production_status (1 field) | consumption_status | status (`tq stats`) | floor: N ids + N flags into Vecs, same run |\n|---|---|---|---|---|");
     for &n in &sizes {
         let q = scale::query_costs(
             runtime,
@@ -57,13 +57,15 @@ pub fn run(runtime: &tokio::runtime::Runtime, args: &BenchArgs) -> Result<()> {
         )?;
         let per = |d: std::time::Duration| d.as_secs_f64() * 1e9 / n.max(1) as f64;
         println!(
-            "| {n} | {} ({:.1}) | {} ({:.1}) | {} ({:.2}) |",
+            "| {n} | {} ({:.1}) | {} ({:.1}) | {} ({:.2}) | {} ({:.1}) |",
             us(q.production_status.median),
             per(q.production_status.median),
             us(q.consumption_status.median),
             per(q.consumption_status.median),
             us(q.status.median),
             per(q.status.median),
+            us(q.answer_floor.median),
+            per(q.answer_floor.median),
         );
     }
 
