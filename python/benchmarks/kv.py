@@ -9,6 +9,7 @@ For each workload (N keys x one dense uint8 field of S bytes) and deployment (em
 keys, gets them back, and clears them:
 
 - ``python``: ``Partition.kv_batch_put`` / ``kv_batch_get`` from Python (numpy in, numpy out);
+  the put twice: as called by default, and with ``copy=False`` (the array handed over);
 - ``rust``: the same calls on the same client from Rust, no Python in the loop
   (``tq._native.bench_kv``);
 - ``numpy copy``: ``numpy.copyto`` of the same bytes (one memcpy).
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -46,11 +47,13 @@ def _fmt(t: Tuple[float, float, float]) -> str:
     return f"{med:.3f} ({lo:.3f}-{hi:.3f})"
 
 
-def python_rounds(p: tq.Partition, keys: List[str], data: np.ndarray, reps: int) -> Tuple[List[float], List[float]]:
+def python_rounds(
+    p: tq.Partition, keys: List[str], data: np.ndarray, reps: int, copy: Optional[bool] = None
+) -> Tuple[List[float], List[float]]:
     puts, gets = [], []
     for _ in range(reps):
         t = time.perf_counter()
-        p.kv_batch_put(keys, {"x": data})
+        p.kv_batch_put(keys, {"x": data}, copy=copy)
         puts.append(time.perf_counter() - t)
         t = time.perf_counter()
         back = p.kv_batch_get(keys, ["x"])["x"]
@@ -82,16 +85,20 @@ def measure(client: tq.Client, label: str, reps: int) -> None:
         # Warm-up round of each, then the measured ones, alternating Python and Rust.
         python_rounds(p, keys, data, 1)
         _native.bench_kv(client._native, p.name, keys, size, 1)
-        py_put, py_get, rs_put, rs_get = [], [], [], []
+        # A second array for the handed-over puts (copy=False makes it read-only when embedded).
+        given = data.copy()
+        py_put, py_get, rs_put, rs_get, py_given = [], [], [], [], []
         for _ in range(reps):
             a, b = python_rounds(p, keys, data, 1)
             c, d = _native.bench_kv(client._native, p.name, keys, size, 1)
+            e, _ = python_rounds(p, keys, given, 1, copy=False)
             py_put += a
             py_get += b
             rs_put += c
             rs_get += d
+            py_given += e
         copy = _stats(copy_rounds(data, reps))
-        for op, py_t, rs_t in (("put", py_put, rs_put), ("get", py_get, rs_get)):
+        for op, py_t, rs_t in (("put", py_put, rs_put), ("put, copy=False", py_given, rs_put), ("get", py_get, rs_get)):
             ps, rs = _stats(py_t), _stats(rs_t)
             print(f"| {name} ({n} x {size // 1024} KiB) | {op} | {_fmt(ps)} | {_fmt(rs)} | {ps[0] / rs[0]:.2f} | {_fmt(copy)} |")
         p.clear()

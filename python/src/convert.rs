@@ -1,5 +1,5 @@
-//! Data across the boundary: numpy arrays in (checked here, copied once), `Buffer`s out
-//! (tq's bytes, viewed by numpy without a copy), tags both ways.
+//! Data across the boundary: numpy arrays in (checked here; copied once, or taken over without
+//! a copy), `Buffer`s out (tq's bytes, viewed by numpy without a copy), tags both ways.
 
 use super::raise;
 use bytes::BytesMut;
@@ -136,14 +136,39 @@ fn buffer(tensor: Tensor) -> Buffer {
     Buffer { data, dtype, shape }
 }
 
+/// A numpy array's memory as `Bytes` without a copy: the `Bytes` holds a reference to the
+/// array, so numpy cannot free it (and refuses to resize it) while any slice of it lives.
+/// Nothing stops Python code from writing into the array meanwhile; the Python layer takes
+/// arrays over only where the caller allowed it or the bytes outlive nothing but the call.
+struct ArrayMemory {
+    _array: Py<PyAny>,
+    address: *const u8,
+    len: usize,
+}
+
+// SAFETY: the memory is read only, through `as_ref`, and stays allocated as long as the
+// reference to its array does; `Py<PyAny>` itself is Send + Sync (dropping it without the GIL
+// queues the decrement for the next holder of the GIL).
+unsafe impl Send for ArrayMemory {}
+unsafe impl Sync for ArrayMemory {}
+
+impl AsRef<[u8]> for ArrayMemory {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `address` and `len` describe the live array's buffer (see `tensor_from_array`).
+        unsafe { std::slice::from_raw_parts(self.address, self.len) }
+    }
+}
+
 /// A numpy array's bytes as a tensor: the array must be an `ndarray`, C-contiguous, of a
-/// dtype tq has; its bytes are copied once, with the GIL held (so nothing frees or resizes
-/// the array meanwhile). `bf16` relabels a `uint16` array holding bf16 bit patterns.
+/// dtype tq has. Its bytes are copied once, with the GIL held (so nothing frees or resizes
+/// the array meanwhile), or with `take` viewed where they are ([`ArrayMemory`]). `bf16`
+/// relabels a `uint16` array holding bf16 bit patterns.
 fn tensor_from_array(
     py: Python<'_>,
     field: &str,
     array: &Bound<'_, PyAny>,
     bf16: bool,
+    take: bool,
 ) -> PyResult<Tensor> {
     let ndarray = py.import("numpy")?.getattr("ndarray")?;
     if !array.is_instance(&ndarray)? {
@@ -184,6 +209,12 @@ fn tensor_from_array(
     let nbytes = tq::numel(&shape) * dtype.size();
     let data = if nbytes == 0 {
         Bytes::new()
+    } else if take {
+        Bytes::from_owner(ArrayMemory {
+            _array: array.clone().unbind(),
+            address: address as *const u8,
+            len: nbytes,
+        })
     } else {
         // SAFETY: `array` is a live, C-contiguous numpy array (checked above) whose buffer
         // starts at `address` and holds `numel * itemsize` bytes; the GIL is held, so no other
@@ -194,20 +225,25 @@ fn tensor_from_array(
     Tensor::new(dtype, shape, data).map_err(|e| raise(py, e.context(format!("field `{field}`"))))
 }
 
-/// A column from what the Python layer passes: `(kind, payload, bf16)` with kind `"dense"` (an
-/// array), `"ragged"` (a list of arrays, one per row) or `"objects"` (a list of `bytes`).
+/// A column from what the Python layer passes: `(kind, payload, bf16, take)` with kind
+/// `"dense"` (an array), `"ragged"` (a list of arrays, one per row) or `"objects"` (a list of
+/// `bytes`); `take` says the arrays may be used in place instead of copied.
 pub fn column_from_py(py: Python<'_>, field: &str, value: &Bound<'_, PyAny>) -> PyResult<Column> {
-    let (kind, payload, bf16): (String, Bound<'_, PyAny>, bool) =
+    let (kind, payload, bf16, take): (String, Bound<'_, PyAny>, bool, bool) =
         value.extract().map_err(|_| {
-            PyTypeError::new_err(format!("field `{field}`: expected (kind, payload, bf16)"))
+            PyTypeError::new_err(format!(
+                "field `{field}`: expected (kind, payload, bf16, take)"
+            ))
         })?;
     match kind.as_str() {
-        "dense" => Ok(Column::Dense(tensor_from_array(py, field, &payload, bf16)?)),
+        "dense" => Ok(Column::Dense(tensor_from_array(
+            py, field, &payload, bf16, take,
+        )?)),
         "ragged" => {
             let rows = payload.cast::<PyList>()?;
             let tensors = rows
                 .iter()
-                .map(|row| tensor_from_array(py, field, &row, bf16))
+                .map(|row| tensor_from_array(py, field, &row, bf16, take))
                 .collect::<PyResult<Vec<_>>>()?;
             Ok(Column::Ragged(tensors))
         }

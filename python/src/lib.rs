@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tq::{Batch, Error, ErrorKind, GetMetaRequest, Retry, Wait};
+use tq::{Batch, Error, ErrorKind, GetMetaRequest, Retry, Subject, Wait};
 
 mod bench;
 mod convert;
@@ -48,10 +48,21 @@ fn raise(py: Python<'_>, e: Error) -> PyErr {
         Retry::OutcomeUnknown => "outcome_unknown",
         _ => "never",
     };
+    let subjects = PyDict::new(py);
+    for (name, subject) in [
+        ("partition", Subject::Partition),
+        ("key", Subject::Key),
+        ("field", Subject::Field),
+        ("unit", Subject::Unit),
+    ] {
+        if let Some(value) = e.subject(subject) {
+            let _ = subjects.set_item(name, value);
+        }
+    }
     let made = py
         .import("tq.errors")
         .and_then(|m| m.getattr(class))
-        .and_then(|c| c.call1((e.to_string(), retry)));
+        .and_then(|c| c.call((e.to_string(), retry), Some(&subjects)));
     match made {
         Ok(exc) => PyErr::from_value(exc),
         Err(import_failed) => import_failed,
@@ -69,6 +80,10 @@ struct Running {
 struct NativeClient {
     running: Mutex<Option<Arc<Running>>>,
     description: String,
+    /// Whether storage lives in this process and keeps the bytes a put hands it (so the
+    /// Python layer copies arrays in unless told they may be taken over).
+    #[pyo3(get)]
+    is_embedded: bool,
     /// The process that made the client: its runtime's threads live there only. A forked
     /// child that inherits the client must make its own (see `running` and `Drop`).
     pid: u32,
@@ -320,6 +335,7 @@ impl NativeClient {
             running: Mutex::new(Some(Arc::new(running))),
             pid: std::process::id(),
             description: "embedded".into(),
+            is_embedded: true,
         })
     }
 
@@ -347,6 +363,7 @@ impl NativeClient {
             running: Mutex::new(Some(Arc::new(running))),
             pid: std::process::id(),
             description: url.to_string(),
+            is_embedded: false,
         })
     }
 

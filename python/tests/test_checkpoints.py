@@ -53,7 +53,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path: pathlib.Path)
     blob[len(blob) // 2] ^= 0xFF
     victim.write_bytes(bytes(blob))
     with tq.Client.embedded() as fresh:
-        with pytest.raises(tq.TqError) as bad:
+        with pytest.raises(tq.CorruptedError) as bad:
             fresh.load_checkpoint(where)
         assert victim.name in str(bad.value)
         assert fresh.list_partitions() == []

@@ -47,7 +47,8 @@ def test_the_python_benchmark_reports_python_next_to_rust_and_memcpy() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| small")]
-    assert len(rows) == 2, done.stdout  # put and get, embedded (no binary given: no remote)
+    # put, put with copy=False, and get, embedded (no binary given: no remote)
+    assert [r.split("|")[2].strip() for r in rows] == ["put", "put, copy=False", "get"], done.stdout
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[4]) > 0, row  # the python / rust ratio

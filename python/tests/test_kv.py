@@ -69,6 +69,52 @@ def test_one_key_is_read_where_tq_keeps_it(client: tq.Client) -> None:
         one[0, 0] = 1.0
 
 
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def test_an_embedded_put_copies_unless_the_array_is_handed_over(client: tq.Client) -> None:
+    p = client.partition("handover")
+    copied = np.arange(4096, dtype=np.float32)
+    p.kv_put("copied", {"x": copied})
+    assert _address(p.kv_get("copied")["x"]) != _address(copied)
+    # The store has its own copy: the caller's array stays writable and writes do not reach it.
+    copied[0] = -1.0
+    assert p.kv_get("copied")["x"][0] == 0.0
+
+    given = np.arange(4096, dtype=np.float32)
+    p.kv_put("given", {"x": given}, copy=False)
+    back = p.kv_get("given")["x"]
+    # No copy at all: the read views the memory of the array that was put.
+    assert _address(back) == _address(given)
+    np.testing.assert_array_equal(back, np.arange(4096, dtype=np.float32))
+    # The handed-over array is read-only now, so the stored data cannot change under tq.
+    assert not given.flags.writeable
+    with pytest.raises(ValueError):
+        given[0] = 1.0
+    del given, back
+    assert p.kv_get("given")["x"][4095] == 4095.0
+
+    # A batch handed over: each key's row views the array's memory, row by row.
+    rows = np.arange(64, dtype=np.float32).reshape(8, 8)
+    p.kv_batch_put([f"r{i}" for i in range(8)], {"x": rows}, copy=False)
+    assert _address(p.kv_get("r3")["x"]) == _address(rows) + 3 * 8 * 4
+    p.kv_clear(["copied", "given"] + [f"r{i}" for i in range(8)])
+    assert p.kv_list() == {}
+
+
+def test_a_connected_put_sends_from_the_array_without_freezing_it(served: str) -> None:
+    with tq.connect(served) as c:
+        p = c.partition("remote-copy")
+        data = np.arange(3 * 1024, dtype=np.float64).reshape(3, 1024)
+        p.kv_batch_put(["a", "b", "c"], {"x": data})
+        assert data.flags.writeable, "a connected put keeps no reference to the array"
+        data += 1.0
+        np.testing.assert_array_equal(p.kv_batch_get(["a", "b", "c"])["x"], data - 1.0)
+        p.kv_batch_put(["a", "b", "c"], {"x": data}, copy=True)
+        np.testing.assert_array_equal(p.kv_batch_get(["a", "b", "c"])["x"], data)
+
+
 def test_a_non_contiguous_array_is_taken_as_its_values(client: tq.Client) -> None:
     p = client.partition("strided")
     data = np.arange(40, dtype=np.int32).reshape(4, 10)[:, ::2]
@@ -119,24 +165,6 @@ def test_tags_list_and_clears(client: tq.Client) -> None:
     p.kv_clear(["a", "missing"])
     assert list(p.kv_list()) == ["b"]
     assert "tags" in client.list_partitions()
-
-
-def test_errors_have_their_kind_and_retry_status(client: tq.Client) -> None:
-    p = client.partition("errors")
-    p.kv_put("here", {"x": np.zeros(2)})
-    with pytest.raises(tq.NotFoundError) as missing:
-        p.kv_batch_get(["here", "absent"])
-    assert "absent" in str(missing.value)
-    assert isinstance(missing.value, KeyError) and isinstance(missing.value, tq.TqError)
-    assert missing.value.retry in ("never", "safe", "outcome_unknown")
-    # A put with rows that do not match the keys changes nothing.
-    with pytest.raises(tq.InvalidError):
-        p.kv_batch_put(["a", "b"], {"x": np.zeros((3, 2))})
-    assert list(p.kv_list()) == ["here"]
-    with pytest.raises(TypeError):
-        p.kv_batch_put("ab", {"x": np.zeros((2, 2))})
-    with pytest.raises(ValueError):
-        p.kv_batch_put(["a"], {"x": np.zeros(1, dtype=np.complex64)})
 
 
 def test_bad_configuration_is_refused_with_the_key() -> None:

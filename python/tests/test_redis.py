@@ -7,7 +7,6 @@ import json
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,13 +17,7 @@ import numpy as np
 import pytest
 
 import tq
-from conftest import serve
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import free_port, serve
 
 
 @pytest.fixture
@@ -33,7 +26,7 @@ def redis_url() -> Iterator[str]:
         if os.environ.get("TQ_REQUIRE_REDIS"):
             pytest.fail("TQ_REQUIRE_REDIS is set but redis-server is not installed")
         pytest.skip("redis-server is not installed")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,

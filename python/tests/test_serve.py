@@ -49,3 +49,25 @@ def test_serve_refuses_what_it_cannot_do() -> None:
         tq.serve(units=0)
     with pytest.raises(tq.InvalidError):
         tq.serve(default_sampler="no-such-sampler")
+
+
+def test_a_deployment_on_object_storage_is_reachable(tmp_path) -> None:
+    """`tq serve` over object storage in a directory (object_store's local files): a Python
+    client writes and reads through the store itself, and the payloads are files there."""
+    from conftest import serve
+
+    store = tmp_path / "objects"
+    store.mkdir()
+    config = tmp_path / "tq.toml"
+    config.write_text(f'[storage]\nbackend = "kv"\n\n[[storage.kv.stores]]\nurl = "file://{store}"\n')
+    with serve("--config", str(config), units=None) as url, tq.connect(url) as c:
+        assert c.status()["storage_backend"].startswith("kv(")
+        p = c.partition("objects")
+        data = np.arange(12, dtype=np.int32).reshape(3, 4)
+        p.kv_batch_put(["a", "b", "c"], {"x": data, "s": ["p", "q", "r"]})
+        back = p.kv_batch_get(["c", "a"])
+        np.testing.assert_array_equal(back["x"], data[[2, 0]])
+        assert back["s"] == ["r", "p"]
+        assert sum(1 for f in store.rglob("*") if f.is_file()) >= 3
+        p.kv_clear(["a", "b", "c"])
+        assert p.kv_list() == {}

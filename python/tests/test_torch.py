@@ -106,3 +106,14 @@ def test_a_torch_dataloader_with_two_workers_hands_each_sample_out_once(served: 
         seen = [int(v) for batch in loader for v in batch["x"][:, 0]]
         assert sorted(seen) == list(range(200)), "every sample once, over both workers"
         p.clear()
+
+
+def test_a_tensor_handed_over_is_stored_without_a_copy(client: tq.Client) -> None:
+    p = client.partition("torch-handover")
+    t = torch.arange(1024, dtype=torch.float32).reshape(1, 1024)
+    p.kv_batch_put(["k"], {"x": t}, copy=False)
+    back = p.kv_get("k")["x"]
+    assert back.__array_interface__["data"][0] == t.data_ptr()
+    copied = torch.arange(1024, dtype=torch.float32).reshape(1, 1024)
+    p.kv_batch_put(["c"], {"x": copied})
+    assert p.kv_get("c")["x"].__array_interface__["data"][0] != copied.data_ptr()

@@ -140,10 +140,11 @@ class Client(_Closable):
         names = None if fields is None else list(fields)
         return _convert.columns_out(self._native.get_data(meta, names), format)
 
-    def put(self, meta: BatchMeta, fields: Mapping[str, Any]) -> BatchMeta:
+    def put(self, meta: BatchMeta, fields: Mapping[str, Any], *, copy: Optional[bool] = None) -> BatchMeta:
         """Writes ``fields`` into the samples ``meta`` names (row ``i`` into sample ``i``): how
-        a stage fills in the fields it produces. Returns the samples with those fields."""
-        return self._native.put(meta, _convert.columns_in(fields))
+        a stage fills in the fields it produces. Returns the samples with those fields.
+        ``copy`` as in :meth:`Partition.kv_batch_put`."""
+        return self._native.put(meta, _convert.columns_in(fields, self._native.is_embedded, copy))
 
     def clear_samples(self, meta: BatchMeta) -> None:
         """Removes ``meta``'s samples: payloads, metadata and consumption."""
@@ -197,9 +198,9 @@ class Client(_Closable):
         native = await _aio.run(lambda done: self._native.get_data(meta, names, done=done))
         return _convert.columns_out(native, format)
 
-    async def async_put(self, meta: BatchMeta, fields: Mapping[str, Any]) -> BatchMeta:
+    async def async_put(self, meta: BatchMeta, fields: Mapping[str, Any], *, copy: Optional[bool] = None) -> BatchMeta:
         """:meth:`put` as a coroutine."""
-        columns = _convert.columns_in(fields)
+        columns = _convert.columns_in(fields, self._native.is_embedded, copy)
         return await _aio.run(lambda done: self._native.put(meta, columns, done=done))
 
     async def async_clear_samples(self, meta: BatchMeta) -> None:
@@ -304,21 +305,31 @@ class Partition:
     def _native(self) -> NativeClient:
         return self._client._native
 
-    def kv_put(self, key: str, fields: Mapping[str, Any], tags: Optional[Mapping[str, Any]] = None) -> None:
-        """Writes one key: ``fields`` maps field names to one row's value each."""
+    def kv_put(
+        self, key: str, fields: Mapping[str, Any], tags: Optional[Mapping[str, Any]] = None, *, copy: Optional[bool] = None
+    ) -> None:
+        """Writes one key: ``fields`` maps field names to one row's value each (``copy`` as
+        in :meth:`kv_batch_put`)."""
         rows = {name: _convert.row_in(name, value) for name, value in fields.items()}
-        self.kv_batch_put([key], rows, None if tags is None else [tags])
+        self.kv_batch_put([key], rows, None if tags is None else [tags], copy=copy)
 
     def kv_batch_put(
         self,
         keys: Sequence[str],
         fields: Mapping[str, Any],
         tags: Optional[Sequence[Mapping[str, Any]]] = None,
+        *,
+        copy: Optional[bool] = None,
     ) -> None:
         """Writes several keys at once (created on first use): row ``i`` of every field and
-        ``tags[i]`` belong to ``keys[i]``. Nothing changes if anything is refused."""
+        ``tags[i]`` belong to ``keys[i]``. Nothing changes if anything is refused.
+
+        ``copy``: ``None`` (the default) copies arrays into tq's buffer for an embedded client
+        and sends them from where they are for a connected one; ``False`` hands C-contiguous
+        arrays over without a copy even when embedded (the store keeps them, so numpy arrays
+        are made read-only); ``True`` always copies. See docs/python.md, "Copies"."""
         keys = _convert.keys_in(keys)
-        columns = _convert.columns_in(fields)
+        columns = _convert.columns_in(fields, self._native.is_embedded, copy)
         self._native.kv_batch_put(self.name, keys, columns, None if tags is None else [dict(t) for t in tags])
 
     def kv_batch_get(
@@ -366,7 +377,7 @@ class Partition:
         row), or the name of a merge function registered with the storage. A key or field
         not written yet takes the value as it is."""
         keys = _convert.keys_in(keys)
-        self._native.kv_batch_update(self.name, keys, _convert.columns_in(fields), merge, dim)
+        self._native.kv_batch_update(self.name, keys, _convert.columns_in(fields, self._native.is_embedded), merge, dim)
 
     def kv_link(
         self,
@@ -392,9 +403,10 @@ class Partition:
 
     # -- metadata API ---------------------------------------------------------------------
 
-    def put(self, fields: Mapping[str, Any]) -> BatchMeta:
-        """Writes ``fields`` into new samples (one per row); returns their metadata."""
-        return self._native.put_new(self.name, _convert.columns_in(fields))
+    def put(self, fields: Mapping[str, Any], *, copy: Optional[bool] = None) -> BatchMeta:
+        """Writes ``fields`` into new samples (one per row); returns their metadata. ``copy``
+        as in :meth:`kv_batch_put`."""
+        return self._native.put_new(self.name, _convert.columns_in(fields, self._native.is_embedded, copy))
 
     def fetch(
         self,
@@ -444,20 +456,24 @@ class Partition:
     # Cancelling one (``task.cancel()``, a timeout) cancels the operation: what it had not
     # done yet is not done.
 
-    async def async_kv_put(self, key: str, fields: Mapping[str, Any], tags: Optional[Mapping[str, Any]] = None) -> None:
+    async def async_kv_put(
+        self, key: str, fields: Mapping[str, Any], tags: Optional[Mapping[str, Any]] = None, *, copy: Optional[bool] = None
+    ) -> None:
         """:meth:`kv_put` as a coroutine."""
         rows = {name: _convert.row_in(name, value) for name, value in fields.items()}
-        await self.async_kv_batch_put([key], rows, None if tags is None else [tags])
+        await self.async_kv_batch_put([key], rows, None if tags is None else [tags], copy=copy)
 
     async def async_kv_batch_put(
         self,
         keys: Sequence[str],
         fields: Mapping[str, Any],
         tags: Optional[Sequence[Mapping[str, Any]]] = None,
+        *,
+        copy: Optional[bool] = None,
     ) -> None:
         """:meth:`kv_batch_put` as a coroutine."""
         keys = _convert.keys_in(keys)
-        columns = _convert.columns_in(fields)
+        columns = _convert.columns_in(fields, self._native.is_embedded, copy)
         tag_list = None if tags is None else [dict(t) for t in tags]
         await _aio.run(lambda done: self._native.kv_batch_put(self.name, keys, columns, tag_list, done=done))
 
@@ -502,7 +518,7 @@ class Partition:
 
     async def async_kv_update(self, keys: Sequence[str], fields: Mapping[str, Any], merge: str = "replace", *, dim: int = 0) -> None:
         """:meth:`kv_update` as a coroutine."""
-        keys, columns = _convert.keys_in(keys), _convert.columns_in(fields)
+        keys, columns = _convert.keys_in(keys), _convert.columns_in(fields, self._native.is_embedded)
         await _aio.run(lambda done: self._native.kv_batch_update(self.name, keys, columns, merge, dim, done=done))
 
     async def async_kv_link(
@@ -525,9 +541,9 @@ class Partition:
         keys, names = _convert.keys_in(keys), list(fields)
         return await _aio.run(lambda done: self._native.kv_unlink(self.name, keys, names, done=done))
 
-    async def async_put(self, fields: Mapping[str, Any]) -> BatchMeta:
+    async def async_put(self, fields: Mapping[str, Any], *, copy: Optional[bool] = None) -> BatchMeta:
         """:meth:`put` as a coroutine."""
-        columns = _convert.columns_in(fields)
+        columns = _convert.columns_in(fields, self._native.is_embedded, copy)
         return await _aio.run(lambda done: self._native.put_new(self.name, columns, done=done))
 
     async def async_fetch(

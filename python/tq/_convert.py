@@ -10,7 +10,7 @@ is pickled (see docs/python.md, "Object fields").
 from __future__ import annotations
 
 import pickle
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -97,12 +97,38 @@ def row_in(field: str, value: Any) -> Any:
     return [value]
 
 
-def columns_in(fields: Any) -> Dict[str, Tuple[str, Any, bool]]:
+def _freeze(array: np.ndarray) -> None:
+    """Makes an array handed over to the store read-only, and the arrays it views (a row
+    ``kv_put`` was given is viewed with a batch dimension added): writes through them would
+    change stored data. Views made earlier by the caller keep their flags."""
+    while isinstance(array, np.ndarray):
+        array.flags.writeable = False
+        array = array.base
+
+
+def columns_in(fields: Any, embedded: bool, copy: Optional[bool] = None) -> Dict[str, Tuple[str, Any, bool, bool]]:
+    """The fields of a write for the native module: ``(kind, payload, bf16, take)`` each.
+
+    ``take`` says the arrays may be used where they are instead of copied into tq's buffer.
+    ``copy=None`` lets tq choose: a connected client takes them (the bytes only travel during
+    the call), an embedded one copies (its storage keeps the bytes). ``copy=False`` hands the
+    arrays over even to an embedded store, which then holds them; numpy arrays handed over
+    that way are made read-only so that a later write fails instead of changing stored data.
+    """
     if _torch.is_tensordict(fields):
         fields = _torch.tensordict_fields(fields)
     if not isinstance(fields, Mapping):
         raise TypeError(f"fields must be a mapping of field name to values, got {type(fields).__name__}")
-    return {name: column_in(name, value) for name, value in fields.items()}
+    take = (not embedded) if copy is None else not copy
+    held = take and embedded
+    columns = {}
+    for name, value in fields.items():
+        kind, payload, bf16 = column_in(name, value)
+        if held and kind != "objects":
+            for array in [payload] if kind == "dense" else payload:
+                _freeze(array)
+        columns[name] = (kind, payload, bf16, take)
+    return columns
 
 
 FORMATS = ("numpy", "torch", "tensordict")

@@ -51,6 +51,8 @@ class NativeClient:
     """Every data method either runs to completion (``done=None``) and answers its result, or
     starts on tq's runtime, answers a :class:`Task` and calls ``done`` when it ends."""
 
+    #: Whether storage lives in this process (it keeps the bytes a put hands it).
+    is_embedded: bool
     @staticmethod
     def embedded(kind: str, text: str) -> NativeClient: ...
     @staticmethod

@@ -1,7 +1,9 @@
 """Exceptions raised by tq: one class per kind of error, all under :class:`TqError`.
 
-Every exception carries the message of the Rust error (which names the partition, key, field
-or unit concerned) and :attr:`TqError.retry`, which says whether trying again is safe:
+Every exception carries the message of the Rust error, the names it gives of the partition,
+key, field or unit concerned (:attr:`TqError.partition`, ``.key``, ``.field``, ``.unit``;
+``None`` when the error is not about one), and :attr:`TqError.retry`, which says whether trying
+again is safe:
 
 - ``"safe"``: nothing happened, or trying again cannot apply the operation twice;
 - ``"outcome_unknown"``: the operation may or may not have been applied;
@@ -30,6 +32,7 @@ __all__ = [
 ]
 
 import builtins
+from typing import Optional
 
 
 class TqError(Exception):
@@ -38,11 +41,28 @@ class TqError(Exception):
     #: The error's kind, as the Rust side names it (``"not_found"``, ...).
     kind: str = "internal"
 
-    def __init__(self, message: str, retry: str = "never") -> None:
+    def __init__(
+        self,
+        message: str,
+        retry: str = "never",
+        *,
+        partition: Optional[str] = None,
+        key: Optional[str] = None,
+        field: Optional[str] = None,
+        unit: Optional[str] = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         #: ``"safe"``, ``"outcome_unknown"`` or ``"never"`` (see the module documentation).
         self.retry = retry
+        #: The partition the error is about, when it names one.
+        self.partition = partition
+        #: The KV key the error is about, when it names one.
+        self.key = key
+        #: The field the error is about, when it names one.
+        self.field = field
+        #: The storage unit the error is about, when it names one.
+        self.unit = unit
 
     @property
     def retryable(self) -> bool:

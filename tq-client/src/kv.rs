@@ -201,10 +201,7 @@ impl Client {
             if let Some(cache) = &self.key_cache {
                 cache.forget(partition, Some(&kv.missing));
             }
-            return Err(Error::not_found(format!(
-                "partition `{partition}`: keys not found: {:?}",
-                kv.missing
-            )));
+            return Err(keys_not_found(partition, &kv.missing));
         }
         if let Some(cache) = &self.key_cache {
             cache.remember(partition, &kv.keys, &kv.meta);
@@ -268,4 +265,17 @@ impl Client {
     pub(crate) async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
         self.control().kv_list(partition).await
     }
+}
+
+/// The error of a read that names keys the partition does not hold: it names the first as
+/// ``key `k` `` (so `Error::subject` finds it) and lists all of them.
+pub(crate) fn keys_not_found(partition: &str, missing: &[String]) -> Error {
+    let first = missing.first().map(String::as_str).unwrap_or_default();
+    let message = match missing.len() {
+        1 => format!("partition `{partition}`: key `{first}` not found"),
+        n => format!(
+            "partition `{partition}`: key `{first}` not found ({n} keys missing: {missing:?})"
+        ),
+    };
+    Error::not_found(message)
 }

@@ -250,10 +250,7 @@ impl Client {
             .kv_retrieve_meta(partition, &keys, false)
             .await?;
         if !kv.missing.is_empty() {
-            return Err(Error::not_found(format!(
-                "partition `{partition}`: keys not found: {:?}",
-                kv.missing
-            )));
+            return Err(crate::kv::keys_not_found(partition, &kv.missing));
         }
         Ok(kv.meta)
     }

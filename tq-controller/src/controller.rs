@@ -688,11 +688,14 @@ impl Controller {
                         .and_then(|p| p.known_fields(&req.fields).map(|f| p.ready_count(&f, task)))
                         .unwrap_or(0)
                 };
+                // The controller took nothing: asking again is safe, unlike a request whose
+                // answer never came (which the transport reports as outcome unknown).
                 return Err(Error::timeout(format!(
                     "partition `{}`: fetch of {batch_size} samples with fields {:?} for task `{task}` \
                      timed out ({ready} ready)",
                     req.partition, req.fields
-                )));
+                ))
+                .with_retry(tq_core::Retry::Safe));
             }
         }
     }

@@ -172,6 +172,33 @@ impl Error {
         self.retry == Retry::Safe
     }
 
+    /// The name of the `subject` this error is about, as its message names it:
+    /// messages follow one convention, `partition `train``, `key `k1``, `field `x``,
+    /// `unit `u0``, and this reads the first of that subject back. The name travels in the
+    /// message, so it survives the wire and context prefixes; `None` when the message names
+    /// no such subject.
+    pub fn subject(&self, subject: Subject) -> Option<&str> {
+        let marker = subject.marker();
+        let mut rest = self.message.as_str();
+        let mut offset = 0;
+        while let Some(found) = rest.find(marker) {
+            let at = offset + found;
+            let starts_word = self.message[..at]
+                .chars()
+                .next_back()
+                .is_none_or(|c| !c.is_alphanumeric() && c != '_');
+            let name_start = at + marker.len();
+            if let Some(len) = self.message[name_start..].find('`') {
+                if starts_word {
+                    return Some(&self.message[name_start..name_start + len]);
+                }
+            }
+            offset = name_start;
+            rest = &self.message[name_start..];
+        }
+        None
+    }
+
     /// Prefixes the message with context (`"partition `train`: "`), keeping kind and source.
     pub fn context(mut self, context: impl fmt::Display) -> Self {
         self.message = format!("{context}: {}", self.message);
@@ -218,6 +245,28 @@ impl Error {
     }
 }
 
+/// What an error can be about; [`Error::subject`] reads its name from the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Subject {
+    Partition,
+    Key,
+    Field,
+    Unit,
+}
+
+impl Subject {
+    /// How messages introduce the subject's name (followed by the name and a backtick).
+    fn marker(self) -> &'static str {
+        match self {
+            Subject::Partition => "partition `",
+            Subject::Key => "key `",
+            Subject::Field => "field `",
+            Subject::Unit => "unit `",
+        }
+    }
+}
+
 /// Returns `Err(Error::invalid(..))` from the enclosing function when `cond` is false.
 #[macro_export]
 macro_rules! ensure_valid {
@@ -231,6 +280,24 @@ macro_rules! ensure_valid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subjects_are_read_from_the_message_convention() {
+        let e = Error::not_found("key `k1` not found").context("partition `train`");
+        assert_eq!(e.subject(Subject::Partition), Some("train"));
+        assert_eq!(e.subject(Subject::Key), Some("k1"));
+        assert_eq!(e.subject(Subject::Field), None);
+        // A word that merely ends in a marker ("monkey `x`") names no key.
+        let e = Error::invalid("monkey `x`: field `f`");
+        assert_eq!(e.subject(Subject::Key), None);
+        assert_eq!(e.subject(Subject::Field), Some("f"));
+        // An unterminated name is no name.
+        assert_eq!(Error::invalid("unit `u0").subject(Subject::Unit), None);
+        assert_eq!(
+            Error::invalid("unit `u0`").subject(Subject::Unit),
+            Some("u0")
+        );
+    }
 
     #[test]
     fn display_names_kind_and_message() {

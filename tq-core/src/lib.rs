@@ -28,7 +28,7 @@ pub mod testkit;
 pub use column::{Batch, Column, FieldName};
 pub use dtype::{DType, Element};
 pub use epoch::{epoch_mismatch, new_epoch};
-pub use error::{Error, ErrorKind, Result, Retry};
+pub use error::{Error, ErrorKind, Result, Retry, Subject};
 pub use merge::{apply_merge, MergeRegistry};
 pub use meta::{BackendMeta, BatchMeta, LeaseId, Links, SampleId, TagValue, Tags};
 pub use schema::{FieldKind, FieldMeta};

@@ -47,8 +47,8 @@ pub use tq_client::{
 };
 pub use tq_core::{
     numel, Batch, BatchMeta, Bytes, Column, DType, Element, Error, ErrorKind, FieldKind, FieldMeta,
-    FieldName, MergeFn, MergeOp, MergeRegistry, Result, Retry, SampleId, TagValue, Tags, Tensor,
-    Value,
+    FieldName, MergeFn, MergeOp, MergeRegistry, Result, Retry, SampleId, Subject, TagValue, Tags,
+    Tensor, Value,
 };
 
 #[cfg(feature = "remote")]
