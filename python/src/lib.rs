@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tq::{Batch, Error, ErrorKind, GetMetaRequest, Retry, Subject, Wait};
+use tq::{Batch, Error, ErrorKind, GetMetaMode, GetMetaRequest, Retry, Subject, Wait};
 
 mod bench;
 mod convert;
@@ -728,6 +728,114 @@ impl NativeClient {
         })
     }
 
+    /// The metadata API's general request (TransferQueue's `get_meta`): `mode` is `"fetch"`
+    /// (as [`NativeClient::fetch`], with the sampler's `dp_rank` and `batch_index`), `"insert"`
+    /// (`batch_size` new samples that will hold `fields`) or `"force"` (every live sample,
+    /// production for `fields`, nothing consumed).
+    #[pyo3(signature = (partition, fields, mode, batch_size, task=None, timeout=None, sampler=None, dp_rank=None, batch_index=None, done=None))]
+    #[allow(clippy::too_many_arguments)] // one per keyword of the Python call
+    fn get_meta(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        fields: Vec<String>,
+        mode: &str,
+        batch_size: usize,
+        task: Option<String>,
+        timeout: Option<f64>,
+        sampler: Option<String>,
+        dp_rank: Option<u32>,
+        batch_index: Option<u64>,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let timeout = match timeout {
+            Some(t) if !(t.is_finite() && t >= 0.0) => {
+                return Err(raise(
+                    py,
+                    Error::invalid(format!("timeout must be a number of seconds >= 0, got {t}")),
+                ))
+            }
+            other => other.map(Duration::from_secs_f64),
+        };
+        let mode = match (mode, task) {
+            ("fetch", Some(task)) => Mode::Fetch(task),
+            ("fetch", None) => {
+                return Err(raise(py, Error::invalid("a fetch needs a task name")));
+            }
+            ("insert", _) => Mode::Insert,
+            ("force", _) => Mode::Force,
+            (other, _) => {
+                return Err(raise(
+                    py,
+                    Error::invalid(format!(
+                        "get_meta mode must be `fetch`, `insert` or `force`, got `{other}`"
+                    )),
+                ))
+            }
+        };
+        self.call(py, done, meta_to_py, move |client| async move {
+            let mode = match mode {
+                Mode::Fetch(task) => GetMetaMode::Fetch {
+                    task,
+                    batch_size,
+                    wait: match timeout {
+                        None => Wait::For(client.config().fetch_timeout()),
+                        Some(t) if t.is_zero() => Wait::NoWait,
+                        Some(t) => Wait::For(t),
+                    },
+                    lease: None,
+                },
+                Mode::Insert => GetMetaMode::Insert { count: batch_size },
+                Mode::Force => GetMetaMode::Force,
+            };
+            client
+                .get_meta(GetMetaRequest {
+                    partition,
+                    fields,
+                    mode,
+                    sampler,
+                    dp_rank,
+                    batch_index,
+                })
+                .await
+        })
+    }
+
+    /// Merges `meta`'s tags into its samples (TransferQueue's `set_custom_meta`).
+    #[pyo3(signature = (meta, done=None))]
+    fn set_tags(
+        &self,
+        py: Python<'_>,
+        meta: &Meta,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let meta = meta.inner.clone();
+        self.call(py, done, none, move |client| async move {
+            client.set_tags(&meta).await
+        })
+    }
+
+    /// The metadata of `keys` of `partition` (`NotFound` for missing keys, or, with `create`,
+    /// new samples for them).
+    #[pyo3(signature = (partition, keys, create=false, done=None))]
+    fn kv_meta(
+        &self,
+        py: Python<'_>,
+        partition: String,
+        keys: Vec<String>,
+        create: bool,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(py, done, meta_to_py, move |client| async move {
+            let p = client.partition(partition);
+            if create {
+                p.kv_meta_or_create(&keys).await
+            } else {
+                p.kv_meta(&keys).await
+            }
+        })
+    }
+
     /// Acknowledges samples fetched with a lease by `task`; answers how many this lease
     /// acknowledged (a repeat answers the same).
     #[pyo3(signature = (task, meta, done=None))]
@@ -846,6 +954,13 @@ impl NativeClient {
             }
         })
     }
+}
+
+/// The mode of a `get_meta` call, checked before the call starts.
+enum Mode {
+    Fetch(String),
+    Insert,
+    Force,
 }
 
 /// Results for Python: each takes the GIL token and the operation's value.

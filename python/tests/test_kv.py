@@ -231,3 +231,11 @@ def test_links_share_a_public_payload(client: tq.Client) -> None:
     assert p.kv_unlink(["r0", "r1"], ["prompt"]) == 2
     public.kv_clear(["prompt-0"])
     assert public.kv_list() == {}
+
+
+def test_tags_of_a_missing_key_are_not_found(client: tq.Client) -> None:
+    p = client.partition("tags-missing")
+    p.kv_set_tags(["a"], [{"x": 1}])
+    with pytest.raises(tq.NotFoundError) as missing:
+        p.kv_tags(["a", "b"])
+    assert missing.value.key == "b"

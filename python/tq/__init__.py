@@ -150,6 +150,11 @@ class Client(_Closable):
         """Removes ``meta``'s samples: payloads, metadata and consumption."""
         self._native.clear_samples(meta)
 
+    def set_tags(self, meta: BatchMeta) -> None:
+        """Merges ``meta.tags`` into its samples without writing data (samples cleared since
+        ``meta`` was made are skipped)."""
+        self._native.set_tags(meta)
+
     def ack(self, task: str, meta: BatchMeta) -> int:
         """Consumes samples that ``task`` fetched with a lease; returns how many this lease
         acknowledged (a repeat answers the same, so retrying is safe; fewer than ``len(meta)``
@@ -429,6 +434,37 @@ class Partition:
         The wait releases the GIL, and Ctrl-C interrupts it.
         """
         return self._native.fetch(self.name, list(fields), task, batch_size, timeout, sampler, lease)
+
+    def get_meta(
+        self,
+        fields: Sequence[str],
+        mode: str,
+        batch_size: int = 0,
+        task: Optional[str] = None,
+        *,
+        timeout: Optional[float] = None,
+        sampler: Optional[str] = None,
+        dp_rank: Optional[int] = None,
+        batch_index: Optional[int] = None,
+    ) -> BatchMeta:
+        """The general metadata request that :meth:`fetch` and :meth:`put` are made of.
+
+        ``mode="fetch"``: as :meth:`fetch` for ``task``, with the sampler's ``dp_rank`` and
+        ``batch_index`` (rank-aware samplers hand every rank of a step the same batch).
+        ``mode="insert"``: ``batch_size`` new samples that will hold ``fields``, for a
+        :meth:`Client.put` (a clear removes them even if that put never comes).
+        ``mode="force"``: every live sample, with its production of ``fields``; nothing is
+        consumed.
+        """
+        return self._native.get_meta(
+            self.name, list(fields), mode, batch_size, task, timeout, sampler, dp_rank, batch_index
+        )
+
+    def kv_meta(self, keys: Sequence[str], *, create: bool = False) -> BatchMeta:
+        """The metadata of ``keys`` (rows in their order) for :meth:`Client.get_data`,
+        :meth:`Client.put` and :meth:`Client.clear_samples`. A key the partition does not
+        hold raises :class:`NotFoundError`, or, with ``create``, gets a new sample."""
+        return self._native.kv_meta(self.name, _convert.keys_in(keys), create)
 
     def production_status(self, fields: Sequence[str]) -> Dict[str, Any]:
         """Which of ``fields`` each sample has: ``{"global_indexes": [...], "fields": [...],

@@ -109,6 +109,9 @@ impl BlockingClient {
     pub fn list_partitions(&self) -> Result<Vec<String>> {
         self.runtime.block_on(self.client.list_partitions())
     }
+    pub fn set_tags(&self, meta: &BatchMeta) -> Result<()> {
+        self.runtime.block_on(self.client.set_tags(meta))
+    }
     pub fn save_checkpoint(
         &self,
         dir: impl AsRef<std::path::Path>,
@@ -256,6 +259,10 @@ impl BlockingPartition {
     }
     pub fn kv_meta<K: AsRef<str>>(&self, keys: &[K]) -> Result<BatchMeta> {
         self.runtime.block_on(self.partition.kv_meta(keys))
+    }
+    pub fn kv_meta_or_create<K: AsRef<str>>(&self, keys: &[K]) -> Result<BatchMeta> {
+        self.runtime
+            .block_on(self.partition.kv_meta_or_create(keys))
     }
     pub fn kv_list(&self) -> Result<KeyListing> {
         self.runtime.block_on(self.partition.kv_list())

@@ -465,6 +465,17 @@ impl Client {
     pub async fn list_partitions(&self) -> Result<Vec<String>> {
         self.control.list_partitions().await
     }
+
+    /// Merges `meta`'s tags into its samples without writing data (TransferQueue's
+    /// `set_custom_meta`). Samples cleared since `meta` was made are ignored.
+    pub async fn set_tags(&self, meta: &BatchMeta) -> Result<()> {
+        if meta.is_empty() {
+            return Ok(());
+        }
+        self.control
+            .set_tags(meta.partition(), meta.samples(), meta.tags().to_vec())
+            .await
+    }
 }
 
 /// `store_and_publish` keeps the receipt when asked to; a missing one is a bug in this crate.

@@ -197,6 +197,22 @@ impl Partition {
             .await
     }
 
+    /// The metadata of `keys` like [`Partition::kv_meta`], except that keys the partition does
+    /// not hold get new samples (holding nothing yet), for a caller that writes them through
+    /// the metadata API ([`Client::put`]). Rows in `keys`' order.
+    pub async fn kv_meta_or_create<K: AsRef<str>>(&self, keys: &[K]) -> Result<BatchMeta> {
+        let keys = crate::client::owned_keys(&self.name, keys)?;
+        let kv = self
+            .traced(
+                "kv_meta_or_create",
+                self.client
+                    .control()
+                    .kv_retrieve_meta(&self.name, &keys, true),
+            )
+            .await?;
+        Ok(kv.meta)
+    }
+
     /// The keys and tags of this partition (none when it does not exist).
     pub async fn kv_list(&self) -> Result<KeyListing> {
         let listing = self.client.kv_list(Some(&self.name)).await?;
@@ -206,7 +222,8 @@ impl Partition {
         }))
     }
 
-    /// The tags of `keys`, in order.
+    /// The tags of `keys`, in order; `NotFound` naming the first key the partition does not
+    /// hold.
     pub async fn kv_tags<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<Tags>> {
         self.client.kv_tags(&self.name, keys).await
     }

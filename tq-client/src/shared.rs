@@ -265,6 +265,11 @@ impl Client {
             .control()
             .kv_retrieve_meta(partition, &keys, false)
             .await?;
+        // Tags answer key by key: a key that is not there is an error, never a shorter list
+        // that would pair the other keys with the wrong tags.
+        if !kv.missing.is_empty() {
+            return Err(crate::kv::keys_not_found(partition, &kv.missing));
+        }
         Ok(kv.meta.tags().to_vec())
     }
 }

@@ -1,0 +1,124 @@
+"""TransferQueue's configuration keys, mapped onto tq's configuration.
+
+The original reads a nested config (an OmegaConf ``DictConfig`` or a dict) with the sections
+``controller``, ``backend`` and ``metrics``; :func:`to_tq` turns one into the sections of a
+tq configuration (``controller``, ``storage``, ``net``) plus how many storage units to start.
+A key tq cannot honour is refused with an error that says so, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from ..errors import InvalidError, UnsupportedError
+
+# The original's sampler class names and the tq sampler each one is.
+SAMPLERS = {
+    "SequentialSampler": "sequential",
+    "GRPOGroupNSampler": "grpo",
+    "RankAwareSampler": "rank-aware",
+    "SeqlenBalancedSampler": "seqlen-balanced",
+}
+
+# Backends of the original that tq does not have, and what to use instead.
+_NEAREST = {
+    "mooncakestore": "Redis Cluster (`backend.tq` with a `redis+cluster://` store) or object "
+    "storage (`s3://`, `file://`) for payloads shared across nodes",
+    "yuanrong": "Redis Cluster (`backend.tq` with a `redis+cluster://` store) for payloads "
+    "with expiry, or SimpleStorage",
+    "raystore": "SimpleStorage (tq never moves payloads through Ray's object store)",
+}
+
+
+def plain(conf: Any) -> Dict[str, Any]:
+    """A nested dict from a dict or an OmegaConf config (``None``: empty)."""
+    if conf is None:
+        return {}
+    if isinstance(conf, Mapping):
+        return {k: plain(v) if isinstance(v, Mapping) or _is_omegaconf(v) else v for k, v in conf.items()}
+    if _is_omegaconf(conf):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(conf, resolve=True)  # type: ignore[no-any-return]
+    raise InvalidError(f"init(conf): expected a dict or an OmegaConf config, got {type(conf).__name__}")
+
+
+def _is_omegaconf(value: Any) -> bool:
+    return type(value).__module__.startswith("omegaconf")
+
+
+def sampler_spec(sampler: Any) -> str:
+    """tq's sampler specification for the original's ``controller.sampler`` (a class name, a
+    sampler class or a sampler instance of :mod:`tq.compat`)."""
+    from . import samplers
+
+    if isinstance(sampler, str):
+        if sampler in SAMPLERS:
+            return getattr(samplers, sampler)().spec()
+        raise InvalidError(
+            f"Could not find sampler `{sampler}` (tq.compat has {', '.join(sorted(SAMPLERS))})"
+        )
+    if isinstance(sampler, type) and issubclass(sampler, samplers.BaseSampler):
+        sampler = sampler()
+    if isinstance(sampler, samplers.BaseSampler):
+        return sampler.spec()
+    raise InvalidError(f"controller.sampler: expected a sampler name, class or instance, got {sampler!r}")
+
+
+def to_tq(conf: Mapping[str, Any]) -> Tuple[Dict[str, Any], int, Optional[str]]:
+    """``(tq config sections, storage units to start, sampler spec)`` for the original's
+    ``conf``; ``backend.tq`` (a tq configuration as a dict) is merged over the result."""
+    controller = dict(conf.get("controller") or {})
+    backend = dict(conf.get("backend") or {})
+    metrics = dict(conf.get("metrics") or {})
+    tq_sections: Dict[str, Any] = {"controller": {}, "storage": {}}
+
+    spec = sampler_spec(controller.get("sampler") or "SequentialSampler")
+    if controller.get("polling_mode"):
+        # Polling: a fetch answers at once, possibly empty, instead of waiting.
+        tq_sections["controller"]["fetch_timeout_ms"] = 0
+
+    name = str(backend.get("storage_backend") or "SimpleStorage")
+    units = 0
+    if name.lower() == "simplestorage":
+        simple = dict(backend.get("SimpleStorage") or {})
+        units = int(simple.get("num_data_storage_units") or 2)
+        if units < 1:
+            raise InvalidError("backend.SimpleStorage.num_data_storage_units must be at least 1")
+        total = simple.get("total_storage_size")
+        if total is not None:
+            tq_sections["storage"]["capacity_per_unit"] = max(1, math.ceil(int(total) / units))
+        offload = dict(simple.get("ssd_offload") or {})
+        if offload.get("enabled"):
+            raise UnsupportedError(
+                "backend.SimpleStorage.ssd_offload: this build of tq's Python package has no SSD "
+                "offload; run `tq serve --ssd-path DIR` and attach with backend.tq.connect"
+            )
+    elif name.lower() in _NEAREST:
+        raise UnsupportedError(
+            f"backend.storage_backend `{name}`: tq has no such backend; the nearest is "
+            f"{_NEAREST[name.lower()]}"
+        )
+    elif name.lower() != "tq":
+        raise InvalidError(f"backend.storage_backend `{name}` is not a TransferQueue backend")
+
+    if metrics.get("enabled"):
+        raise UnsupportedError(
+            "metrics.enabled: tq.compat does not start exporters yet; run `tq serve --metrics` "
+            "and attach with backend.tq.connect"
+        )
+
+    own = dict(backend.get("tq") or {})
+    for where in ("connect", "token", "host"):  # where the deployment is, not how it runs
+        own.pop(where, None)
+    for section, values in own.items():
+        if not isinstance(values, Mapping):
+            raise InvalidError(f"backend.tq.{section}: expected a section (a dict)")
+        tq_sections.setdefault(section, {}).update(values)
+    if tq_sections["storage"].get("backend") == "kv":
+        units = 0  # shared storage: no units, clients reach the store directly
+        tq_sections["storage"].pop("capacity_per_unit", None)
+    elif name.lower() == "tq":
+        units = int(tq_sections["storage"].get("num_units", 2))
+    return tq_sections, units, spec

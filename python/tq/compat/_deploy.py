@@ -1,0 +1,211 @@
+"""Where a tq.compat deployment runs, and how other processes find it.
+
+- **Under Ray** (``ray.is_initialized()``): the first :func:`start` creates a named actor,
+  ``TransferQueueController`` in namespace ``transfer_queue`` as in the original, which runs
+  tq's native server (controller and storage units) on its node and keeps the configuration
+  (``get_config()``, with the server's address and a fresh token). Any process of the Ray
+  cluster finds it by name and connects to it over tq's own protocol: payloads never travel
+  through Ray's object store. Two processes racing to create it: the loser attaches.
+- **Without Ray**: the deployment runs in the calling process (``tq.serve`` on loopback) and
+  address (and whether fetches poll) goes into the environment variable
+  ``TQ_COMPAT_DEPLOYMENT`` (JSON), which ``multiprocessing`` and ``subprocess`` children
+  inherit; their ``init()`` attaches.
+- ``backend.tq.connect`` (and ``backend.tq.token``) attaches to a deployment started with
+  the ``tq`` command instead.
+
+Only the process that created a deployment stops it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import secrets
+import sys
+from typing import Any, Dict, Optional
+
+import tq as _tq
+
+from . import _config
+
+#: The environment variable through which child processes find an in-process deployment:
+#: the part of its configuration an attaching process needs, as JSON.
+DEPLOYMENT_VARIABLE = "TQ_COMPAT_DEPLOYMENT"
+#: The Ray actor's name and namespace (the original's).
+ACTOR_NAME = "TransferQueueController"
+ACTOR_NAMESPACE = "transfer_queue"
+
+
+class Deployment:
+    """This process's attachment: the client, and what to stop on close if this process
+    created the deployment."""
+
+    def __init__(self, client: _tq.Client, conf: Dict[str, Any], server: Optional[_tq.Server] = None, actor: Any = None) -> None:
+        self.client = client
+        self.conf = conf
+        self.server = server
+        self.actor = actor
+        #: ``controller.polling_mode``: a fetch answers at once, possibly with fewer samples.
+        self.polling = bool((conf.get("controller") or {}).get("polling_mode"))
+        self._exported: Optional[str] = None
+
+    def export(self) -> None:
+        """Puts where this deployment is into the environment, for child processes."""
+        own = self.conf["backend"]["tq"]
+        self._exported = json.dumps(
+            {"controller": {"polling_mode": self.polling}, "backend": {"tq": {"connect": own["connect"], "token": own.get("token")}}}
+        )
+        os.environ[DEPLOYMENT_VARIABLE] = self._exported
+
+    def close(self) -> None:
+        self.client.close()
+        if self.server is not None:
+            self.server.close()
+            if self._exported is not None and os.environ.get(DEPLOYMENT_VARIABLE) == self._exported:
+                del os.environ[DEPLOYMENT_VARIABLE]
+        if self.actor is not None:
+            import ray
+
+            try:
+                ray.get(self.actor.stop.remote())
+            finally:
+                ray.kill(self.actor)
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def _with_address(conf: Dict[str, Any], url: str, token: Optional[str]) -> Dict[str, Any]:
+    """``conf`` with where the deployment is (what attaching processes and datasets read)."""
+    out = copy.deepcopy(conf)
+    own = out.setdefault("backend", {}).setdefault("tq", {})
+    own["connect"] = url
+    if token:
+        own["token"] = token
+    return out
+
+
+def _connect(conf: Dict[str, Any]) -> _tq.Client:
+    own = (conf.get("backend") or {}).get("tq") or {}
+    return _tq.connect(own["connect"], token=own.get("token"))
+
+
+def attach_existing() -> Optional[Deployment]:
+    """An attachment to the deployment this process can find (Ray actor or inherited address),
+    or ``None``."""
+    if _ray_running():
+        actor = _find_actor()
+        if actor is not None:
+            import ray
+
+            conf = ray.get(actor.get_config.remote())
+            return Deployment(_connect(conf), conf)
+    exported = os.environ.get(DEPLOYMENT_VARIABLE)
+    if exported:
+        conf = json.loads(exported)
+        return Deployment(_connect(conf), conf)
+    return None
+
+
+def start(conf: Dict[str, Any]) -> Deployment:
+    """Attaches where ``conf`` (``backend.tq.connect``) or this process tree says, else
+    creates the deployment ``conf`` describes."""
+    own = (conf.get("backend") or {}).get("tq") or {}
+    if own.get("connect"):
+        return Deployment(_connect(conf), copy.deepcopy(conf))
+    existing = attach_existing()
+    if existing is not None:
+        return existing
+    sections, units, sampler = _config.to_tq(conf)
+    if _ray_running():
+        return _start_on_ray(conf, sections, units, sampler)
+    server = _tq.serve(sections, units=units or None, default_sampler=sampler)
+    try:
+        client = server.connect()
+    except BaseException:
+        server.close()
+        raise
+    deployment = Deployment(client, _with_address(conf, server.url, None), server=server)
+    deployment.export()
+    return deployment
+
+
+def _find_actor() -> Any:
+    import ray
+
+    try:
+        return ray.get_actor(ACTOR_NAME, namespace=ACTOR_NAMESPACE)
+    except ValueError:
+        return None
+
+
+def _start_on_ray(conf: Dict[str, Any], sections: Dict[str, Any], units: int, sampler: Optional[str]) -> Deployment:
+    import ray
+
+    try:
+        actor = _actor_class().options(name=ACTOR_NAME, namespace=ACTOR_NAMESPACE).remote()
+    except ValueError:  # another process created it first
+        found = attach_existing()
+        if found is None:
+            raise
+        return found
+    try:
+        token = secrets.token_hex(16)
+        sections = copy.deepcopy(sections)
+        sections.setdefault("net", {})["token"] = token
+        host = ((conf.get("backend") or {}).get("tq") or {}).get("host")
+        url = ray.get(actor.start.remote(sections, units, sampler, host))
+        full = _with_address(conf, url, token)
+        ray.get(actor.store_config.remote(full))
+        return Deployment(_connect(full), full, actor=actor)
+    except BaseException:
+        ray.kill(actor)
+        raise
+
+
+_ACTOR: Any = None
+
+
+def _actor_class() -> Any:
+    """The Ray actor that hosts the deployment (made on first use: importing tq.compat never
+    imports Ray)."""
+    global _ACTOR
+    if _ACTOR is None:
+        import ray
+
+        class TransferQueueController:
+            """Runs tq's native server in this actor's process and keeps the configuration
+            attaching processes read."""
+
+            def __init__(self) -> None:
+                self._server: Optional[_tq.Server] = None
+                self._config: Optional[Dict[str, Any]] = None
+
+            def start(self, sections: Dict[str, Any], units: int, sampler: Optional[str], host: Optional[str]) -> str:
+                host = host or ray.util.get_node_ip_address()
+                loopback = host in ("127.0.0.1", "localhost", "::1")
+                self._server = _tq.serve(
+                    sections,
+                    listen=f"tcp://{host}:0",
+                    units=units or None,
+                    unit_host=host,
+                    default_sampler=sampler,
+                    insecure=loopback,
+                )
+                return self._server.url
+
+            def store_config(self, conf: Dict[str, Any]) -> None:
+                self._config = conf
+
+            def get_config(self) -> Optional[Dict[str, Any]]:
+                return self._config
+
+            def stop(self) -> None:
+                if self._server is not None:
+                    self._server.close()
+
+        _ACTOR = ray.remote(num_cpus=0)(TransferQueueController)
+    return _ACTOR
