@@ -1,0 +1,103 @@
+"""tq.compat under Ray: the first init() places the deployment in the named actor, other
+processes of the cluster (Ray tasks and actors) attach by name, and only the creator's
+close() stops it. A real local Ray cluster (ray.init), torn down at the end."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+
+if os.environ.get("TQ_REQUIRE_TORCH"):
+    import tensordict
+    import torch
+else:
+    torch = pytest.importorskip("torch")
+    tensordict = pytest.importorskip("tensordict")
+if os.environ.get("TQ_REQUIRE_RAY"):
+    import ray
+else:
+    ray = pytest.importorskip("ray")
+
+import tq
+import tq.compat as transfer_queue
+
+# Loopback only: the actor serves on the address its node is reached at otherwise.
+CONF = {"backend": {"tq": {"host": "127.0.0.1"}, "SimpleStorage": {"num_data_storage_units": 2}}}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    ray.init(namespace="tq-tests", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _controller_actor():
+    return ray.get_actor(transfer_queue._deploy.ACTOR_NAME, namespace=transfer_queue._deploy.ACTOR_NAMESPACE)
+
+
+@ray.remote(num_cpus=0)
+def _rollout(i: int) -> list:
+    import torch
+
+    import tq.compat as transfer_queue
+
+    transfer_queue.init()  # attaches to the driver's deployment by name
+    meta = transfer_queue.kv_put(f"k{i}", "train", fields={"x": torch.full((3,), float(i))}, tag={"worker": i})
+    transfer_queue.close()
+    return meta.keys
+
+
+@ray.remote(num_cpus=0)
+class _Trainer:
+    def __init__(self) -> None:
+        import tq.compat as transfer_queue
+
+        self.tq = transfer_queue
+        self.tq.init()
+
+    def read(self, keys: list) -> list:
+        return self.tq.kv_batch_get(keys, "train")["x"][:, 0].tolist()
+
+    def close(self) -> None:
+        self.tq.close()
+
+
+def test_workers_attach_by_name_and_only_the_creator_stops_it(ray_cluster) -> None:
+    conf = transfer_queue.init(CONF)
+    try:
+        actor = _controller_actor()
+        stored = ray.get(actor.get_config.remote())  # as the original's tutorial reads it
+        assert stored["backend"]["tq"]["connect"] == conf["backend"]["tq"]["connect"]
+        assert stored["backend"]["tq"]["token"]  # a token: the actor may serve beyond loopback
+        assert ray.get([_rollout.remote(i) for i in range(3)]) == [["k0"], ["k1"], ["k2"]]
+        trainer = _Trainer.remote()
+        assert ray.get(trainer.read.remote(["k2", "k0"])) == [2.0, 0.0]
+        ray.get(trainer.close.remote())  # an attached process's close leaves the deployment
+        assert transfer_queue.kv_batch_get(["k1"], "train")["x"].tolist() == [[1.0] * 3]
+        assert transfer_queue.kv_list("train")["train"]["k2"] == {"worker": 2}
+    finally:
+        transfer_queue.close()
+    with pytest.raises(ValueError):
+        _controller_actor()
+
+
+def test_a_second_init_in_the_driver_attaches(ray_cluster) -> None:
+    transfer_queue.init(CONF)
+    try:
+        first = transfer_queue.get_client()
+        assert transfer_queue.init(CONF) is not None
+        assert transfer_queue.get_client()._client is first._client
+    finally:
+        transfer_queue.close()
+
+
+def test_a_refused_configuration_creates_no_actor(ray_cluster) -> None:
+    with pytest.raises(tq.UnsupportedError, match="MooncakeStore"):
+        transfer_queue.init({"backend": {"storage_backend": "MooncakeStore"}})
+    with pytest.raises(ValueError):
+        _controller_actor()
