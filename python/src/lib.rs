@@ -1041,6 +1041,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Meta>()?;
     m.add_class::<Task>()?;
     m.add_class::<serve::NativeServer>()?;
+    m.add_class::<serve::NativeUnit>()?;
     m.add_function(wrap_pyfunction!(bench::bench_kv, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Benchmarks refuse a debug build (its figures say nothing about tq).

@@ -1,10 +1,12 @@
 //! `tq.serve`: a controller and storage units hosted by this Python process, serving over TCP
-//! (`tq::server::Deployment`, what `tq serve` runs).
+//! (`tq::server::Deployment`, what `tq serve` runs); `tq.serve_unit`: one storage unit that
+//! registers with a controller elsewhere (`tq::server::RegisteredUnit`, what
+//! `tq storage-unit` runs).
 
 use crate::{config, raise, runtime};
 use pyo3::prelude::*;
 use std::sync::Mutex;
-use tq::server::{Deployment, ServeOptions};
+use tq::server::{check_exposure, Deployment, Endpoint, RegisteredUnit, ServeOptions, UnitOptions};
 use tq::Error;
 
 /// A running deployment; `tq.Server` wraps it.
@@ -19,7 +21,7 @@ pub struct NativeServer {
 impl NativeServer {
     /// Starts a deployment with the configuration (see `config`) and `tq serve`'s options.
     #[staticmethod]
-    #[pyo3(signature = (kind, text, listen, units=None, unit_host=None, advertise_host=None, capacity_per_unit=None, default_sampler=None, insecure=false))]
+    #[pyo3(signature = (kind, text, listen, units=None, unit_host=None, advertise_host=None, capacity_per_unit=None, default_sampler=None, insecure=false, remote_units=false))]
     #[allow(clippy::too_many_arguments)] // one per keyword of the Python call
     fn start(
         py: Python<'_>,
@@ -32,6 +34,7 @@ impl NativeServer {
         capacity_per_unit: Option<usize>,
         default_sampler: Option<String>,
         insecure: bool,
+        remote_units: bool,
     ) -> PyResult<NativeServer> {
         let started = py.detach(|| -> Result<_, Error> {
             let config = config(kind, text)?;
@@ -43,6 +46,7 @@ impl NativeServer {
                 capacity_per_unit,
                 default_sampler: default_sampler.map(|s| s.parse()).transpose()?,
                 insecure,
+                remote_units,
                 ..ServeOptions::default()
             };
             if let Some(host) = unit_host {
@@ -97,5 +101,94 @@ impl NativeServer {
 
     fn __repr__(&self) -> String {
         format!("NativeServer({}, {} units)", self.url, self.units.len())
+    }
+}
+
+/// A running storage unit registered with a controller; `tq.UnitServer` wraps it.
+#[pyclass(frozen, module = "tq._native")]
+pub struct NativeUnit {
+    id: String,
+    endpoint: String,
+    running: Mutex<Option<(tokio::runtime::Runtime, RegisteredUnit)>>,
+}
+
+#[pymethods]
+impl NativeUnit {
+    /// Starts unit `id` on `listen` and registers it with the controller at `controller`
+    /// (retrying for 30 s while the controller is not reachable yet).
+    #[staticmethod]
+    #[pyo3(signature = (kind, text, controller, id, listen, advertise=None, capacity=None, insecure=false))]
+    #[allow(clippy::too_many_arguments)] // one per keyword of the Python call
+    fn start(
+        py: Python<'_>,
+        kind: &str,
+        text: &str,
+        controller: String,
+        id: String,
+        listen: String,
+        advertise: Option<String>,
+        capacity: Option<usize>,
+        insecure: bool,
+    ) -> PyResult<NativeUnit> {
+        let started = py.detach(|| -> Result<_, Error> {
+            let config = config(kind, text)?;
+            let controller: Endpoint = controller.parse()?;
+            check_exposure(&listen.parse()?, config.net.token.as_deref(), insecure)?;
+            let options = UnitOptions {
+                id: id.clone(),
+                listen,
+                advertise,
+                capacity,
+                ssd: None,
+            };
+            let runtime = runtime()?;
+            let unit = runtime.block_on(RegisteredUnit::start(&config, &controller, options))?;
+            Ok((runtime, unit))
+        });
+        let (runtime, unit) = started.map_err(|e| raise(py, e))?;
+        Ok(NativeUnit {
+            id,
+            endpoint: unit.endpoint().to_string(),
+            running: Mutex::new(Some((runtime, unit))),
+        })
+    }
+
+    /// The unit's id.
+    #[getter]
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Where clients reach the unit (`tcp://host:port`).
+    #[getter]
+    fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    /// Stops serving (the unit's data is gone). Twice is fine.
+    fn close(&self, py: Python<'_>) {
+        let taken = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((runtime, unit)) = taken {
+            py.detach(move || {
+                runtime.block_on(unit.shutdown());
+                drop(runtime);
+            });
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("NativeUnit({}, {})", self.id, self.endpoint)
     }
 }

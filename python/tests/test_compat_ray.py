@@ -74,6 +74,10 @@ def test_workers_attach_by_name_and_only_the_creator_stops_it(ray_cluster) -> No
         stored = ray.get(actor.get_config.remote())  # as the original's tutorial reads it
         assert stored["backend"]["tq"]["connect"] == conf["backend"]["tq"]["connect"]
         assert stored["backend"]["tq"]["token"]  # a token: the actor may serve beyond loopback
+        units = [ray.get_actor(f"TransferQueueStorageUnit#{i}", namespace="transfer_queue") for i in range(2)]
+        assert len(units) == 2
+        status = transfer_queue.get_client()._client.status()
+        assert sorted(u["id"] for u in status["units"]) == ["unit-0", "unit-1"]
         assert ray.get([_rollout.remote(i) for i in range(3)]) == [["k0"], ["k1"], ["k2"]]
         trainer = _Trainer.remote()
         assert ray.get(trainer.read.remote(["k2", "k0"])) == [2.0, 0.0]
@@ -84,6 +88,10 @@ def test_workers_attach_by_name_and_only_the_creator_stops_it(ray_cluster) -> No
         transfer_queue.close()
     with pytest.raises(ValueError):
         _controller_actor()
+    with pytest.raises(ValueError):
+        ray.get_actor("TransferQueueStorageUnit#0", namespace="transfer_queue")
+    # The units' placement group is removed too.
+    assert {g["state"] for g in ray.util.placement_group_table().values()} <= {"REMOVED"}
 
 
 def test_a_second_init_in_the_driver_attaches(ray_cluster) -> None:

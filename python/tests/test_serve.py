@@ -71,3 +71,25 @@ def test_a_deployment_on_object_storage_is_reachable(tmp_path) -> None:
         assert sum(1 for f in store.rglob("*") if f.is_file()) >= 3
         p.kv_clear(["a", "b", "c"])
         assert p.kv_list() == {}
+
+
+def test_units_served_elsewhere_register_with_a_controller() -> None:
+    """tq.serve(remote_units=True) hosts the controller alone; tq.serve_unit hosts one unit that
+    registers with it (here in this process, under Ray in an actor per node)."""
+    with tq.serve(units=2, remote_units=True) as controller:
+        assert controller.units == []
+        units = [tq.serve_unit(controller.url, f"unit-{i}") for i in range(2)]
+        try:
+            assert [u.id for u in units] == ["unit-0", "unit-1"]
+            with controller.connect() as c:
+                assert sorted(u["id"] for u in c.status()["units"]) == ["unit-0", "unit-1"]
+                p = c.partition("p")
+                p.kv_batch_put(["a", "b", "c"], {"x": np.arange(6).reshape(3, 2)})
+                assert p.kv_batch_get(["c", "a"])["x"].tolist() == [[4, 5], [0, 1]]
+            with pytest.raises(tq.TqError):
+                tq.serve_unit(controller.url, "unit-0")  # the id is held by a live unit
+        finally:
+            for u in units:
+                u.close()
+        assert all(u.closed for u in units)
+

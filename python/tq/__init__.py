@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, 
 
 from . import _aio, _convert
 from . import stream as _stream
-from ._native import BatchMeta, Buffer, NativeClient, NativeServer
+from ._native import BatchMeta, Buffer, NativeClient, NativeServer, NativeUnit
 from .errors import *  # noqa: F401,F403 (the exception classes are part of the package API)
 from .errors import TqError, __all__ as _error_names
 
@@ -38,6 +38,8 @@ __all__ = [
     "StreamingDataset",
     "connect",
     "serve",
+    "serve_unit",
+    "UnitServer",
     "__version__",
     *_error_names,
 ]
@@ -276,6 +278,7 @@ def serve(
     capacity_per_unit: Optional[int] = None,
     default_sampler: Optional[str] = None,
     insecure: bool = False,
+    remote_units: bool = False,
     **sections: Any,
 ) -> Server:
     """Hosts a deployment in this process, as ``tq serve`` does: a controller on ``listen``
@@ -283,13 +286,68 @@ def serve(
     free ports of ``unit_host``. A non-loopback address needs a token (``net.token`` or
     ``TQ_NET_TOKEN``) unless ``insecure``. The configuration is as for
     :meth:`Client.embedded`; its samplers are the controller's.
+
+    With ``remote_units``, the units run elsewhere: this process serves the controller alone,
+    and the ``units`` storage units register with it (:func:`serve_unit`, ``tq storage-unit``)
+    before clients can use it.
     """
     form, text = _config_form(config, sections)
     return Server(
         NativeServer.start(
-            form, text, listen, units, unit_host, advertise_host, capacity_per_unit, default_sampler, insecure
+            form, text, listen, units, unit_host, advertise_host, capacity_per_unit, default_sampler, insecure,
+            remote_units,
         )
     )
+
+
+class UnitServer(_Closable):
+    """One storage unit hosted by this process and registered with a controller elsewhere:
+    what :func:`serve_unit` answers. Its data goes with it when it closes."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: NativeUnit) -> None:
+        self._native = native
+
+    @property
+    def id(self) -> str:
+        """The unit's id (``unit-<i>`` holds the samples whose index is ``i`` modulo the
+        number of units)."""
+        return self._native.id
+
+    @property
+    def endpoint(self) -> str:
+        """Where clients reach the unit (``tcp://host:port``)."""
+        return self._native.endpoint
+
+    def close(self) -> None:
+        """Stops serving. Closing twice is fine."""
+        self._native.close()
+
+    def __repr__(self) -> str:
+        return f"<tq.UnitServer {self.id} {self.endpoint}{' closed' if self.closed else ''}>"
+
+
+def serve_unit(
+    controller: str,
+    id: str,
+    config: ConfigLike = None,
+    *,
+    listen: str = "tcp://127.0.0.1:0",
+    advertise: Optional[str] = None,
+    capacity: Optional[int] = None,
+    insecure: bool = False,
+    **sections: Any,
+) -> UnitServer:
+    """Hosts storage unit ``id`` (``unit-0``, ``unit-1``, ...) in this process and registers it
+    with the controller at ``controller`` (a :func:`serve` with ``remote_units``, or
+    ``tq controller``), as ``tq storage-unit`` does; it keeps registering, so a restarted
+    controller finds it again. Registration is retried for 30 s while the controller is not
+    reachable. ``advertise`` is the endpoint clients use when it is not ``listen``'s. The
+    configuration (its ``net.token`` above all) is as for :func:`serve`.
+    """
+    form, text = _config_form(config, sections)
+    return UnitServer(NativeUnit.start(form, text, controller, id, listen, advertise, capacity, insecure))
 
 
 class Partition:

@@ -5,10 +5,9 @@
 
 use clap::Args;
 use std::sync::Arc;
-use std::time::Duration;
 use tq_backend_simple::UnitServer;
-use tq_client::{pool_config, Config};
-use tq_controller::{ControllerServer, RemoteControlPlane, UnitInfo};
+use tq_client::Config;
+use tq_controller::ControllerServer;
 use tq_core::{Error, Result};
 use tq_net::{Endpoint, Server, ServerConfig};
 
@@ -198,6 +197,7 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
         default_sampler: args.default_sampler,
         ssd: args.ssd.offload(),
         insecure: args.security.insecure,
+        remote_units: false,
     };
     let deployment = tq::server::Deployment::start(config, options).await?;
     for (id, endpoint) in deployment.unit_endpoints() {
@@ -404,10 +404,8 @@ impl Probe for ServerProbe {
     }
 }
 
-/// How often a storage unit registers again, so a restarted controller is rejoined quickly.
-const REGISTER_EVERY: Duration = Duration::from_millis(500);
-
-/// `tq storage-unit`: one storage unit that registers with a controller (and keeps doing so).
+/// `tq storage-unit`: one storage unit that registers with a controller (and keeps doing so:
+/// `tq::server::RegisteredUnit`).
 pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
     let shutdown = shutdown_signal()?;
     tokio::pin!(shutdown);
@@ -416,100 +414,38 @@ pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
     let controller: Endpoint = args.controller.parse()?;
-    let (server, handler) = tq::server::start_unit(
-        &args.id,
-        &listen,
-        args.capacity,
-        args.ssd.offload(),
-        &config,
-    )
-    .await?;
-    let advertised = match &args.advertise {
-        Some(a) => a.parse::<Endpoint>()?.to_string(),
-        None => server.local_endpoint().to_string(),
-    };
-    let control = RemoteControlPlane::new(
-        tq_net::Pool::new(pool_config(&config)),
-        controller.clone(),
-        config.request_timeout(),
-    );
-    // The controller may start after us: keep trying for a while (stopping at SIGTERM/Ctrl-C).
-    let mut info = UnitInfo {
+    let options = tq::server::UnitOptions {
         id: args.id.clone(),
-        endpoint: advertised.clone(),
-        instance: tq_core::new_epoch(),
-        registration: 0,
+        listen: args.listen.clone(),
+        advertise: args.advertise.clone(),
+        capacity: args.capacity,
+        ssd: args.ssd.offload(),
     };
-    let registered = tokio::select! {
-        r = register_at_start(&control, &info) => r,
+    // The controller may start after us: registering keeps trying for a while (stopping at
+    // SIGTERM/Ctrl-C).
+    let mut unit = tokio::select! {
+        r = tq::server::RegisteredUnit::start(&config, &controller, options) => r?,
         _ = &mut shutdown => {
             eprintln!("shutting down before registering");
-            server.shutdown().await;
             return Ok(());
         }
     };
-    let registered = match registered {
-        Ok(r) => r,
-        Err(e) => {
-            server.shutdown().await;
-            return Err(e.context(format!("registering unit `{}` with {controller}", args.id)));
-        }
-    };
-    handler.adopt_epoch(registered.epoch)?;
-    handler.adopt_registration(registered.registration);
-    info.registration = registered.registration;
-    println!("listening unit {} {}", args.id, advertised);
+    println!("listening unit {} {}", args.id, unit.endpoint());
     let probe = Arc::new(ServerProbe {
         controller: None,
-        units: vec![handler.clone()],
+        units: vec![unit.handler().clone()],
         storage: None,
     });
     let _metrics = args.metrics.serve(exporter, probe).await?;
-    // Rejoin a controller that restarted (it starts with an empty unit table).
     let refused = tokio::select! {
         _ = &mut shutdown => None,
-        e = control.keep_registered(info, REGISTER_EVERY, |r| {
-            handler.adopt_registration(r.registration);
-            if let Err(e) = handler.adopt_epoch(r.epoch) {
-                tracing::warn!(error = %e, "cannot make the unit anew for the controller's new epoch; retrying at the next registration");
-            }
-        }) => Some(e),
+        e = unit.lost() => Some(e),
     };
     eprintln!("shutting down");
-    server.shutdown().await;
+    unit.shutdown().await;
     match refused {
         // Another process holds the id now: this one must not serve under it.
         Some(e) => Err(e.context(format!("unit `{}` lost its registration", args.id))),
         None => Ok(()),
-    }
-}
-
-/// The first registration of a `tq storage-unit`: retried while the controller is not
-/// reachable (for 30 s), and while the id is held by another process that may be a dead
-/// predecessor (until its registration lapses); a holder still alive after that is a
-/// duplicate, and the refusal is returned.
-async fn register_at_start(
-    control: &RemoteControlPlane,
-    info: &UnitInfo,
-) -> Result<tq_controller::Registration> {
-    let start = tokio::time::Instant::now();
-    let deadline = start + Duration::from_secs(30);
-    let held_deadline = start + tq_controller::REGISTRATION_LAPSE + REGISTER_EVERY;
-    loop {
-        match control.register_unit(info.clone()).await {
-            Ok(r) => return Ok(r),
-            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
-                tracing::info!(error = %e, "controller not reachable yet; retrying");
-            }
-            Err(e)
-                if e.kind() == &tq_core::ErrorKind::Conflict
-                    && e.message().contains(tq_controller::UNIT_ID_HELD)
-                    && tokio::time::Instant::now() < held_deadline =>
-            {
-                tracing::info!(error = %e, "unit id held; retrying until a dead holder's registration lapses");
-            }
-            Err(e) => return Err(e),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -14,8 +14,11 @@
 
 use crate::{Config, Error, Result};
 use std::sync::Arc;
+use std::time::Duration;
 use tq_backend_simple::{MemoryUnit, StorageUnit, UnitConfig};
-use tq_controller::{Controller, ControllerConfig, SamplerSpec, UnitInfo};
+use tq_controller::{
+    Controller, ControllerConfig, Registration, RemoteControlPlane, SamplerSpec, UnitInfo,
+};
 
 pub use tq_backend_simple::UnitServer;
 pub use tq_controller::ControllerServer;
@@ -41,6 +44,9 @@ pub struct ServeOptions {
     pub ssd: Option<tq_backend_ssd::SsdConfig>,
     /// Serve a non-loopback address without a token.
     pub insecure: bool,
+    /// Run no storage units here: `units` of them run elsewhere ([`RegisteredUnit`]) and
+    /// register with this controller (what `tq controller --units N` does).
+    pub remote_units: bool,
 }
 
 impl Default for ServeOptions {
@@ -55,6 +61,7 @@ impl Default for ServeOptions {
             #[cfg(feature = "ssd")]
             ssd: None,
             insecure: false,
+            remote_units: false,
         }
     }
 }
@@ -223,7 +230,7 @@ impl Deployment {
             options.units,
             options.default_sampler,
         )?);
-        let unit_count = if config.storage_is_shared() {
+        let unit_count = if config.storage_is_shared() || options.remote_units {
             0
         } else {
             options.units.unwrap_or(config.storage.num_units)
@@ -301,5 +308,153 @@ impl Deployment {
         for u in self.units {
             u.shutdown().await;
         }
+    }
+}
+
+/// How often a [`RegisteredUnit`] registers again, so that a restarted controller is rejoined
+/// quickly.
+pub const REGISTER_EVERY: Duration = Duration::from_millis(500);
+
+/// How a [`RegisteredUnit`] serves (the flags of `tq storage-unit`).
+#[derive(Debug, Clone)]
+pub struct UnitOptions {
+    /// The unit's id; unit `i` of a controller with `N` units holds the samples `index % N == i`
+    /// (`unit-<i>`, as [`Deployment`] names them).
+    pub id: String,
+    /// Where it listens (`tcp://host:port`; port 0 picks a free one).
+    pub listen: String,
+    /// The endpoint clients reach it at, when not the listening one (e.g. it is 0.0.0.0).
+    pub advertise: Option<String>,
+    /// Maximum samples (default: `storage.capacity_per_unit`).
+    pub capacity: Option<usize>,
+    /// SSD offload, overriding `[storage.ssd]`.
+    pub ssd: Offload,
+}
+
+/// A storage unit serving on its own and registered with a controller elsewhere: what
+/// `tq storage-unit` runs, and what the Python package's Ray placement starts on each node.
+/// It keeps registering every [`REGISTER_EVERY`] in the background, so a controller that
+/// restarts finds it again.
+pub struct RegisteredUnit {
+    server: Server,
+    handler: Arc<UnitServer>,
+    endpoint: String,
+    keeping: tokio::task::JoinHandle<Error>,
+}
+
+impl RegisteredUnit {
+    /// Starts the unit and registers it with `controller`: retried for 30 s while the
+    /// controller is not reachable, and while another process holds the id until that
+    /// holder's registration lapses (a dead predecessor); a holder still alive after that
+    /// is a duplicate, and its refusal is returned. Nothing keeps serving after an error.
+    pub async fn start(
+        config: &Config,
+        controller: &Endpoint,
+        options: UnitOptions,
+    ) -> Result<RegisteredUnit> {
+        // Exposure (a non-loopback address without a token) is the caller's to check, with
+        // its `insecure` flag: see `check_exposure`.
+        let listen: Endpoint = options.listen.parse()?;
+        let (server, handler) =
+            start_unit(&options.id, &listen, options.capacity, options.ssd, config).await?;
+        let endpoint = match &options.advertise {
+            Some(a) => a.parse::<Endpoint>()?.to_string(),
+            None => server.local_endpoint().to_string(),
+        };
+        let control = RemoteControlPlane::new(
+            tq_net::Pool::new(tq_client::pool_config(config)),
+            controller.clone(),
+            config.request_timeout(),
+        );
+        let mut info = UnitInfo {
+            id: options.id.clone(),
+            endpoint: endpoint.clone(),
+            instance: tq_core::new_epoch(),
+            registration: 0,
+        };
+        let registered = match register_at_start(&control, &info).await {
+            Ok(r) => r,
+            Err(e) => {
+                server.shutdown().await;
+                return Err(e.context(format!(
+                    "registering unit `{}` with {controller}",
+                    options.id
+                )));
+            }
+        };
+        if let Err(e) = handler.adopt_epoch(registered.epoch) {
+            server.shutdown().await;
+            return Err(e);
+        }
+        handler.adopt_registration(registered.registration);
+        info.registration = registered.registration;
+        let keeping = {
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                control
+                    .keep_registered(info, REGISTER_EVERY, |r| {
+                        handler.adopt_registration(r.registration);
+                        if let Err(e) = handler.adopt_epoch(r.epoch) {
+                            tracing::warn!(error = %e, "cannot make the unit anew for the controller's new epoch; retrying at the next registration");
+                        }
+                    })
+                    .await
+            })
+        };
+        Ok(RegisteredUnit {
+            server,
+            handler,
+            endpoint,
+            keeping,
+        })
+    }
+
+    /// Where clients reach the unit.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The unit being served (for metrics and health probes).
+    pub fn handler(&self) -> &Arc<UnitServer> {
+        &self.handler
+    }
+
+    /// Resolves when the unit lost its registration (another process took its id after this
+    /// one could not register for too long): it must then stop serving under that id.
+    pub async fn lost(&mut self) -> Error {
+        match (&mut self.keeping).await {
+            Ok(e) => e,
+            Err(e) => Error::internal(format!("the registration task ended: {e}")),
+        }
+    }
+
+    /// Stops registering and serving.
+    pub async fn shutdown(self) {
+        self.keeping.abort();
+        self.server.shutdown().await;
+    }
+}
+
+/// The first registration of a [`RegisteredUnit`] (see [`RegisteredUnit::start`]).
+async fn register_at_start(control: &RemoteControlPlane, info: &UnitInfo) -> Result<Registration> {
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs(30);
+    let held_deadline = start + tq_controller::REGISTRATION_LAPSE + REGISTER_EVERY;
+    loop {
+        match control.register_unit(info.clone()).await {
+            Ok(r) => return Ok(r),
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                tracing::info!(error = %e, "controller not reachable yet; retrying");
+            }
+            Err(e)
+                if e.kind() == &tq_core::ErrorKind::Conflict
+                    && e.message().contains(tq_controller::UNIT_ID_HELD)
+                    && tokio::time::Instant::now() < held_deadline =>
+            {
+                tracing::info!(error = %e, "unit id held; retrying until a dead holder's registration lapses");
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -1,11 +1,14 @@
 """Where a tq.compat deployment runs, and how other processes find it.
 
-- **Under Ray** (``ray.is_initialized()``): the first :func:`start` creates a named actor,
-  ``TransferQueueController`` in namespace ``transfer_queue`` as in the original, which runs
-  tq's native server (controller and storage units) on its node and keeps the configuration
-  (``get_config()``, with the server's address and a fresh token). Any process of the Ray
-  cluster finds it by name and connects to it over tq's own protocol: payloads never travel
-  through Ray's object store. Two processes racing to create it: the loser attaches.
+- **Under Ray** (``ray.is_initialized()``): the first :func:`start` creates the named actor
+  ``TransferQueueController`` in namespace ``transfer_queue``, as the original does, which runs
+  tq's controller and keeps the configuration (``get_config()``, with the controller's
+  address and a fresh token), and one actor per storage unit (``TransferQueueStorageUnit#<i>``)
+  placed by a placement group of one bundle per unit, spread over the nodes (the original's
+  layout), each running a tq storage unit that registers with the controller. Any process of
+  the Ray cluster finds the controller by name and talks to it and to the units over tq's own
+  protocol: payloads never travel through Ray's object store. Two processes racing to create
+  it: the loser attaches.
 - **Without Ray**: the deployment runs in the calling process (``tq.serve`` on loopback) and
   address (and whether fetches poll) goes into the environment variable
   ``TQ_COMPAT_DEPLOYMENT`` (JSON), which ``multiprocessing`` and ``subprocess`` children
@@ -23,7 +26,7 @@ import json
 import os
 import secrets
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import tq as _tq
 
@@ -41,11 +44,13 @@ class Deployment:
     """This process's attachment: the client, and what to stop on close if this process
     created the deployment."""
 
-    def __init__(self, client: _tq.Client, conf: Dict[str, Any], server: Optional[_tq.Server] = None, actor: Any = None) -> None:
+    def __init__(
+        self, client: _tq.Client, conf: Dict[str, Any], server: Optional[_tq.Server] = None, actors: Optional["RayActors"] = None
+    ) -> None:
         self.client = client
         self.conf = conf
         self.server = server
-        self.actor = actor
+        self.actors = actors
         #: ``controller.polling_mode``: a fetch answers at once, possibly with fewer samples.
         self.polling = bool((conf.get("controller") or {}).get("polling_mode"))
         self._exported: Optional[str] = None
@@ -64,13 +69,8 @@ class Deployment:
             self.server.close()
             if self._exported is not None and os.environ.get(DEPLOYMENT_VARIABLE) == self._exported:
                 del os.environ[DEPLOYMENT_VARIABLE]
-        if self.actor is not None:
-            import ray
-
-            try:
-                ray.get(self.actor.stop.remote())
-            finally:
-                ray.kill(self.actor)
+        if self.actors is not None:
+            self.actors.stop()
 
 
 def _ray_running() -> bool:
@@ -142,58 +142,109 @@ def _find_actor() -> Any:
         return None
 
 
+class RayActors:
+    """What a Ray deployment is made of: the controller actor, the unit actors and their
+    placement group. :meth:`stop` removes them all."""
+
+    def __init__(self, controller: Any) -> None:
+        self.controller = controller
+        self.units: List[Any] = []
+        self.group: Any = None
+
+    def stop(self) -> None:
+        import ray
+
+        try:
+            ray.get(self.controller.stop.remote())
+        finally:
+            for actor in [*self.units, self.controller]:
+                ray.kill(actor)
+            if self.group is not None:
+                ray.util.remove_placement_group(self.group)
+
+
 def _start_on_ray(conf: Dict[str, Any], sections: Dict[str, Any], units: int, sampler: Optional[str]) -> Deployment:
     import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    classes = _actor_classes()
     try:
-        actor = _actor_class().options(name=ACTOR_NAME, namespace=ACTOR_NAMESPACE).remote()
+        controller = classes.controller.options(name=ACTOR_NAME, namespace=ACTOR_NAMESPACE).remote()
     except ValueError:  # another process created it first
         found = attach_existing()
         if found is None:
             raise
         return found
+    actors = RayActors(controller)
     try:
         token = secrets.token_hex(16)
         sections = copy.deepcopy(sections)
         sections.setdefault("net", {})["token"] = token
-        host = ((conf.get("backend") or {}).get("tq") or {}).get("host")
-        url = ray.get(actor.start.remote(sections, units, sampler, host))
+        own = (conf.get("backend") or {}).get("tq") or {}
+        host = own.get("host")
+        url = ray.get(controller.start.remote(sections, units, sampler, host))
+        if units:
+            # One bundle per unit, spread over the nodes, as the original places its units.
+            cpus = float(own.get("unit_cpus", 1))
+            actors.group = ray.util.placement_group([{"CPU": cpus}] * units, strategy="SPREAD")
+            ray.get(actors.group.ready())
+            for i in range(units):
+                strategy = PlacementGroupSchedulingStrategy(placement_group=actors.group, placement_group_bundle_index=i)
+                actors.units.append(
+                    classes.unit.options(
+                        name=f"TransferQueueStorageUnit#{i}", namespace=ACTOR_NAMESPACE, num_cpus=cpus, scheduling_strategy=strategy
+                    ).remote()
+                )
+            # Each answers once registered with the controller: then the deployment is whole.
+            ray.get([u.start.remote(url, f"unit-{i}", sections, host) for i, u in enumerate(actors.units)])
         full = _with_address(conf, url, token)
-        ray.get(actor.store_config.remote(full))
-        return Deployment(_connect(full), full, actor=actor)
+        ray.get(controller.store_config.remote(full))
+        return Deployment(_connect(full), full, actors=actors)
     except BaseException:
-        ray.kill(actor)
+        actors.stop()
         raise
 
 
-_ACTOR: Any = None
+class _ActorClasses:
+    def __init__(self, controller: Any, unit: Any) -> None:
+        self.controller, self.unit = controller, unit
 
 
-def _actor_class() -> Any:
-    """The Ray actor that hosts the deployment (made on first use: importing tq.compat never
+_ACTORS: Optional[_ActorClasses] = None
+
+
+def _host(host: Optional[str]) -> Tuple[str, bool]:
+    """The host to serve on (this node's address unless given) and whether it is loopback."""
+    import ray
+
+    host = host or ray.util.get_node_ip_address()
+    return host, host in ("127.0.0.1", "localhost", "::1")
+
+
+def _actor_classes() -> _ActorClasses:
+    """The Ray actors that host a deployment (made on first use: importing tq.compat never
     imports Ray)."""
-    global _ACTOR
-    if _ACTOR is None:
+    global _ACTORS
+    if _ACTORS is None:
         import ray
 
         class TransferQueueController:
-            """Runs tq's native server in this actor's process and keeps the configuration
-            attaching processes read."""
+            """Runs tq's controller in this actor's process (its storage units are actors of
+            their own) and keeps the configuration attaching processes read."""
 
             def __init__(self) -> None:
                 self._server: Optional[_tq.Server] = None
                 self._config: Optional[Dict[str, Any]] = None
 
             def start(self, sections: Dict[str, Any], units: int, sampler: Optional[str], host: Optional[str]) -> str:
-                host = host or ray.util.get_node_ip_address()
-                loopback = host in ("127.0.0.1", "localhost", "::1")
+                host, loopback = _host(host)
                 self._server = _tq.serve(
                     sections,
                     listen=f"tcp://{host}:0",
                     units=units or None,
-                    unit_host=host,
                     default_sampler=sampler,
                     insecure=loopback,
+                    remote_units=True,
                 )
                 return self._server.url
 
@@ -207,5 +258,21 @@ def _actor_class() -> Any:
                 if self._server is not None:
                     self._server.close()
 
-        _ACTOR = ray.remote(num_cpus=0)(TransferQueueController)
-    return _ACTOR
+        class TransferQueueStorageUnit:
+            """Runs one tq storage unit in this actor's process, registered with the
+            controller."""
+
+            def __init__(self) -> None:
+                self._unit: Optional[_tq.UnitServer] = None
+
+            def start(self, controller: str, unit_id: str, sections: Dict[str, Any], host: Optional[str]) -> str:
+                host, loopback = _host(host)
+                self._unit = _tq.serve_unit(controller, unit_id, sections, listen=f"tcp://{host}:0", insecure=loopback)
+                return self._unit.endpoint
+
+            def stop(self) -> None:
+                if self._unit is not None:
+                    self._unit.close()
+
+        _ACTORS = _ActorClasses(ray.remote(num_cpus=0)(TransferQueueController), ray.remote(TransferQueueStorageUnit))
+    return _ACTORS
