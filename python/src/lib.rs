@@ -20,6 +20,7 @@ use tq::{Batch, Error, ErrorKind, GetMetaMode, GetMetaRequest, Retry, Subject, W
 mod bench;
 mod convert;
 mod meta;
+mod sampler;
 mod serve;
 use convert::{column_from_py, column_to_py, Buffer};
 use meta::Meta;

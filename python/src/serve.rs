@@ -3,6 +3,7 @@
 //! registers with a controller elsewhere (`tq::server::RegisteredUnit`, what
 //! `tq storage-unit` runs).
 
+use crate::sampler::PySampler;
 use crate::{config, raise, runtime};
 use pyo3::prelude::*;
 use std::sync::Mutex;
@@ -21,7 +22,7 @@ pub struct NativeServer {
 impl NativeServer {
     /// Starts a deployment with the configuration (see `config`) and `tq serve`'s options.
     #[staticmethod]
-    #[pyo3(signature = (kind, text, listen, units=None, unit_host=None, advertise_host=None, capacity_per_unit=None, default_sampler=None, insecure=false, remote_units=false))]
+    #[pyo3(signature = (kind, text, listen, units=None, unit_host=None, advertise_host=None, capacity_per_unit=None, default_sampler=None, insecure=false, remote_units=false, samplers=None))]
     #[allow(clippy::too_many_arguments)] // one per keyword of the Python call
     fn start(
         py: Python<'_>,
@@ -35,6 +36,7 @@ impl NativeServer {
         default_sampler: Option<String>,
         insecure: bool,
         remote_units: bool,
+        samplers: Option<Vec<(String, Py<PyAny>)>>,
     ) -> PyResult<NativeServer> {
         let started = py.detach(|| -> Result<_, Error> {
             let config = config(kind, text)?;
@@ -54,6 +56,14 @@ impl NativeServer {
             }
             let runtime = runtime()?;
             let deployment = runtime.block_on(Deployment::start(config, options))?;
+            // Before anyone has the address, so no fetch can name them before they exist.
+            for (name, object) in samplers.unwrap_or_default() {
+                let sampler = PySampler::new(name.clone(), object);
+                deployment
+                    .controller_service()
+                    .controller()
+                    .register_sampler(name, std::sync::Arc::new(sampler));
+            }
             Ok((runtime, deployment))
         });
         let (runtime, deployment) = started.map_err(|e| raise(py, e))?;

@@ -170,3 +170,65 @@ def test_34_seqlen_balanced_sampler_balances_weights() -> None:
         assert sorted(shares[0] + shares[1]) == sorted(weights)
     finally:
         transfer_queue.close()
+
+
+class _EveryOther(transfer_queue.BaseSampler):
+    """A sampler written in Python: every other ready index, consumed; remembers its calls."""
+
+    def sample(self, ready_indexes, batch_size, *args, **kwargs):
+        self._states.setdefault("calls", []).append(dict(kwargs))
+        picked = ready_indexes[::2][:batch_size]
+        if len(picked) < batch_size:
+            return [], []
+        return picked, picked
+
+
+class _WithReplacement(transfer_queue.BaseSampler):
+    def sample(self, ready_indexes, batch_size, *args, **kwargs):
+        return ready_indexes[:batch_size], []  # nothing consumed: the same samples again
+
+
+class _Broken(transfer_queue.BaseSampler):
+    def sample(self, ready_indexes, batch_size, *args, **kwargs):
+        if batch_size > 1:
+            raise ValueError("this sampler takes one at a time")
+        return [999], [999]  # not a ready index
+
+
+def test_a_sampler_written_in_python_is_called_by_the_controller() -> None:
+    sampler = _EveryOther()
+    _init_with(sampler)
+    try:
+        _put(6)
+        assert _fetch(2, dp_rank=1, batch_index=7) == [0, 2]
+        assert _fetch(2) == [1, 4]  # ready is now [1, 3, 4, 5]
+        calls = sampler._states["calls"]  # this process hosts the controller: the same object
+        assert calls[0] == {"partition_id": "train", "task_name": "t", "dp_rank": 1, "batch_index": 7}
+        assert calls[1] == {"partition_id": "train", "task_name": "t"}
+        with pytest.raises(tq.UnsupportedError, match="priority"):
+            _fetch(1, priority=[1.0])
+    finally:
+        transfer_queue.close()
+
+
+def test_a_python_sampler_may_leave_samples_unconsumed() -> None:
+    _init_with(_WithReplacement)
+    try:
+        _put(3)
+        assert _fetch(2) == [0, 1] and _fetch(2) == [0, 1]
+    finally:
+        transfer_queue.close()
+
+
+def test_a_python_sampler_s_errors_reach_the_caller_and_change_nothing() -> None:
+    _init_with(_Broken())
+    try:
+        _put(3)
+        with pytest.raises(tq.InvalidError, match="one at a time"):
+            _fetch(2)
+        with pytest.raises(tq.InvalidError, match="999"):
+            _fetch(1)
+        _, consumed = transfer_queue.get_client().get_consumption_status("t", "train")
+        assert consumed.tolist() == [0, 0, 0]
+    finally:
+        transfer_queue.close()

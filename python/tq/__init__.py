@@ -279,6 +279,7 @@ def serve(
     default_sampler: Optional[str] = None,
     insecure: bool = False,
     remote_units: bool = False,
+    samplers: Optional[Mapping[str, Any]] = None,
     **sections: Any,
 ) -> Server:
     """Hosts a deployment in this process, as ``tq serve`` does: a controller on ``listen``
@@ -290,12 +291,19 @@ def serve(
     With ``remote_units``, the units run elsewhere: this process serves the controller alone,
     and the ``units`` storage units register with it (:func:`serve_unit`, ``tq storage-unit``)
     before clients can use it.
+
+    ``samplers`` registers samplers written in Python under names a fetch can give
+    (``fetch(..., sampler=name)``): objects with ``sample(ready, batch_size, *, partition_id,
+    task_name, dp_rank=None, batch_index=None) -> (sampled, consumed)``, both lists of global
+    indexes taken from ``ready`` (``tq.compat.BaseSampler`` is such a class). The controller
+    calls them with the GIL, inside its critical section: keep them quick.
     """
     form, text = _config_form(config, sections)
+    named = None if samplers is None else [(str(k), v) for k, v in samplers.items()]
     return Server(
         NativeServer.start(
             form, text, listen, units, unit_host, advertise_host, capacity_per_unit, default_sampler, insecure,
-            remote_units,
+            remote_units, named,
         )
     )
 

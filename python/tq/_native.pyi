@@ -149,6 +149,7 @@ class NativeServer:
         default_sampler: Optional[str] = None,
         insecure: bool = False,
         remote_units: bool = False,
+        samplers: Optional[List[Tuple[str, Any]]] = None,
     ) -> NativeServer: ...
     @property
     def url(self) -> str: ...

@@ -317,6 +317,11 @@ impl ControllerServer {
         self.controller.epoch()
     }
 
+    /// The controller being served (to register samplers before clients connect, say).
+    pub fn controller(&self) -> &Arc<Controller> {
+        &self.controller
+    }
+
     /// Keeps the controller's state in `dir` (see [`crate::StateDir`]): the state found there
     /// is restored first (so call this before serving), and from then on every change is on
     /// disk before it is answered.

@@ -120,7 +120,9 @@ def _attached() -> _deploy.Deployment:
 def get_client() -> TransferQueueClient:
     """A :class:`TransferQueueClient` over this process's connection."""
     deployment = _attached()
-    return TransferQueueClient(deployment.client, f"TransferQueueClient_{os.getpid()}", polling=deployment.polling)
+    return TransferQueueClient(
+        deployment.client, f"TransferQueueClient_{os.getpid()}", polling=deployment.polling, sampler=deployment.sampler
+    )
 
 
 def _native() -> Any:

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import tq as _tq
 from tq import _convert
-from tq.errors import NotFoundError
+from tq.errors import NotFoundError, UnsupportedError
 
 from ._calls import Call, both
 from ._meta import BatchMeta
@@ -44,11 +44,15 @@ class TransferQueueClient:
     from ``get_client()`` by hand leaves the module without one until the next ``init``).
     """
 
-    def __init__(self, client: _tq.Client, client_id: Optional[str] = None, *, polling: bool = False) -> None:
+    def __init__(
+        self, client: _tq.Client, client_id: Optional[str] = None, *, polling: bool = False, sampler: Optional[str] = None
+    ) -> None:
         self._client = client
         self.client_id = client_id or f"TransferQueueClient_{id(client):x}"
         #: ``controller.polling_mode``: a fetch answers at once, with what is ready.
         self.polling = polling
+        #: The sampler fetches name (a sampler written in Python; ``None``: the default).
+        self.sampler = sampler
 
     @property
     def _native(self) -> Any:
@@ -82,10 +86,10 @@ class TransferQueueClient:
         if mode == "fetch":
             if not task_name:
                 raise ValueError("get_meta: a fetch needs a task_name")
-            dp_rank, batch_index = config.get("dp_rank"), config.get("batch_index")
+            dp_rank, batch_index = _sampling_context(config, partition_id, task_name)
             native = await call(
                 self._native.get_meta, partition_id, fields, "fetch", int(batch_size), task_name,
-                0.0 if self.polling else None, None, dp_rank, batch_index,
+                0.0 if self.polling else None, self.sampler, dp_rank, batch_index,
             )
         elif mode == "insert":
             native = await call(self._native.get_meta, partition_id, fields, "insert", int(batch_size))
@@ -293,6 +297,27 @@ class TransferQueueClient:
 
     def __repr__(self) -> str:
         return f"TransferQueueClient({self.client_id!r})"
+
+
+#: The sampling_config entries that reach the sampler (the dataloader's own keys).
+_CONTEXT_KEYS = {"dp_rank", "batch_index", "task_name", "partition_id"}
+
+
+def _sampling_context(config: Mapping[str, Any], partition_id: str, task_name: str) -> Tuple[Optional[int], Optional[int]]:
+    """``(dp_rank, batch_index)`` of a sampling_config. Other entries are refused: tq's fetch
+    carries a typed context, and a sampler that silently missed its inputs would choose
+    differently without a word."""
+    extra = sorted(set(config) - _CONTEXT_KEYS)
+    if extra:
+        raise UnsupportedError(
+            f"get_meta: sampling_config entries {extra} cannot reach the sampler (tq passes dp_rank, "
+            "batch_index, task_name and partition_id); put per-sample inputs in custom_meta"
+        )
+    for key, want in (("partition_id", partition_id), ("task_name", task_name)):
+        if key in config and config[key] != want:
+            raise ValueError(f"get_meta: sampling_config {key} {config[key]!r} differs from the request's {want!r}")
+    dp_rank, batch_index = config.get("dp_rank"), config.get("batch_index")
+    return (None if dp_rank is None else int(dp_rank)), (None if batch_index is None else int(batch_index))
 
 
 def _key_list(keys: Union[str, Sequence[str]]) -> List[str]:

@@ -9,7 +9,7 @@ A key tq cannot honour is refused with an error that says so, never dropped sile
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
 from ..errors import InvalidError, UnsupportedError
 
@@ -48,33 +48,51 @@ def _is_omegaconf(value: Any) -> bool:
     return type(value).__module__.startswith("omegaconf")
 
 
-def sampler_spec(sampler: Any) -> str:
-    """tq's sampler specification for the original's ``controller.sampler`` (a class name, a
-    sampler class or a sampler instance of :mod:`tq.compat`)."""
+#: The name a sampler written in Python is registered under with the controller.
+PYTHON_SAMPLER = "tq.compat:python"
+
+
+class Plan(NamedTuple):
+    """What the original's configuration asks of tq."""
+
+    #: tq configuration sections (``controller``, ``storage``, ``net``, ...).
+    sections: Dict[str, Any]
+    #: Storage units to start (0: shared KV storage, no units).
+    units: int
+    #: tq's sampler specification for the controller's default (a built-in sampler).
+    sampler_spec: Optional[str]
+    #: A sampler written in Python, which the controller calls back (fetches name it).
+    python_sampler: Any
+
+
+def sampler_of(sampler: Any) -> Tuple[Optional[str], Any]:
+    """``(tq sampler spec, Python sampler)`` for the original's ``controller.sampler`` (a
+    class name, a sampler class or a sampler instance): one of them is set."""
     from . import samplers
 
     if isinstance(sampler, str):
         if sampler in SAMPLERS:
-            return getattr(samplers, sampler)().spec()
+            return getattr(samplers, sampler)().spec(), None
         raise InvalidError(
             f"Could not find sampler `{sampler}` (tq.compat has {', '.join(sorted(SAMPLERS))})"
         )
     if isinstance(sampler, type) and issubclass(sampler, samplers.BaseSampler):
         sampler = sampler()
     if isinstance(sampler, samplers.BaseSampler):
-        return sampler.spec()
+        spec = sampler.spec()
+        return (spec, None) if spec is not None else (None, sampler)
     raise InvalidError(f"controller.sampler: expected a sampler name, class or instance, got {sampler!r}")
 
 
-def to_tq(conf: Mapping[str, Any]) -> Tuple[Dict[str, Any], int, Optional[str]]:
-    """``(tq config sections, storage units to start, sampler spec)`` for the original's
-    ``conf``; ``backend.tq`` (a tq configuration as a dict) is merged over the result."""
+def to_tq(conf: Mapping[str, Any]) -> Plan:
+    """What tq runs for the original's ``conf``; ``backend.tq`` (a tq configuration as a
+    dict) is merged over the result."""
     controller = dict(conf.get("controller") or {})
     backend = dict(conf.get("backend") or {})
     metrics = dict(conf.get("metrics") or {})
     tq_sections: Dict[str, Any] = {"controller": {}, "storage": {}}
 
-    spec = sampler_spec(controller.get("sampler") or "SequentialSampler")
+    spec, python_sampler = sampler_of(controller.get("sampler") or "SequentialSampler")
     if controller.get("polling_mode"):
         # Polling: a fetch answers at once, possibly empty, instead of waiting.
         tq_sections["controller"]["fetch_timeout_ms"] = 0
@@ -121,4 +139,4 @@ def to_tq(conf: Mapping[str, Any]) -> Tuple[Dict[str, Any], int, Optional[str]]:
         tq_sections["storage"].pop("capacity_per_unit", None)
     elif name.lower() == "tq":
         units = int(tq_sections["storage"].get("num_units", 2))
-    return tq_sections, units, spec
+    return Plan(tq_sections, units, spec, python_sampler)

@@ -53,13 +53,18 @@ class Deployment:
         self.actors = actors
         #: ``controller.polling_mode``: a fetch answers at once, possibly with fewer samples.
         self.polling = bool((conf.get("controller") or {}).get("polling_mode"))
+        #: The sampler fetches name (``None``: the controller's default).
+        self.sampler: Optional[str] = (conf.get("controller") or {}).get("tq_sampler")
         self._exported: Optional[str] = None
 
     def export(self) -> None:
         """Puts where this deployment is into the environment, for child processes."""
         own = self.conf["backend"]["tq"]
         self._exported = json.dumps(
-            {"controller": {"polling_mode": self.polling}, "backend": {"tq": {"connect": own["connect"], "token": own.get("token")}}}
+            {
+                "controller": {"polling_mode": self.polling, "tq_sampler": self.sampler},
+                "backend": {"tq": {"connect": own["connect"], "token": own.get("token")}},
+            }
         )
         os.environ[DEPLOYMENT_VARIABLE] = self._exported
 
@@ -119,10 +124,11 @@ def start(conf: Dict[str, Any]) -> Deployment:
     existing = attach_existing()
     if existing is not None:
         return existing
-    sections, units, sampler = _config.to_tq(conf)
+    plan = _config.to_tq(conf)
+    conf = _with_sampler(conf, plan)
     if _ray_running():
-        return _start_on_ray(conf, sections, units, sampler)
-    server = _tq.serve(sections, units=units or None, default_sampler=sampler)
+        return _start_on_ray(conf, plan)
+    server = _tq.serve(plan.sections, units=plan.units or None, default_sampler=plan.sampler_spec, samplers=_samplers(plan))
     try:
         client = server.connect()
     except BaseException:
@@ -131,6 +137,20 @@ def start(conf: Dict[str, Any]) -> Deployment:
     deployment = Deployment(client, _with_address(conf, server.url, None), server=server)
     deployment.export()
     return deployment
+
+
+def _samplers(plan: _config.Plan) -> Optional[Dict[str, Any]]:
+    return None if plan.python_sampler is None else {_config.PYTHON_SAMPLER: plan.python_sampler}
+
+
+def _with_sampler(conf: Dict[str, Any], plan: _config.Plan) -> Dict[str, Any]:
+    """``conf`` saying which sampler fetches name (``controller.tq_sampler``): the Python
+    sampler's registered name when there is one (the controller's default otherwise)."""
+    if plan.python_sampler is None:
+        return conf
+    out = dict(conf)
+    out["controller"] = {**dict(conf.get("controller") or {}), "tq_sampler": _config.PYTHON_SAMPLER}
+    return out
 
 
 def _find_actor() -> Any:
@@ -163,7 +183,7 @@ class RayActors:
                 ray.util.remove_placement_group(self.group)
 
 
-def _start_on_ray(conf: Dict[str, Any], sections: Dict[str, Any], units: int, sampler: Optional[str]) -> Deployment:
+def _start_on_ray(conf: Dict[str, Any], plan: _config.Plan) -> Deployment:
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -178,11 +198,12 @@ def _start_on_ray(conf: Dict[str, Any], sections: Dict[str, Any], units: int, sa
     actors = RayActors(controller)
     try:
         token = secrets.token_hex(16)
-        sections = copy.deepcopy(sections)
+        sections = copy.deepcopy(plan.sections)
         sections.setdefault("net", {})["token"] = token
         own = (conf.get("backend") or {}).get("tq") or {}
         host = own.get("host")
-        url = ray.get(controller.start.remote(sections, units, sampler, host))
+        units = plan.units
+        url = ray.get(controller.start.remote(sections, units, plan.sampler_spec, _samplers(plan), host))
         if units:
             # One bundle per unit, spread over the nodes, as the original places its units.
             cpus = float(own.get("unit_cpus", 1))
@@ -236,13 +257,16 @@ def _actor_classes() -> _ActorClasses:
                 self._server: Optional[_tq.Server] = None
                 self._config: Optional[Dict[str, Any]] = None
 
-            def start(self, sections: Dict[str, Any], units: int, sampler: Optional[str], host: Optional[str]) -> str:
+            def start(
+                self, sections: Dict[str, Any], units: int, sampler: Optional[str], samplers: Optional[Dict[str, Any]], host: Optional[str]
+            ) -> str:
                 host, loopback = _host(host)
                 self._server = _tq.serve(
                     sections,
                     listen=f"tcp://{host}:0",
                     units=units or None,
                     default_sampler=sampler,
+                    samplers=samplers,
                     insecure=loopback,
                     remote_units=True,
                 )

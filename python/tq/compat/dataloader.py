@@ -42,7 +42,7 @@ def default_fetch_batch_fn(
     config = {**dict(sampling_config), "batch_index": batch_index, "partition_id": partition_id}
     try:
         native = tq_client._native.get_meta(
-            partition_id, list(data_fields), "fetch", int(batch_size), task_name, FETCH_WAIT_SECONDS, None,
+            partition_id, list(data_fields), "fetch", int(batch_size), task_name, FETCH_WAIT_SECONDS, tq_client.sampler,
             config.get("dp_rank"), batch_index,
         )
     except TimeoutError:
@@ -124,7 +124,8 @@ class StreamingDataset(IterableDataset):  # type: ignore[misc]
 
     def _tq_client(self) -> TransferQueueClient:
         if self._client is None or self._client_pid != os.getpid():
-            self._client = TransferQueueClient(_tq.connect(self.config["connect"], token=self.config.get("token")))
+            connection = _tq.connect(self.config["connect"], token=self.config.get("token"))
+            self._client = TransferQueueClient(connection, sampler=self.config.get("sampler"))
             self._client_pid = os.getpid()
         return self._client
 
@@ -180,10 +181,12 @@ def _address_of(config: Mapping[str, Any]) -> Dict[str, Any]:
     ``config`` says nothing, from this process's own attachment."""
     from . import _config, _attached
 
-    own = (_config.plain(config).get("backend") or {}).get("tq") or {}
-    if not own.get("connect"):
-        own = (_attached().conf.get("backend") or {}).get("tq") or {}
-    return {"connect": own["connect"], "token": own.get("token")}
+    plain = _config.plain(config)
+    if not ((plain.get("backend") or {}).get("tq") or {}).get("connect"):
+        plain = _attached().conf
+    own = (plain.get("backend") or {}).get("tq") or {}
+    sampler = (plain.get("controller") or {}).get("tq_sampler")
+    return {"connect": own["connect"], "token": own.get("token"), "sampler": sampler}
 
 
 def _identity(item: Any) -> Any:
