@@ -4,8 +4,10 @@
   ``TransferQueueController`` in namespace ``transfer_queue``, as the original does, which runs
   tq's controller and keeps the configuration (``get_config()``, with the controller's
   address and a fresh token), and one actor per storage unit (``TransferQueueStorageUnit#<i>``)
-  placed by a placement group of one bundle per unit, spread over the nodes (the original's
-  layout), each running a tq storage unit that registers with the controller. Any process of
+  placed on the alive nodes in turn (TransferQueue 0.1.11's layout), each running a tq
+  storage unit that registers with the controller. The actors reserve no CPU by default
+  (``backend.tq.unit_cpus``): a unit is a few native threads, mostly waiting on the network,
+  and reserving a CPU each would leave a small cluster no room for its workers. Any process of
   the Ray cluster finds the controller by name and talks to it and to the units over tq's own
   protocol: payloads never travel through Ray's object store. Two processes racing to create
   it: the loser attaches.
@@ -163,13 +165,12 @@ def _find_actor() -> Any:
 
 
 class RayActors:
-    """What a Ray deployment is made of: the controller actor, the unit actors and their
-    placement group. :meth:`stop` removes them all."""
+    """What a Ray deployment is made of: the controller actor and the unit actors.
+    :meth:`stop` removes them all."""
 
     def __init__(self, controller: Any) -> None:
         self.controller = controller
         self.units: List[Any] = []
-        self.group: Any = None
 
     def stop(self) -> None:
         import ray
@@ -179,13 +180,23 @@ class RayActors:
         finally:
             for actor in [*self.units, self.controller]:
                 ray.kill(actor)
-            if self.group is not None:
-                ray.util.remove_placement_group(self.group)
+
+
+def _round_robin(count: int) -> List[Any]:
+    """Where unit ``i`` goes: the alive nodes in turn (what TransferQueue 0.1.11 does; unlike a
+    SPREAD placement group, which is best-effort, every node gets ``count / nodes`` units,
+    rounded)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    if not nodes:
+        raise RuntimeError("tq.compat: Ray reports no alive node to place the storage units on")
+    return [NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=False) for i in range(count)]
 
 
 def _start_on_ray(conf: Dict[str, Any], plan: _config.Plan) -> Deployment:
     import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     classes = _actor_classes()
     try:
@@ -205,12 +216,8 @@ def _start_on_ray(conf: Dict[str, Any], plan: _config.Plan) -> Deployment:
         units = plan.units
         url = ray.get(controller.start.remote(sections, units, plan.sampler_spec, _samplers(plan), host))
         if units:
-            # One bundle per unit, spread over the nodes, as the original places its units.
-            cpus = float(own.get("unit_cpus", 1))
-            actors.group = ray.util.placement_group([{"CPU": cpus}] * units, strategy="SPREAD")
-            ray.get(actors.group.ready())
-            for i in range(units):
-                strategy = PlacementGroupSchedulingStrategy(placement_group=actors.group, placement_group_bundle_index=i)
+            cpus = float(own.get("unit_cpus", 0))
+            for i, strategy in enumerate(_round_robin(units)):
                 actors.units.append(
                     classes.unit.options(
                         name=f"TransferQueueStorageUnit#{i}", namespace=ACTOR_NAMESPACE, num_cpus=cpus, scheduling_strategy=strategy
@@ -234,11 +241,17 @@ class _ActorClasses:
 _ACTORS: Optional[_ActorClasses] = None
 
 
+#: The host Ray actors serve on when ``backend.tq.host`` does not say (default: the node's
+#: address as Ray knows it).
+HOST_VARIABLE = "TQ_COMPAT_HOST"
+
+
 def _host(host: Optional[str]) -> Tuple[str, bool]:
-    """The host to serve on (this node's address unless given) and whether it is loopback."""
+    """The host to serve on (``backend.tq.host``, ``TQ_COMPAT_HOST``, else this node's
+    address) and whether it is loopback."""
     import ray
 
-    host = host or ray.util.get_node_ip_address()
+    host = host or os.environ.get(HOST_VARIABLE) or ray.util.get_node_ip_address()
     return host, host in ("127.0.0.1", "localhost", "::1")
 
 
