@@ -6,8 +6,9 @@
 #
 # Environment: TQ_VENV (where the virtual environment lives; default: the shared torch venv
 # when present, else target/python-venv, made on first use and reused), TQ_REQUIRE_REDIS /
-# TQ_REQUIRE_URING / TQ_REQUIRE_TORCH (fail instead of skipping the Redis, io_uring and torch
-# tests, as CI does). Extra arguments go to `cargo test`.
+# TQ_REQUIRE_URING / TQ_REQUIRE_TORCH / TQ_REQUIRE_RAY / TQ_REQUIRE_TUTORIALS (fail instead of
+# skipping the Redis, io_uring, torch, Ray and TransferQueue-tutorial tests, as CI does).
+# Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"

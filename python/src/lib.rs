@@ -730,10 +730,11 @@ impl NativeClient {
     }
 
     /// The metadata API's general request (TransferQueue's `get_meta`): `mode` is `"fetch"`
-    /// (as [`NativeClient::fetch`], with the sampler's `dp_rank` and `batch_index`), `"insert"`
+    /// (as [`NativeClient::fetch`], with the sampler's `dp_rank` and `batch_index`, and a
+    /// `lease` for acknowledged delivery), `"insert"`
     /// (`batch_size` new samples that will hold `fields`) or `"force"` (every live sample,
     /// production for `fields`, nothing consumed).
-    #[pyo3(signature = (partition, fields, mode, batch_size, task=None, timeout=None, sampler=None, dp_rank=None, batch_index=None, done=None))]
+    #[pyo3(signature = (partition, fields, mode, batch_size, task=None, timeout=None, sampler=None, dp_rank=None, batch_index=None, lease=None, done=None))]
     #[allow(clippy::too_many_arguments)] // one per keyword of the Python call
     fn get_meta(
         &self,
@@ -747,17 +748,18 @@ impl NativeClient {
         sampler: Option<String>,
         dp_rank: Option<u32>,
         batch_index: Option<u64>,
+        lease: Option<f64>,
         done: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let timeout = match timeout {
-            Some(t) if !(t.is_finite() && t >= 0.0) => {
-                return Err(raise(
-                    py,
-                    Error::invalid(format!("timeout must be a number of seconds >= 0, got {t}")),
-                ))
-            }
-            other => other.map(Duration::from_secs_f64),
+        let seconds = |what: &str, s: Option<f64>| match s {
+            Some(t) if !(t.is_finite() && t >= 0.0) => Err(raise(
+                py,
+                Error::invalid(format!("{what} must be a number of seconds >= 0, got {t}")),
+            )),
+            other => Ok(other.map(Duration::from_secs_f64)),
         };
+        let timeout = seconds("timeout", timeout)?;
+        let lease = seconds("lease", lease)?;
         let mode = match (mode, task) {
             ("fetch", Some(task)) => Mode::Fetch(task),
             ("fetch", None) => {
@@ -784,7 +786,7 @@ impl NativeClient {
                         Some(t) if t.is_zero() => Wait::NoWait,
                         Some(t) => Wait::For(t),
                     },
-                    lease: None,
+                    lease,
                 },
                 Mode::Insert => GetMetaMode::Insert { count: batch_size },
                 Mode::Force => GetMetaMode::Force,

@@ -332,3 +332,37 @@ def test_data_of_several_partitions_comes_back_in_row_order(client) -> None:
     q = client.put(data=_rows(2, start=100), partition_id="q")
     mixed = BatchMeta.concat([q.select_samples([1]), p.select_samples([2, 0]), q.select_samples([0])])
     assert client.get_data(mixed)["a"].flatten().tolist() == [101.0, 2.0, 0.0, 100.0]
+
+
+def test_a_fetched_batch_nobody_read_is_handed_out_again() -> None:
+    """Difference (acknowledged delivery): a fetch leases its samples to the task; reading
+    (get_data) or writing (put) them consumes them; a batch its consumer never got to comes
+    back when the lease runs out, where the original would have lost it."""
+    transfer_queue.init({"backend": {"tq": {"lease_seconds": 0.5}}})
+    try:
+        client = transfer_queue.get_client()
+        client.put(data=_rows(6), partition_id="p")
+        read = client.get_meta(data_fields=["a"], batch_size=2, partition_id="p", task_name="t")
+        client.get_data(read)
+        written = client.get_meta(data_fields=["a"], batch_size=2, partition_id="p", task_name="t")
+        client.put(data=TD({"out": torch.zeros(2, 1)}, batch_size=[2]), metadata=written)
+        dropped = client.get_meta(data_fields=["a"], batch_size=2, partition_id="p", task_name="t")
+        assert client.check_consumption_status("t", "p")  # leased counts as taken meanwhile
+        again = client.get_meta(data_fields=["a"], batch_size=2, partition_id="p", task_name="t")  # waits out the lease
+        assert again.global_indexes == dropped.global_indexes
+        assert set(again.global_indexes).isdisjoint(read.global_indexes + written.global_indexes)
+    finally:
+        transfer_queue.close()
+
+
+def test_without_a_lease_a_fetch_consumes_at_once() -> None:
+    transfer_queue.init({"controller": {"polling_mode": True}, "backend": {"tq": {"lease_seconds": None}}})
+    try:
+        client = transfer_queue.get_client()
+        client.put(data=_rows(2), partition_id="p")
+        assert client.get_meta(data_fields=["a"], batch_size=2, partition_id="p", task_name="t").size == 2
+        assert client.get_consumption_status("t", "p")[1].tolist() == [1, 1]
+        status = client._client.partition("p").consumption_status("t")
+        assert status["consumed"] == [True, True] and status["leased"] == [False, False]
+    finally:
+        transfer_queue.close()

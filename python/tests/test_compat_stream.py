@@ -232,3 +232,23 @@ def test_a_python_sampler_s_errors_reach_the_caller_and_change_nothing() -> None
         assert consumed.tolist() == [0, 0, 0]
     finally:
         transfer_queue.close()
+
+
+def test_spawned_multiprocessing_workers_attach_without_ray(deployment) -> None:
+    import multiprocessing
+
+    import _workers
+
+    transfer_queue.get_client().put(data=TD({"x": torch.tensor([5, 6])}, batch_size=[2]), partition_id="shared")
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        got = pool.map(_workers.compat_worker, [0, 1])
+    assert got == [[5, 6], [5, 6]]  # two tasks, each reads the whole partition
+    keys = transfer_queue.kv_list("workers")["workers"]
+    assert sorted(keys) == ["w0", "w1"]  # and the workers' close left the deployment running
+
+
+def test_a_dataloader_with_spawned_workers(deployment) -> None:
+    _put(12)
+    ds = _dataset(deployment, batch_size=2, micro_batch_size=2, data_fields=["ids"])
+    loader = StreamingDataLoader(ds, num_workers=2, multiprocessing_context="spawn")
+    assert sorted(i for data, _meta in loader for i in data["ids"].tolist()) == list(range(12))

@@ -512,18 +512,20 @@ class Partition:
         sampler: Optional[str] = None,
         dp_rank: Optional[int] = None,
         batch_index: Optional[int] = None,
+        lease: Optional[float] = None,
     ) -> BatchMeta:
         """The general metadata request that :meth:`fetch` and :meth:`put` are made of.
 
         ``mode="fetch"``: as :meth:`fetch` for ``task``, with the sampler's ``dp_rank`` and
-        ``batch_index`` (rank-aware samplers hand every rank of a step the same batch).
+        ``batch_index`` (rank-aware samplers hand every rank of a step the same batch) and
+        ``lease`` (seconds; acknowledged delivery, as for :meth:`fetch`).
         ``mode="insert"``: ``batch_size`` new samples that will hold ``fields``, for a
         :meth:`Client.put` (a clear removes them even if that put never comes).
         ``mode="force"``: every live sample, with its production of ``fields``; nothing is
         consumed.
         """
         return self._native.get_meta(
-            self.name, list(fields), mode, batch_size, task, timeout, sampler, dp_rank, batch_index
+            self.name, list(fields), mode, batch_size, task, timeout, sampler, dp_rank, batch_index, lease
         )
 
     def kv_meta(self, keys: Sequence[str], *, create: bool = False) -> BatchMeta:

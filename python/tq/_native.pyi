@@ -102,6 +102,7 @@ class NativeClient:
         sampler: Optional[str] = None,
         dp_rank: Optional[int] = None,
         batch_index: Optional[int] = None,
+        lease: Optional[float] = None,
         done: Optional[Done] = None,
     ) -> Any: ...
     def set_tags(self, meta: BatchMeta, done: Optional[Done] = None) -> Any: ...

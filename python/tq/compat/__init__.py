@@ -121,7 +121,11 @@ def get_client() -> TransferQueueClient:
     """A :class:`TransferQueueClient` over this process's connection."""
     deployment = _attached()
     return TransferQueueClient(
-        deployment.client, f"TransferQueueClient_{os.getpid()}", polling=deployment.polling, sampler=deployment.sampler
+        deployment.client,
+        f"TransferQueueClient_{os.getpid()}",
+        polling=deployment.polling,
+        sampler=deployment.sampler,
+        lease=deployment.lease,
     )
 
 

@@ -6,6 +6,7 @@ Every method has its ``async_`` twin (``get_meta`` / ``async_get_meta``), writte
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import tq as _tq
@@ -19,6 +20,10 @@ from ._rows import assemble, take_rows
 __all__ = ["TransferQueueClient"]
 
 _MODES = {"fetch": "fetch", "insert": "insert", "force_fetch": "force"}
+
+#: How long a fetched batch stays leased to its task before it is handed out again, unless
+#: its data was read (``get_data``) or written (``put``) first: ``backend.tq.lease_seconds``.
+DEFAULT_LEASE_SECONDS = 300.0
 
 
 def _torch() -> Any:
@@ -45,7 +50,13 @@ class TransferQueueClient:
     """
 
     def __init__(
-        self, client: _tq.Client, client_id: Optional[str] = None, *, polling: bool = False, sampler: Optional[str] = None
+        self,
+        client: _tq.Client,
+        client_id: Optional[str] = None,
+        *,
+        polling: bool = False,
+        sampler: Optional[str] = None,
+        lease: Optional[float] = DEFAULT_LEASE_SECONDS,
     ) -> None:
         self._client = client
         self.client_id = client_id or f"TransferQueueClient_{id(client):x}"
@@ -53,6 +64,9 @@ class TransferQueueClient:
         self.polling = polling
         #: The sampler fetches name (a sampler written in Python; ``None``: the default).
         self.sampler = sampler
+        #: Seconds a fetched batch stays leased to its task until its data is read or written
+        #: (acknowledged delivery); ``None``: consumed when fetched, as in the original.
+        self.lease = lease
 
     @property
     def _native(self) -> Any:
@@ -89,8 +103,9 @@ class TransferQueueClient:
             dp_rank, batch_index = _sampling_context(config, partition_id, task_name)
             native = await call(
                 self._native.get_meta, partition_id, fields, "fetch", int(batch_size), task_name,
-                0.0 if self.polling else None, self.sampler, dp_rank, batch_index,
+                0.0 if self.polling else None, self.sampler, dp_rank, batch_index, self.lease,
             )
+            return BatchMeta.from_native(native, task=task_name)
         elif mode == "insert":
             native = await call(self._native.get_meta, partition_id, fields, "insert", int(batch_size))
         else:
@@ -149,7 +164,8 @@ class TransferQueueClient:
             if old is not None:
                 out = old[0].union(out)
             for j, i in enumerate(positions):
-                sources[i] = (out, j)
+                sources[i] = (out, j, None)
+        await self._acknowledge(call, metadata)
         metadata.add_fields(data)
         metadata._sources = sources
         return metadata
@@ -166,11 +182,25 @@ class TransferQueueClient:
         for native, positions in groups:
             got = await call(self._native.get_data, native, None)
             parts.append((positions, got))
+        await self._acknowledge(call, metadata)
         if len(parts) == 1 and parts[0][0] == list(range(metadata.size)):
             return _convert.columns_out(parts[0][1], "tensordict")
         return _assemble(parts, metadata.size)
 
     get_data, async_get_data = both(_get_data)
+
+    async def _acknowledge(self, call: Call, metadata: BatchMeta) -> None:
+        """Consumes the rows of ``metadata`` a task fetched under a lease: their data was read
+        or written, so they are not handed out again. Acknowledging twice changes nothing."""
+        for task, native in metadata.leased():
+            taken = await call(self._native.ack, task, native)
+            if taken < len(native):
+                warnings.warn(
+                    f"partition `{native.partition}`: the lease of task `{task}` on {len(native) - taken} "
+                    f"of {len(native)} samples ran out before they were read or written: they may have "
+                    "been handed out again (raise backend.tq.lease_seconds)",
+                    stacklevel=3,
+                )
 
     async def _clear_samples(self, call: Call, metadata: BatchMeta) -> None:
         """Removes the samples of ``metadata`` (every field, tags, consumption)."""
@@ -193,13 +223,16 @@ class TransferQueueClient:
 
     async def _get_consumption_status(self, call: Call, task_name: str, partition_id: str) -> Tuple[Any, Any]:
         """``(global indexes, consumed 0/1)`` as tensors, or ``(None, None)`` when the
-        partition does not exist."""
+        partition does not exist. A sample the task fetched counts as consumed from then on,
+        as in the original, while its lease runs."""
         torch = _torch()
         try:
             status = await call(self._native.consumption_status, partition_id, task_name)
         except NotFoundError:
             return None, None
-        consumed = [1 if c else 0 for c in status["consumed"]]
+        # Leased counts as consumed: the task has taken the sample (it comes back only if the
+        # lease runs out before its data is read or written).
+        consumed = [1 if c or leased else 0 for c, leased in zip(status["consumed"], status["leased"])]
         return torch.tensor(status["global_indexes"], dtype=torch.long), torch.tensor(consumed, dtype=torch.int8)
 
     get_consumption_status, async_get_consumption_status = both(_get_consumption_status)

@@ -48,6 +48,12 @@ def _is_omegaconf(value: Any) -> bool:
     return type(value).__module__.startswith("omegaconf")
 
 
+#: Keys of ``backend.tq`` that are tq.compat's own (the rest are tq configuration sections):
+#: where a running deployment is (``connect``, ``token``), what Ray actors serve on
+#: (``host``) and reserve (``unit_cpus``), and how long a fetched batch stays leased
+#: (``lease_seconds``; ``None``: consumed when fetched).
+COMPAT_KEYS = ("connect", "token", "host", "unit_cpus", "lease_seconds")
+
 #: The name a sampler written in Python is registered under with the controller.
 PYTHON_SAMPLER = "tq.compat:python"
 
@@ -128,8 +134,8 @@ def to_tq(conf: Mapping[str, Any]) -> Plan:
         )
 
     own = dict(backend.get("tq") or {})
-    for where in ("connect", "token", "host"):  # where the deployment is, not how it runs
-        own.pop(where, None)
+    for key in COMPAT_KEYS:  # tq.compat's own settings, not tq configuration sections
+        own.pop(key, None)
     for section, values in own.items():
         if not isinstance(values, Mapping):
             raise InvalidError(f"backend.tq.{section}: expected a section (a dict)")

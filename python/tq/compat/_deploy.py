@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import tq as _tq
 
 from . import _config
+from ._client import DEFAULT_LEASE_SECONDS
 
 #: The environment variable through which child processes find an in-process deployment:
 #: the part of its configuration an attaching process needs, as JSON.
@@ -57,6 +58,10 @@ class Deployment:
         self.polling = bool((conf.get("controller") or {}).get("polling_mode"))
         #: The sampler fetches name (``None``: the controller's default).
         self.sampler: Optional[str] = (conf.get("controller") or {}).get("tq_sampler")
+        own = (conf.get("backend") or {}).get("tq") or {}
+        #: Seconds a fetched batch stays leased until read or written (``None``: consumed
+        #: when fetched).
+        self.lease: Optional[float] = own.get("lease_seconds", DEFAULT_LEASE_SECONDS)
         self._exported: Optional[str] = None
 
     def export(self) -> None:
@@ -65,7 +70,7 @@ class Deployment:
         self._exported = json.dumps(
             {
                 "controller": {"polling_mode": self.polling, "tq_sampler": self.sampler},
-                "backend": {"tq": {"connect": own["connect"], "token": own.get("token")}},
+                "backend": {"tq": {"connect": own["connect"], "token": own.get("token"), "lease_seconds": self.lease}},
             }
         )
         os.environ[DEPLOYMENT_VARIABLE] = self._exported
@@ -306,6 +311,10 @@ def _actor_classes() -> _ActorClasses:
                 host, loopback = _host(host)
                 self._unit = _tq.serve_unit(controller, unit_id, sections, listen=f"tcp://{host}:0", insecure=loopback)
                 return self._unit.endpoint
+
+            def node_id(self) -> str:
+                """The Ray node this unit runs on."""
+                return ray.get_runtime_context().get_node_id()
 
             def stop(self) -> None:
                 if self._unit is not None:

@@ -39,8 +39,9 @@ _TORCH_DTYPES = {
     "f64": "float64",
 }
 
-#: Where a row came from: a native batch metadata and the row's position in it.
-Source = Optional[Tuple[NativeMeta, int]]
+#: Where a row came from: a native batch metadata, the row's position in it, and the task
+#: that fetched it under a lease (``None`` when nothing awaits an acknowledgement).
+Source = Optional[Tuple[NativeMeta, int, Optional[str]]]
 
 
 def _torch_dtype(name: Optional[str]) -> Any:
@@ -212,9 +213,11 @@ class BatchMeta:
     # -- from tq ----------------------------------------------------------------------------
 
     @classmethod
-    def from_native(cls, native: NativeMeta, extra_info: Optional[Mapping[str, Any]] = None) -> "BatchMeta":
-        """The rows of one native batch metadata."""
+    def from_native(cls, native: NativeMeta, extra_info: Optional[Mapping[str, Any]] = None, task: Optional[str] = None) -> "BatchMeta":
+        """The rows of one native batch metadata (fetched by ``task``, under a lease when the
+        native one has one)."""
         n = len(native)
+        task = task if native.lease is not None else None
         return cls(
             native.global_indexes,
             [native.partition] * n,
@@ -223,7 +226,7 @@ class BatchMeta:
             extra_info,
             native.tags,
             None,
-            [(native, i) for i in range(n)],
+            [(native, i, task) for i in range(n)],
         )
 
     def native_groups(self, fields: Optional[Sequence[str]] = None) -> List[Tuple[NativeMeta, List[int]]]:
@@ -246,7 +249,7 @@ class BatchMeta:
             run_src: Optional[NativeMeta] = None
             run: List[int] = []
             for i in rows:
-                src, pos = self._sources[i]  # type: ignore[misc]
+                src, pos, _task = self._sources[i]  # type: ignore[misc]
                 if src is not run_src and run:
                     pieces.append(_select(run_src, run, fields))
                     run = []
@@ -257,6 +260,19 @@ class BatchMeta:
             native = pieces[0] if len(pieces) == 1 else NativeMeta.concat(pieces)
             out.append((native.with_tags([self.custom_meta[i] for i in rows]), rows))
         return out
+
+    def leased(self, positions: Optional[Sequence[int]] = None) -> List[Tuple[str, NativeMeta]]:
+        """``(task, native metadata)`` of the rows (at ``positions``, default all) that a task
+        fetched under a lease and that an acknowledgement consumes: one per hand-out."""
+        rows = range(self.size) if positions is None else positions
+        by_source: Dict[int, Tuple[NativeMeta, str, List[int]]] = {}
+        for i in rows:
+            source = self._sources[i]
+            if source is None or source[2] is None:
+                continue
+            native, pos, task = source
+            by_source.setdefault(id(native), (native, task, []))[2].append(pos)
+        return [(task, native.select_samples(sorted(set(pos)))) for native, task, pos in by_source.values()]
 
     # -- attributes -------------------------------------------------------------------------
 
@@ -546,7 +562,7 @@ def _union_source(a: Source, b: Source) -> Source:
     if a[0] is b[0]:
         return a
     merged = a[0].select_samples([a[1]]).union(b[0].select_samples([b[1]]))
-    return (merged, 0)
+    return (merged, 0, a[2] or b[2])
 
 
 def _schema_of_column(column: Any) -> Dict[str, Any]:

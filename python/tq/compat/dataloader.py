@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 import tq as _tq
 from tq.errors import ClosedError, TimeoutError
 
-from ._client import TransferQueueClient
+from ._client import DEFAULT_LEASE_SECONDS, TransferQueueClient
 from ._meta import BatchMeta
 from ._rows import slice_rows
 
@@ -43,11 +43,11 @@ def default_fetch_batch_fn(
     try:
         native = tq_client._native.get_meta(
             partition_id, list(data_fields), "fetch", int(batch_size), task_name, FETCH_WAIT_SECONDS, tq_client.sampler,
-            config.get("dp_rank"), batch_index,
+            config.get("dp_rank"), batch_index, tq_client.lease,
         )
     except TimeoutError:
         return None, BatchMeta.empty()
-    meta = BatchMeta.from_native(native)
+    meta = BatchMeta.from_native(native, task=task_name)
     if meta.size == 0:
         return None, meta
     return tq_client.get_data(meta), meta
@@ -125,7 +125,7 @@ class StreamingDataset(IterableDataset):  # type: ignore[misc]
     def _tq_client(self) -> TransferQueueClient:
         if self._client is None or self._client_pid != os.getpid():
             connection = _tq.connect(self.config["connect"], token=self.config.get("token"))
-            self._client = TransferQueueClient(connection, sampler=self.config.get("sampler"))
+            self._client = TransferQueueClient(connection, sampler=self.config.get("sampler"), lease=self.config.get("lease"))
             self._client_pid = os.getpid()
         return self._client
 
@@ -186,7 +186,8 @@ def _address_of(config: Mapping[str, Any]) -> Dict[str, Any]:
         plain = _attached().conf
     own = (plain.get("backend") or {}).get("tq") or {}
     sampler = (plain.get("controller") or {}).get("tq_sampler")
-    return {"connect": own["connect"], "token": own.get("token"), "sampler": sampler}
+    lease = own.get("lease_seconds", DEFAULT_LEASE_SECONDS)
+    return {"connect": own["connect"], "token": own.get("token"), "sampler": sampler, "lease": lease}
 
 
 def _identity(item: Any) -> Any:
