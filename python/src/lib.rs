@@ -419,9 +419,9 @@ impl NativeClient {
                     .collect::<PyResult<Vec<_>>>()
             })
             .transpose()?;
-        self.call(py, done, none, move |client| async move {
+        self.call(py, done, kv_meta_to_py, move |client| async move {
             let p = client.partition(partition);
-            p.kv_batch_put(&keys, &batch, tags).await.map(drop)
+            p.kv_batch_put(&keys, &batch, tags).await
         })
     }
 
@@ -506,12 +506,8 @@ impl NativeClient {
             .iter()
             .map(convert::tags_from_py)
             .collect::<PyResult<Vec<_>>>()?;
-        self.call(py, done, none, move |client| async move {
-            client
-                .partition(partition)
-                .kv_set_tags(&keys, tags)
-                .await
-                .map(drop)
+        self.call(py, done, kv_meta_to_py, move |client| async move {
+            client.partition(partition).kv_set_tags(&keys, tags).await
         })
     }
 
@@ -699,24 +695,10 @@ impl NativeClient {
         lease: Option<f64>,
         done: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let seconds = |what: &str, s: f64| {
-            if s.is_finite() && s >= 0.0 {
-                Ok(Duration::from_secs_f64(s))
-            } else {
-                Err(raise(
-                    py,
-                    Error::invalid(format!("{what} must be a number of seconds >= 0, got {s}")),
-                ))
-            }
-        };
-        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
-        let lease = lease.map(|l| seconds("lease", l)).transpose()?;
+        let timeout = seconds(py, "timeout", timeout)?;
+        let lease = seconds(py, "lease", lease)?;
         self.call(py, done, meta_to_py, move |client| async move {
-            let wait = match timeout {
-                None => Wait::For(client.config().fetch_timeout()),
-                Some(t) if t.is_zero() => Wait::NoWait,
-                Some(t) => Wait::For(t),
-            };
+            let wait = fetch_wait(&client, timeout);
             let names: Vec<&str> = fields.iter().map(String::as_str).collect();
             let mut req = GetMetaRequest::fetch(partition, &names, task, batch_size, wait);
             if let Some(s) = sampler {
@@ -751,15 +733,8 @@ impl NativeClient {
         lease: Option<f64>,
         done: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let seconds = |what: &str, s: Option<f64>| match s {
-            Some(t) if !(t.is_finite() && t >= 0.0) => Err(raise(
-                py,
-                Error::invalid(format!("{what} must be a number of seconds >= 0, got {t}")),
-            )),
-            other => Ok(other.map(Duration::from_secs_f64)),
-        };
-        let timeout = seconds("timeout", timeout)?;
-        let lease = seconds("lease", lease)?;
+        let timeout = seconds(py, "timeout", timeout)?;
+        let lease = seconds(py, "lease", lease)?;
         let mode = match (mode, task) {
             ("fetch", Some(task)) => Mode::Fetch(task),
             ("fetch", None) => {
@@ -781,11 +756,7 @@ impl NativeClient {
                 Mode::Fetch(task) => GetMetaMode::Fetch {
                     task,
                     batch_size,
-                    wait: match timeout {
-                        None => Wait::For(client.config().fetch_timeout()),
-                        Some(t) if t.is_zero() => Wait::NoWait,
-                        Some(t) => Wait::For(t),
-                    },
+                    wait: fetch_wait(&client, timeout),
                     lease,
                 },
                 Mode::Insert => GetMetaMode::Insert { count: batch_size },
@@ -959,6 +930,27 @@ impl NativeClient {
     }
 }
 
+/// A number of seconds from Python (`what` names the argument when it is not one).
+fn seconds(py: Python<'_>, what: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
+    match s {
+        Some(t) if !(t.is_finite() && t >= 0.0) => Err(raise(
+            py,
+            Error::invalid(format!("{what} must be a number of seconds >= 0, got {t}")),
+        )),
+        other => Ok(other.map(Duration::from_secs_f64)),
+    }
+}
+
+/// How long a fetch waits: the client's configured fetch timeout (`None`), not at all (0), or
+/// `timeout`.
+fn fetch_wait(client: &tq::Client, timeout: Option<Duration>) -> Wait {
+    match timeout {
+        None => Wait::For(client.config().fetch_timeout()),
+        Some(t) if t.is_zero() => Wait::NoWait,
+        Some(t) => Wait::For(t),
+    }
+}
+
 /// The mode of a `get_meta` call, checked before the call starts.
 enum Mode {
     Fetch(String),
@@ -969,6 +961,20 @@ enum Mode {
 /// Results for Python: each takes the GIL token and the operation's value.
 fn none(py: Python<'_>, (): ()) -> PyResult<Py<PyAny>> {
     Ok(py.None())
+}
+
+/// What a KV write answers, for Python: `{"keys", "tags" (each key's after the write),
+/// "fields" (what every key now holds, sorted)}`.
+fn kv_meta_to_py(py: Python<'_>, meta: tq::KvBatchMeta) -> PyResult<Py<PyAny>> {
+    let d = PyDict::new(py);
+    d.set_item("keys", meta.keys)?;
+    let tags = PyList::empty(py);
+    for t in &meta.tags {
+        tags.append(convert::tags_to_py(py, t)?)?;
+    }
+    d.set_item("tags", tags)?;
+    d.set_item("fields", meta.fields)?;
+    Ok(d.into_any().unbind())
 }
 
 fn strings_to_py(py: Python<'_>, names: Vec<String>) -> PyResult<Py<PyAny>> {

@@ -15,7 +15,35 @@ use tq::Error;
 pub struct NativeServer {
     url: String,
     units: Vec<(String, String)>,
-    running: Mutex<Option<(tokio::runtime::Runtime, Deployment)>>,
+    running: Hosted<Deployment>,
+}
+
+/// What a server object runs until closed: the runtime and the servers on it.
+struct Hosted<T>(Mutex<Option<(tokio::runtime::Runtime, T)>>);
+
+impl<T: Send> Hosted<T> {
+    fn new(runtime: tokio::runtime::Runtime, servers: T) -> Self {
+        Hosted(Mutex::new(Some((runtime, servers))))
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    }
+
+    /// Stops the servers with `shutdown`, without the GIL; closing twice does nothing.
+    fn close<F: std::future::Future<Output = ()>>(
+        &self,
+        py: Python<'_>,
+        shutdown: impl FnOnce(T) -> F + Send,
+    ) {
+        let taken = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((runtime, servers)) = taken {
+            py.detach(move || {
+                runtime.block_on(shutdown(servers));
+                drop(runtime);
+            });
+        }
+    }
 }
 
 #[pymethods]
@@ -70,7 +98,7 @@ impl NativeServer {
         Ok(NativeServer {
             url: deployment.url().to_string(),
             units: deployment.unit_endpoints().to_vec(),
-            running: Mutex::new(Some((runtime, deployment))),
+            running: Hosted::new(runtime, deployment),
         })
     }
 
@@ -88,25 +116,12 @@ impl NativeServer {
 
     #[getter]
     fn closed(&self) -> bool {
-        self.running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        self.running.is_closed()
     }
 
     /// Stops serving: connections end, the units stop, their data is gone. Twice is fine.
     fn close(&self, py: Python<'_>) {
-        let taken = self
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some((runtime, deployment)) = taken {
-            py.detach(move || {
-                runtime.block_on(deployment.shutdown());
-                drop(runtime);
-            });
-        }
+        self.running.close(py, Deployment::shutdown);
     }
 
     fn __repr__(&self) -> String {
@@ -119,7 +134,7 @@ impl NativeServer {
 pub struct NativeUnit {
     id: String,
     endpoint: String,
-    running: Mutex<Option<(tokio::runtime::Runtime, RegisteredUnit)>>,
+    running: Hosted<RegisteredUnit>,
 }
 
 #[pymethods]
@@ -159,7 +174,7 @@ impl NativeUnit {
         Ok(NativeUnit {
             id,
             endpoint: unit.endpoint().to_string(),
-            running: Mutex::new(Some((runtime, unit))),
+            running: Hosted::new(runtime, unit),
         })
     }
 
@@ -177,25 +192,12 @@ impl NativeUnit {
 
     #[getter]
     fn closed(&self) -> bool {
-        self.running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        self.running.is_closed()
     }
 
     /// Stops serving (the unit's data is gone). Twice is fine.
     fn close(&self, py: Python<'_>) {
-        let taken = self
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some((runtime, unit)) = taken {
-            py.detach(move || {
-                runtime.block_on(unit.shutdown());
-                drop(runtime);
-            });
-        }
+        self.running.close(py, RegisteredUnit::shutdown);
     }
 
     fn __repr__(&self) -> String {

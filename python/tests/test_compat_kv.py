@@ -148,3 +148,16 @@ def test_a_call_before_init_says_so() -> None:
     assert transfer_queue.DEPLOYMENT_VARIABLE not in os.environ
     with pytest.raises(RuntimeError, match="init"):
         transfer_queue.kv_list()
+
+
+def test_without_ray_the_controller_is_on_a_private_unix_socket() -> None:
+    conf = transfer_queue.init()
+    try:
+        url = conf["backend"]["tq"]["connect"]
+        assert url.startswith("unix:///")
+        path = url[len("unix://"):]
+        assert os.path.exists(path)
+        assert os.stat(os.path.dirname(path)).st_mode & 0o077 == 0  # nobody else's to open
+    finally:
+        transfer_queue.close()
+    assert not os.path.exists(os.path.dirname(path))

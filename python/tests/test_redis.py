@@ -77,3 +77,23 @@ def test_two_processes_share_a_redis_backed_deployment(redis_url: str, tmp_path:
         ).stdout.split()
         assert len(keys) >= 120
         p.clear()
+
+
+def test_tq_compat_puts_payloads_in_redis(redis_url: str) -> None:
+    """A compat user reaches tq's own backends through ``backend.tq``: here the payloads go
+    to Redis, and the deployment starts no storage unit."""
+    torch = pytest.importorskip("torch")
+    tensordict = pytest.importorskip("tensordict")
+    import tq.compat as transfer_queue
+
+    conf = {"backend": {"tq": {"storage": {"backend": "kv", "kv": {"stores": [{"url": redis_url}]}}}}}
+    transfer_queue.init(conf)
+    try:
+        assert transfer_queue.get_client()._client.status()["units"] == []
+        data = tensordict.TensorDict({"x": torch.arange(6).reshape(3, 2)}, batch_size=[3])
+        transfer_queue.kv_batch_put(["a", "b", "c"], "p", fields=data)
+        assert transfer_queue.kv_batch_get(["c", "a"], "p")["x"].tolist() == [[4, 5], [0, 1]]
+        stored = subprocess.run(["redis-cli", "-u", redis_url, "--scan", "--pattern", "tq/*"], capture_output=True, text=True)
+        assert stored.stdout.strip()  # the cells are in Redis
+    finally:
+        transfer_queue.close()

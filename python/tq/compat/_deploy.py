@@ -27,7 +27,9 @@ import copy
 import json
 import os
 import secrets
+import shutil
 import sys
+import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
 import tq as _tq
@@ -63,6 +65,8 @@ class Deployment:
         #: when fetched).
         self.lease: Optional[float] = own.get("lease_seconds", DEFAULT_LEASE_SECONDS)
         self._exported: Optional[str] = None
+        #: The private directory of an in-process deployment's Unix socket (removed on close).
+        self.socket_dir: Optional[str] = None
 
     def export(self) -> None:
         """Puts where this deployment is into the environment, for child processes."""
@@ -81,6 +85,8 @@ class Deployment:
             self.server.close()
             if self._exported is not None and os.environ.get(DEPLOYMENT_VARIABLE) == self._exported:
                 del os.environ[DEPLOYMENT_VARIABLE]
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
         if self.actors is not None:
             self.actors.stop()
 
@@ -135,13 +141,27 @@ def start(conf: Dict[str, Any]) -> Deployment:
     conf = _with_sampler(conf, plan)
     if _ray_running():
         return _start_on_ray(conf, plan)
-    server = _tq.serve(plan.sections, units=plan.units or None, default_sampler=plan.sampler_spec, samplers=_samplers(plan))
+    # Same host only: a Unix socket is the cheapest way to the controller, and the directory
+    # (mode 0700) keeps other users out.
+    socket_dir = tempfile.mkdtemp(prefix="tq-compat-")
     try:
-        client = server.connect()
+        server = _tq.serve(
+            plan.sections,
+            listen=f"unix://{socket_dir}/controller.sock",
+            units=plan.units or None,
+            default_sampler=plan.sampler_spec,
+            samplers=_samplers(plan),
+        )
+        try:
+            client = server.connect()
+        except BaseException:
+            server.close()
+            raise
     except BaseException:
-        server.close()
+        shutil.rmtree(socket_dir, ignore_errors=True)
         raise
     deployment = Deployment(client, _with_address(conf, server.url, None), server=server)
+    deployment.socket_dir = socket_dir
     deployment.export()
     return deployment
 

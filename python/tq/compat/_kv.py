@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from tq import _convert
-from tq.errors import NotFoundError
 
 from ._calls import Call
 from ._meta import KVBatchMeta
@@ -29,16 +28,6 @@ async def _partitions(call: Call, native: Any) -> List[str]:
     return list(await call(native.list_partitions))
 
 
-async def _merged_tags(call: Call, native: Any, partition: str, keys: List[str], tags: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """The keys' tags with ``tags`` merged in (the original merges, it does not replace)."""
-    try:
-        old = await call(native.kv_tags, partition, keys)
-    except NotFoundError:  # some keys are new: they have no tags yet
-        listed = dict(await call(native.kv_list, partition)) if partition in await _partitions(call, native) else {}
-        old = [listed.get(k, {}) for k in keys]
-    return [{**o, **dict(t)} for o, t in zip(old, tags)]
-
-
 async def write(
     call: Call, native: Any, partition: str, keys: List[str], fields: Any, tags: Optional[Sequence[Mapping[str, Any]]]
 ) -> KVBatchMeta:
@@ -46,17 +35,13 @@ async def write(
     if not isinstance(partition, str) or not partition:
         raise ValueError("partition_id must be a non-empty str")
     columns = None if fields is None else _convert.columns_in(fields, native.is_embedded)
-    if tags is None:
-        await call(native.kv_batch_put, partition, keys, columns, None)
-        merged = await call(native.kv_tags, partition, keys)
+    # One request: tq merges the tags into the keys' (as the original does) and answers what
+    # the keys hold after the write.
+    if columns is None:
+        done = await call(native.kv_set_tags, partition, keys, [dict(t) for t in tags or []])
     else:
-        merged = await _merged_tags(call, native, partition, keys, tags)
-        if columns is None:
-            await call(native.kv_set_tags, partition, keys, merged)
-        else:
-            await call(native.kv_batch_put, partition, keys, columns, merged)
-    names = [] if fields is None else sorted(fields.keys())
-    return KVBatchMeta(keys, merged, partition, names)
+        done = await call(native.kv_batch_put, partition, keys, columns, None if tags is None else [dict(t) for t in tags])
+    return KVBatchMeta(done["keys"], done["tags"], partition, done["fields"])
 
 
 async def kv_batch_put(

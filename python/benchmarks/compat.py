@@ -1,0 +1,144 @@
+"""The standard KV workloads through ``tq.compat``, next to TransferQueue 0.1.11 running the
+very same code with the other import, measured in the same run.
+
+    pip install ./python "transferqueue==0.1.11"      # both in one environment (with torch, ray)
+    python python/benchmarks/compat.py --reps 5
+
+Each implementation runs in a process of its own (``--worker``), which imports it as
+``tq_api`` (``import tq.compat as tq_api`` or ``import transfer_queue as tq_api``) and runs:
+
+- ``put 4 KiB`` / ``get 4 KiB``: ``kv_batch_put`` of 1024 keys x one 4 KiB uint8 field (a
+  TensorDict), then ``kv_batch_get`` of them, then ``kv_clear``;
+- ``put 1 MiB`` / ``get 1 MiB``: the same with 32 keys x 1 MiB;
+- ``round trip``: ``kv_put`` of one 4 KiB sample and ``kv_batch_get`` of it (median of 200).
+
+Deployments: ``tq.compat`` in process (no Ray: the controller and its 2 storage units serve
+over loopback from the driver's process), ``tq.compat`` under Ray (controller and units in
+actors, other processes), and TransferQueue under Ray (its only deployment). Each row also
+shows ``memcpy``: one ``numpy.copyto`` of the same bytes, the floor of any put or get. It
+prints medians (min-max) in ms and the TransferQueue / tq.compat ratios; figures and the
+command go in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List
+
+WORKLOADS = [("4 KiB", 1024, 4 * 1024), ("1 MiB", 32, 1024 * 1024)]
+ROUND_TRIPS = 200
+DEPLOYMENTS = [("tq.compat", False), ("tq.compat", True), ("transfer_queue", True)]
+
+
+def _median_ms(times: List[float]) -> List[float]:
+    return [statistics.median(times) * 1e3, min(times) * 1e3, max(times) * 1e3]
+
+
+def worker(impl: str, ray_mode: bool, reps: int) -> Dict[str, Any]:
+    """One implementation's figures (run in its own process)."""
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+
+    if ray_mode:
+        import ray
+
+        # Logical CPUs: TransferQueue reserves one per actor (controller + 2 units), more than
+        # this 2-core machine has; both implementations run under the same setting.
+        ray.init(namespace="tq-bench", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    if impl == "tq.compat":
+        import tq.compat as tq_api
+
+        tq_api.init({"backend": {"tq": {"host": "127.0.0.1"}}} if ray_mode else None)
+    else:
+        import transfer_queue as tq_api
+
+        tq_api.init()
+    out: Dict[str, Any] = {}
+    try:
+        for name, n, size in WORKLOADS:
+            keys = [f"k{i}" for i in range(n)]
+            data = TensorDict({"x": torch.randint(0, 255, (n, size), dtype=torch.uint8)}, batch_size=[n])
+            floor = np.empty((n, size), dtype=np.uint8)
+            source = data["x"].numpy()
+            puts, gets, copies = [], [], []
+            for rep in range(reps + 1):  # the first round warms up
+                t = time.perf_counter()
+                tq_api.kv_batch_put(keys=keys, partition_id="bench", fields=data)
+                put = time.perf_counter() - t
+                t = time.perf_counter()
+                back = tq_api.kv_batch_get(keys=keys, partition_id="bench")
+                get = time.perf_counter() - t
+                assert len(back["x"]) == n, back["x"].shape
+                tq_api.kv_clear(keys=keys, partition_id="bench")
+                t = time.perf_counter()
+                np.copyto(floor, source)
+                copy = time.perf_counter() - t
+                if rep:
+                    puts.append(put)
+                    gets.append(get)
+                    copies.append(copy)
+            out[f"put {name}"] = _median_ms(puts)
+            out[f"get {name}"] = _median_ms(gets)
+            out[f"memcpy {name}"] = _median_ms(copies)
+        one = {"x": torch.randint(0, 255, (4096,), dtype=torch.uint8)}
+        trips = []
+        for i in range(ROUND_TRIPS + 10):
+            t = time.perf_counter()
+            tq_api.kv_put(key="rt", partition_id="trip", fields=one)
+            tq_api.kv_batch_get(keys=["rt"], partition_id="trip")
+            if i >= 10:
+                trips.append(time.perf_counter() - t)
+        out["round trip 4 KiB"] = _median_ms(trips)
+    finally:
+        tq_api.close()
+        if ray_mode:
+            import ray
+
+            ray.shutdown()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--worker", nargs=2, metavar=("IMPL", "RAY"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        impl, ray_mode = args.worker
+        print(json.dumps(worker(impl, ray_mode == "ray", args.reps)))
+        return
+    results: Dict[str, Dict[str, Any]] = {}
+    for impl, ray_mode in DEPLOYMENTS:
+        label = f"{impl} ({'Ray' if ray_mode else 'in process'})"
+        done = subprocess.run(
+            [sys.executable, __file__, "--reps", str(args.reps), "--worker", impl, "ray" if ray_mode else "local"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONWARNINGS="ignore"),
+        )
+        if done.returncode != 0:
+            sys.exit(f"{label} failed:\n{done.stderr[-4000:]}")
+        results[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    labels = list(results)
+    rows = [r for r in results[labels[0]] if not r.startswith("memcpy")]
+    print(f"reps={args.reps}, medians (min-max) in ms\n")
+    print("| workload | " + " | ".join(labels) + " | memcpy | TransferQueue / tq.compat (in process, Ray) |")
+    print("|---" * (len(labels) + 3) + "|")
+    for row in rows:
+        cells = [f"{results[l][row][0]:.3f} ({results[l][row][1]:.3f}-{results[l][row][2]:.3f})" for l in labels]
+        floor_key = "memcpy " + row.split(" ", 1)[1] if not row.startswith("round") else None
+        floor = f"{results[labels[0]][floor_key][0]:.3f}" if floor_key in results[labels[0]] else "-"
+        original = results[labels[-1]][row][0]
+        ratios = ", ".join(f"{original / results[l][row][0]:.1f}x" for l in labels[:-1])
+        print(f"| {row} | " + " | ".join(cells) + f" | {floor} | {ratios} |")
+
+
+if __name__ == "__main__":
+    main()
