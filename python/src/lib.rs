@@ -677,43 +677,12 @@ impl NativeClient {
         })
     }
 
-    /// Takes up to `batch_size` samples of `partition` whose `fields` are produced and that
-    /// `task` has not consumed. `timeout`: seconds to wait for enough (`None`: the configured
-    /// `controller.fetch_timeout_ms`; 0: answer at once, possibly empty). `lease`: seconds the
-    /// samples stay reserved until `ack` (acknowledged mode) instead of consumed at once.
-    #[pyo3(signature = (partition, fields, task, batch_size, timeout=None, sampler=None, lease=None, done=None))]
-    #[allow(clippy::too_many_arguments)] // one per keyword of the Python call
-    fn fetch(
-        &self,
-        py: Python<'_>,
-        partition: String,
-        fields: Vec<String>,
-        task: String,
-        batch_size: usize,
-        timeout: Option<f64>,
-        sampler: Option<String>,
-        lease: Option<f64>,
-        done: Option<Py<PyAny>>,
-    ) -> PyResult<Py<PyAny>> {
-        let timeout = seconds(py, "timeout", timeout)?;
-        let lease = seconds(py, "lease", lease)?;
-        self.call(py, done, meta_to_py, move |client| async move {
-            let wait = fetch_wait(&client, timeout);
-            let names: Vec<&str> = fields.iter().map(String::as_str).collect();
-            let mut req = GetMetaRequest::fetch(partition, &names, task, batch_size, wait);
-            if let Some(s) = sampler {
-                req = req.with_sampler(s);
-            }
-            if let Some(l) = lease {
-                req = req.with_lease(l);
-            }
-            client.get_meta(req).await
-        })
-    }
-
-    /// The metadata API's general request (TransferQueue's `get_meta`): `mode` is `"fetch"`
-    /// (as [`NativeClient::fetch`], with the sampler's `dp_rank` and `batch_index`, and a
-    /// `lease` for acknowledged delivery), `"insert"`
+    /// The metadata API's one request (TransferQueue's `get_meta`; `Partition.fetch` is its
+    /// fetch mode): `mode` is `"fetch"` (up to `batch_size` samples whose `fields` are produced
+    /// and that `task` has not consumed, as `sampler` picks with `dp_rank` and `batch_index`;
+    /// `timeout`: seconds to wait for enough, `None` the configured `controller.fetch_timeout_ms`,
+    /// 0 none; `lease`: seconds they stay reserved until `ack` instead of consumed at once),
+    /// `"insert"`
     /// (`batch_size` new samples that will hold `fields`) or `"force"` (every live sample,
     /// production for `fields`, nothing consumed).
     #[pyo3(signature = (partition, fields, mode, batch_size, task=None, timeout=None, sampler=None, dp_rank=None, batch_index=None, lease=None, done=None))]

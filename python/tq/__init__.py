@@ -499,7 +499,7 @@ class Partition:
         reserved until :meth:`Client.ack`, and come back to the task if the lease runs out.
         The wait releases the GIL, and Ctrl-C interrupts it.
         """
-        return self._native.fetch(self.name, list(fields), task, batch_size, timeout, sampler, lease)
+        return self.get_meta(fields, "fetch", batch_size, task, timeout=timeout, sampler=sampler, lease=lease)
 
     def get_meta(
         self,
@@ -663,7 +663,9 @@ class Partition:
         """:meth:`fetch` as a coroutine: waits without blocking the event loop."""
         names = list(fields)
         return await _aio.run(
-            lambda done: self._native.fetch(self.name, names, task, batch_size, timeout, sampler, lease, done=done)
+            lambda done: self._native.get_meta(
+                self.name, names, "fetch", batch_size, task, timeout, sampler, None, None, lease, done=done
+            )
         )
 
     async def async_production_status(self, fields: Sequence[str]) -> Dict[str, Any]:

@@ -82,15 +82,6 @@ class NativeClient:
     def list_partitions(self, done: Optional[Done] = None) -> Any: ...
     def put_new(self, partition: str, columns: Dict[str, Tuple[str, Any, bool]], done: Optional[Done] = None) -> Any: ...
     def put(self, meta: BatchMeta, columns: Dict[str, Tuple[str, Any, bool]], done: Optional[Done] = None) -> Any: ...
-    def fetch(
-        self,
-        partition: str,
-        fields: List[str],
-        task: str,
-        batch_size: int,
-        timeout: Optional[float] = None,
-        sampler: Optional[str] = None,
-        lease: Optional[float] = None, done: Optional[Done] = None) -> Any: ...
     def get_meta(
         self,
         partition: str,

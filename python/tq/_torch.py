@@ -89,17 +89,21 @@ def column_out(kind: str, payload: Any) -> Any:
         return _tensor_of(payload)
     if kind == "ragged":
         rows = [_tensor_of(b) for b in payload]
-        if not rows:
-            return rows
-        try:  # the jagged layout: rows that differ in their first dimension only
-            return torch.nested.nested_tensor(rows, layout=torch.jagged)
-        except (RuntimeError, ValueError):
-            # Rows that differ in more than their first dimension: the strided layout, whose
-            # "prototype" warning says nothing the caller chose.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                return torch.nested.nested_tensor(rows)
+        return nested(rows) if rows else rows
     return None  # objects: the caller decodes them
+
+
+def nested(rows: Any) -> Any:
+    """Tensors of different shapes as one nested tensor: the jagged layout where they differ
+    in their first dimension only, else the strided one."""
+    torch = _torch()
+    try:
+        return torch.nested.nested_tensor(rows, layout=torch.jagged)
+    except (RuntimeError, ValueError):
+        # The strided layout's "prototype" warning says nothing the caller chose.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.nested.nested_tensor(rows)
 
 
 def tensordict_out(columns: Mapping[str, Any], rows: int) -> Any:

@@ -83,8 +83,9 @@ def init(conf: Any = None) -> Any:
         if _deployment is not None and not _deployment.client.closed:
             return _deployment.conf if conf is None else conf
         plain = _config.plain(conf)
-        _config.to_tq(plain)  # a configuration tq cannot honour is refused before anything starts
-        _deployment = _deploy.start(plain)
+        # A configuration tq cannot honour is refused before anything starts or attaches.
+        plan = _config.to_tq(plain)
+        _deployment = _deploy.start(plain, plan)
         return _deployment.conf
 
 
@@ -120,13 +121,7 @@ def _attached() -> _deploy.Deployment:
 def get_client() -> TransferQueueClient:
     """A :class:`TransferQueueClient` over this process's connection."""
     deployment = _attached()
-    return TransferQueueClient(
-        deployment.client,
-        f"TransferQueueClient_{os.getpid()}",
-        polling=deployment.polling,
-        sampler=deployment.sampler,
-        lease=deployment.lease,
-    )
+    return _deploy.compat_client(deployment.conf, deployment.client, f"TransferQueueClient_{os.getpid()}")
 
 
 def _native() -> Any:

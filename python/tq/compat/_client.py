@@ -11,15 +11,17 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import tq as _tq
 from tq import _convert
+from tq import _torch as _tq_torch
 from tq.errors import NotFoundError, UnsupportedError
 
+from . import _kv
 from ._calls import Call, both
 from ._meta import BatchMeta
 from ._rows import assemble, take_rows
 
 __all__ = ["TransferQueueClient"]
 
-_MODES = {"fetch": "fetch", "insert": "insert", "force_fetch": "force"}
+_MODES = ("fetch", "insert", "force_fetch")
 
 #: How long a fetched batch stays leased to its task before it is handed out again, unless
 #: its data was read (``get_data``) or written (``put``) first: ``backend.tq.lease_seconds``.
@@ -30,12 +32,6 @@ def _torch() -> Any:
     import torch
 
     return torch
-
-
-def _empty_tensordict(rows: int = 0) -> Any:
-    from tensordict import TensorDict
-
-    return TensorDict({}, batch_size=[rows])
 
 
 def _names(fields: Union[str, Sequence[str]]) -> List[str]:
@@ -109,9 +105,10 @@ class TransferQueueClient:
         elif mode == "insert":
             native = await call(self._native.get_meta, partition_id, fields, "insert", int(batch_size))
         else:
-            if partition_id not in await call(self._native.list_partitions):
+            try:
+                native = await call(self._native.get_meta, partition_id, fields, "force", 0)
+            except NotFoundError:  # no such partition: nothing to show
                 return BatchMeta.empty()
-            native = await call(self._native.get_meta, partition_id, fields, "force", 0)
             if batch_size is not None and 0 < int(batch_size) < len(native):
                 native = native.select_samples(list(range(int(batch_size))))
         return BatchMeta.from_native(native)
@@ -176,7 +173,7 @@ class TransferQueueClient:
         """The fields of ``metadata`` for its rows, in its order, as a TensorDict (ragged
         fields as nested tensors, other objects as a ``NonTensorStack``)."""
         if metadata is None or metadata.size == 0 or not metadata.field_names:
-            return _empty_tensordict(0 if metadata is None else metadata.size)
+            return _tq_torch.tensordict_out({}, 0 if metadata is None else metadata.size)
         groups = metadata.native_groups()
         parts = []
         for native, positions in groups:
@@ -214,8 +211,7 @@ class TransferQueueClient:
     async def _clear_partition(self, call: Call, partition_id: str) -> None:
         """Removes every sample of ``partition_id`` and the partition (nothing if it does not
         exist)."""
-        if partition_id in await call(self._native.list_partitions):
-            await call(self._native.clear_partition, partition_id)
+        await call(self._native.clear_partition, partition_id)
 
     clear_partition, async_clear_partition = both(_clear_partition)
 
@@ -315,12 +311,7 @@ class TransferQueueClient:
     async def _kv_list(self, call: Call, partition_id: Optional[str] = None) -> Dict[str, Dict[str, Dict[str, Any]]]:
         """``{partition_id: {key: tags}}`` for one partition (``{}`` when it does not exist) or
         every one."""
-        present = await call(self._native.list_partitions)
-        names = present if partition_id is None else [n for n in present if n == partition_id]
-        out = {}
-        for name in names:
-            out[name] = {k: t for k, t in await call(self._native.kv_list, name)}
-        return out
+        return await _kv.kv_list(call, self._native, partition_id)
 
     kv_list, async_kv_list = both(_kv_list)
 

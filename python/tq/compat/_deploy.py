@@ -30,12 +30,12 @@ import secrets
 import shutil
 import sys
 import tempfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import tq as _tq
 
 from . import _config
-from ._client import DEFAULT_LEASE_SECONDS
+from ._client import DEFAULT_LEASE_SECONDS, TransferQueueClient
 
 #: The environment variable through which child processes find an in-process deployment:
 #: the part of its configuration an attaching process needs, as JSON.
@@ -56,27 +56,13 @@ class Deployment:
         self.conf = conf
         self.server = server
         self.actors = actors
-        #: ``controller.polling_mode``: a fetch answers at once, possibly with fewer samples.
-        self.polling = bool((conf.get("controller") or {}).get("polling_mode"))
-        #: The sampler fetches name (``None``: the controller's default).
-        self.sampler: Optional[str] = (conf.get("controller") or {}).get("tq_sampler")
-        own = (conf.get("backend") or {}).get("tq") or {}
-        #: Seconds a fetched batch stays leased until read or written (``None``: consumed
-        #: when fetched).
-        self.lease: Optional[float] = own.get("lease_seconds", DEFAULT_LEASE_SECONDS)
         self._exported: Optional[str] = None
         #: The private directory of an in-process deployment's Unix socket (removed on close).
         self.socket_dir: Optional[str] = None
 
     def export(self) -> None:
         """Puts where this deployment is into the environment, for child processes."""
-        own = self.conf["backend"]["tq"]
-        self._exported = json.dumps(
-            {
-                "controller": {"polling_mode": self.polling, "tq_sampler": self.sampler},
-                "backend": {"tq": {"connect": own["connect"], "token": own.get("token"), "lease_seconds": self.lease}},
-            }
-        )
+        self._exported = json.dumps(attachment(self.conf))
         os.environ[DEPLOYMENT_VARIABLE] = self._exported
 
     def close(self) -> None:
@@ -106,9 +92,42 @@ def _with_address(conf: Dict[str, Any], url: str, token: Optional[str]) -> Dict[
     return out
 
 
-def _connect(conf: Dict[str, Any]) -> _tq.Client:
+def attachment(conf: Mapping[str, Any]) -> Dict[str, Any]:
+    """What a process needs of a deployment's configuration to attach to it and fetch as its
+    creator does: where it is (``backend.tq.connect``, ``token``), whether fetches poll
+    (``controller.polling_mode``), the sampler they name (``controller.tq_sampler``) and how
+    long they lease (``backend.tq.lease_seconds``). Plain JSON: it travels in the
+    environment and in pickled datasets."""
+    controller = conf.get("controller") or {}
     own = (conf.get("backend") or {}).get("tq") or {}
-    return _tq.connect(own["connect"], token=own.get("token"))
+    return {
+        "controller": {"polling_mode": bool(controller.get("polling_mode")), "tq_sampler": controller.get("tq_sampler")},
+        "backend": {
+            "tq": {
+                "connect": own["connect"],
+                "token": own.get("token"),
+                "lease_seconds": own.get("lease_seconds", DEFAULT_LEASE_SECONDS),
+            }
+        },
+    }
+
+
+def connect(conf: Mapping[str, Any]) -> _tq.Client:
+    """A client of the deployment ``conf`` says where it is."""
+    own = attachment(conf)["backend"]["tq"]
+    return _tq.connect(own["connect"], token=own["token"])
+
+
+def compat_client(conf: Mapping[str, Any], client: _tq.Client, client_id: Optional[str] = None) -> TransferQueueClient:
+    """A :class:`TransferQueueClient` over ``client`` that fetches as ``conf`` says."""
+    a = attachment(conf)
+    return TransferQueueClient(
+        client,
+        client_id,
+        polling=a["controller"]["polling_mode"],
+        sampler=a["controller"]["tq_sampler"],
+        lease=a["backend"]["tq"]["lease_seconds"],
+    )
 
 
 def attach_existing() -> Optional[Deployment]:
@@ -120,24 +139,23 @@ def attach_existing() -> Optional[Deployment]:
             import ray
 
             conf = ray.get(actor.get_config.remote())
-            return Deployment(_connect(conf), conf)
+            return Deployment(connect(conf), conf)
     exported = os.environ.get(DEPLOYMENT_VARIABLE)
     if exported:
         conf = json.loads(exported)
-        return Deployment(_connect(conf), conf)
+        return Deployment(connect(conf), conf)
     return None
 
 
-def start(conf: Dict[str, Any]) -> Deployment:
+def start(conf: Dict[str, Any], plan: _config.Plan) -> Deployment:
     """Attaches where ``conf`` (``backend.tq.connect``) or this process tree says, else
-    creates the deployment ``conf`` describes."""
+    creates the deployment ``conf`` describes (``plan``: what it asks of tq)."""
     own = (conf.get("backend") or {}).get("tq") or {}
     if own.get("connect"):
-        return Deployment(_connect(conf), copy.deepcopy(conf))
+        return Deployment(connect(conf), copy.deepcopy(conf))
     existing = attach_existing()
     if existing is not None:
         return existing
-    plan = _config.to_tq(conf)
     conf = _with_sampler(conf, plan)
     if _ray_running():
         return _start_on_ray(conf, plan)
@@ -252,7 +270,7 @@ def _start_on_ray(conf: Dict[str, Any], plan: _config.Plan) -> Deployment:
             ray.get([u.start.remote(url, f"unit-{i}", sections, host) for i, u in enumerate(actors.units)])
         full = _with_address(conf, url, token)
         ray.get(controller.store_config.remote(full))
-        return Deployment(_connect(full), full, actors=actors)
+        return Deployment(connect(full), full, actors=actors)
     except BaseException:
         actors.stop()
         raise

@@ -272,7 +272,12 @@ class BatchMeta:
                 continue
             native, pos, task = source
             by_source.setdefault(id(native), (native, task, []))[2].append(pos)
-        return [(task, native.select_samples(sorted(set(pos)))) for native, task, pos in by_source.values()]
+        out = []
+        for native, task, pos in by_source.values():
+            rows_of = sorted(set(pos))
+            whole = rows_of == list(range(len(native)))  # the common case: a whole fetch
+            out.append((task, native if whole else native.select_samples(rows_of)))
+        return out
 
     # -- attributes -------------------------------------------------------------------------
 

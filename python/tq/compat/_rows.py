@@ -29,17 +29,8 @@ def _column_of(rows: List[Any]) -> Any:
     if rows and all(isinstance(r, torch.Tensor) for r in rows):
         if all(r.shape == rows[0].shape for r in rows):
             return torch.stack(rows)
-        return _nested(rows)
+        return _tq_torch.nested(rows)
     return rows
-
-
-def _nested(rows: List[Any]) -> Any:
-    import torch
-
-    try:
-        return torch.nested.nested_tensor(rows, layout=torch.jagged)
-    except (RuntimeError, ValueError):
-        return torch.nested.nested_tensor(rows)
 
 
 def _columns(data: Any) -> Dict[str, Any]:

@@ -14,10 +14,10 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from torch.utils.data import DataLoader, IterableDataset
 
-import tq as _tq
 from tq.errors import ClosedError, TimeoutError
 
-from ._client import DEFAULT_LEASE_SECONDS, TransferQueueClient
+from . import _deploy
+from ._client import TransferQueueClient
 from ._meta import BatchMeta
 from ._rows import slice_rows
 
@@ -124,8 +124,7 @@ class StreamingDataset(IterableDataset):  # type: ignore[misc]
 
     def _tq_client(self) -> TransferQueueClient:
         if self._client is None or self._client_pid != os.getpid():
-            connection = _tq.connect(self.config["connect"], token=self.config.get("token"))
-            self._client = TransferQueueClient(connection, sampler=self.config.get("sampler"), lease=self.config.get("lease"))
+            self._client = _deploy.compat_client(self.config, _deploy.connect(self.config))
             self._client_pid = os.getpid()
         return self._client
 
@@ -177,17 +176,14 @@ class StreamingDataset(IterableDataset):  # type: ignore[misc]
 
 
 def _address_of(config: Mapping[str, Any]) -> Dict[str, Any]:
-    """Where the deployment is, from what ``init()`` returned (``backend.tq.connect``) or, when
-    ``config`` says nothing, from this process's own attachment."""
-    from . import _config, _attached
+    """What a worker needs to attach (``_deploy.attachment``), from what ``init()`` returned
+    or, when ``config`` does not say where the deployment is, from this process's own."""
+    from . import _attached, _config
 
     plain = _config.plain(config)
     if not ((plain.get("backend") or {}).get("tq") or {}).get("connect"):
         plain = _attached().conf
-    own = (plain.get("backend") or {}).get("tq") or {}
-    sampler = (plain.get("controller") or {}).get("tq_sampler")
-    lease = own.get("lease_seconds", DEFAULT_LEASE_SECONDS)
-    return {"connect": own["connect"], "token": own.get("token"), "sampler": sampler, "lease": lease}
+    return _deploy.attachment(plain)
 
 
 def _identity(item: Any) -> Any:
