@@ -609,6 +609,16 @@ impl NativeClient {
         })
     }
 
+    /// This process's metrics in the Prometheus text format: what the exporter recorded once
+    /// [`install_metrics`] ran, then the deployment's state gauges (what a scrape of
+    /// `tq serve --metrics-listen` shows).
+    #[pyo3(signature = (done=None))]
+    fn metrics_text(&self, py: Python<'_>, done: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
+        self.call(py, done, str_to_py, |client| async move {
+            client.metrics_text().await
+        })
+    }
+
     /// Saves the controller's state and the payloads into directory `path`; answers the
     /// checkpoint's manifest as JSON.
     #[pyo3(signature = (path, done=None))]
@@ -967,6 +977,30 @@ fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Error> {
 }
 
 /// JSON text as the Python value it encodes.
+fn str_to_py(py: Python<'_>, text: String) -> PyResult<Py<PyAny>> {
+    Ok(pyo3::types::PyString::new(py, &text).into_any().unbind())
+}
+
+/// Installs this process's Prometheus exporter (once; later calls do nothing). What is built
+/// after it records request metrics; what was built before does not (metric handles are taken
+/// at construction), so call it before starting a deployment or a client.
+#[pyfunction]
+fn install_metrics(py: Python<'_>) -> PyResult<()> {
+    tq::telemetry::MetricsExporter::install()
+        .map(|_| ())
+        .map_err(|e| raise(py, e))
+}
+
+/// What this process's exporter recorded, in the Prometheus text format (empty before
+/// [`install_metrics`]): the request metrics of the deployments and clients in this process,
+/// without any state gauges (for a storage unit's own endpoint).
+#[pyfunction]
+fn render_metrics() -> String {
+    tq::telemetry::MetricsExporter::installed()
+        .map(|exporter| exporter.render())
+        .unwrap_or_default()
+}
+
 fn json_to_py(py: Python<'_>, text: String) -> PyResult<Py<PyAny>> {
     Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
 }
@@ -1021,6 +1055,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<serve::NativeServer>()?;
     m.add_class::<serve::NativeUnit>()?;
     m.add_function(wrap_pyfunction!(bench::bench_kv, m)?)?;
+    m.add_function(wrap_pyfunction!(install_metrics, m)?)?;
+    m.add_function(wrap_pyfunction!(render_metrics, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // Benchmarks refuse a debug build (its figures say nothing about tq).
     m.add("debug_build", cfg!(debug_assertions))?;

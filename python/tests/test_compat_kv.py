@@ -161,3 +161,76 @@ def test_without_ray_the_controller_is_on_a_private_unix_socket() -> None:
     finally:
         transfer_queue.close()
     assert not os.path.exists(os.path.dirname(path))
+
+
+def test_ssd_offload_puts_large_cells_in_files_below_its_path(tmp_path) -> None:
+    path = tmp_path / "offload" / "nested"  # created with its parents, as the original does
+    transfer_queue.init(
+        {"backend": {"SimpleStorage": {"num_data_storage_units": 1, "ssd_offload": {"enabled": True, "path": str(path)}}}}
+    )
+    try:
+        big = torch.arange(2 * 2**20 // 4, dtype=torch.int32).reshape(2, -1)  # 4 MiB rows: on disk
+        small = torch.tensor([[1.0], [2.0]])  # 4-byte cells: in memory
+        transfer_queue.kv_batch_put(["a", "b"], "ssd", fields=tensordict.TensorDict({"big": big, "small": small}, batch_size=[2]))
+        (unit,) = transfer_queue.get_client()._client.status()["units"]
+        assert unit["offloaded_bytes"] == big.numel() * 4
+        assert sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) >= big.numel() * 4
+        back = transfer_queue.kv_batch_get(["b", "a"], "ssd")
+        assert torch.equal(back["big"], big.flip(0)) and torch.equal(back["small"], small.flip(0))
+        transfer_queue.kv_clear(["a", "b"], "ssd")
+        assert transfer_queue.get_client()._client.status()["units"][0]["offloaded_bytes"] == 0
+    finally:
+        transfer_queue.close()
+
+
+def test_ssd_offload_keys_are_checked_before_anything_starts(tmp_path) -> None:
+    with pytest.raises(tq.InvalidError, match="ssd_offload.path is required"):
+        transfer_queue.init({"backend": {"SimpleStorage": {"ssd_offload": {"enabled": True}}}})
+    with pytest.raises(tq.InvalidError, match="unknown keys threshold"):
+        transfer_queue.init({"backend": {"SimpleStorage": {"ssd_offload": {"enabled": True, "path": str(tmp_path), "threshold": 1}}}})
+    assert transfer_queue.DEPLOYMENT_VARIABLE not in os.environ
+    # Off (the default) needs no path.
+    transfer_queue.init({"backend": {"SimpleStorage": {"ssd_offload": {"enabled": False}}}})
+    transfer_queue.close()
+
+
+def _scrape(endpoint: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as answer:
+        assert answer.status == 200
+        return answer.read().decode()
+
+
+def test_metrics_enabled_serves_prometheus_on_the_endpoint(tmp_path) -> None:
+    assert transfer_queue.get_metrics_endpoint() is None  # not initialized
+    conf = transfer_queue.init({"metrics": {"enabled": True, "port": 0}})
+    try:
+        endpoint = transfer_queue.get_metrics_endpoint()
+        assert endpoint is not None and endpoint.startswith("127.0.0.1:")
+        assert conf["metrics"]["endpoint"] == endpoint
+        transfer_queue.kv_batch_put(["a", "b", "c"], "scraped", fields=tensordict.TensorDict({"x": torch.zeros(3, 2)}, batch_size=[3]))
+        transfer_queue.kv_batch_get(["a"], "scraped")
+        text = _scrape(endpoint)
+        # State gauges computed for this scrape, and request metrics recorded in this process.
+        assert 'tq_partition_samples_total{partition_id="scraped"} 3' in text
+        assert "tq_storage_cells_total" in text
+        assert 'tq_controller_request_total{op_type="KV_PREPARE_PUT"} 1' in text
+        assert 'tq_controller_request_total{op_type="NOTIFY_DATA_UPDATE"} 1' in text
+        # A child process attached through the environment sees the same endpoint.
+        child = textwrap.dedent("""
+            import tq.compat as transfer_queue
+            transfer_queue.init()
+            print(transfer_queue.get_metrics_endpoint())
+            transfer_queue.close()
+        """)
+        done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == endpoint
+    finally:
+        transfer_queue.close()
+    assert transfer_queue.get_metrics_endpoint() is None
+    with pytest.raises(OSError):
+        _scrape(endpoint)  # stopped with the deployment
+    with pytest.raises(tq.InvalidError, match="metrics.port"):
+        transfer_queue.init({"metrics": {"enabled": True, "port": 70000}})

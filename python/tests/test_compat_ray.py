@@ -101,6 +101,45 @@ def test_workers_attach_by_name_and_only_the_creator_stops_it(ray_cluster) -> No
     assert ray.available_resources().get("CPU") == 4  # the units reserved none
 
 
+def _scrape(endpoint: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as answer:
+        return answer.read().decode()
+
+
+def test_metrics_enabled_serves_from_the_controller_and_each_unit_actor(ray_cluster) -> None:
+    conf = transfer_queue.init({**CONF, "metrics": {"enabled": True}})
+    try:
+        endpoint = transfer_queue.get_metrics_endpoint()
+        assert endpoint and endpoint == conf["metrics"]["endpoint"]
+        units = conf["metrics"]["storage_endpoints"]
+        assert sorted(units) == ["TransferQueueStorageUnit#0", "TransferQueueStorageUnit#1"]
+        assert ray.get(_rollout.remote(7)) == ["k7"]
+        # An attached process (the rollout task) reads the same endpoint from the actor.
+        assert ray.get(_endpoint.remote()) == endpoint
+        text = _scrape(endpoint)
+        assert 'tq_partition_samples_total{partition_id="train"} 1' in text
+        assert 'tq_controller_request_total{op_type="KV_PREPARE_PUT"} 1' in text
+        # The unit that holds the sample counted the put in its own process.
+        puts = [_scrape(u) for u in units.values()]
+        assert sum('tq_storage_request_total{op_type="PUT_DATA"} 1' in t for t in puts) == 1
+    finally:
+        transfer_queue.close()
+    assert transfer_queue.get_metrics_endpoint() is None
+
+
+@ray.remote(num_cpus=0)
+def _endpoint() -> str:
+    import tq.compat as transfer_queue
+
+    transfer_queue.init()
+    try:
+        return transfer_queue.get_metrics_endpoint()
+    finally:
+        transfer_queue.close()
+
+
 def test_a_second_init_in_the_driver_attaches(ray_cluster) -> None:
     transfer_queue.init(CONF)
     try:

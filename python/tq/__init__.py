@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, 
 from . import _aio, _convert
 from . import stream as _stream
 from ._native import BatchMeta, Buffer, NativeClient, NativeServer, NativeUnit
+from ._native import install_metrics as _native_install_metrics
 from .errors import *  # noqa: F401,F403 (the exception classes are part of the package API)
 from .errors import TqError, __all__ as _error_names
 
@@ -40,11 +41,20 @@ __all__ = [
     "serve",
     "serve_unit",
     "UnitServer",
+    "install_metrics",
     "__version__",
     *_error_names,
 ]
 
 from ._native import __version__
+
+
+def install_metrics() -> None:
+    """Installs this process's Prometheus exporter (once; later calls do nothing), so that
+    :meth:`Client.metrics_text` shows request counters and latencies. Deployments and clients
+    built before the call do not record (they take their metric handles when built): call it
+    first."""
+    _native_install_metrics()
 
 
 def __getattr__(name: str) -> Any:
@@ -167,6 +177,12 @@ class Client(_Closable):
         """What the deployment holds, as ``tq stats`` shows it: ``{"storage_backend",
         "controller": {partitions, index use, leases, ...}, "units": [...]}``."""
         return self._native.status()
+
+    def metrics_text(self) -> str:
+        """This process's metrics in the Prometheus text format: the request metrics recorded
+        since :func:`install_metrics` (none before it), then the deployment's state gauges
+        (partitions, progress, units), computed now."""
+        return self._native.metrics_text()
 
     def save_checkpoint(self, path: Union[str, "os.PathLike[str]"]) -> Dict[str, Any]:
         """Saves the controller's state (and, for storage units, the payloads) into the

@@ -101,9 +101,14 @@ def close() -> None:
 
 
 def get_metrics_endpoint() -> Optional[str]:
-    """The Prometheus endpoint of the deployment, or ``None`` (tq.compat starts no exporter;
-    ``tq serve --metrics-listen`` does)."""
-    return None
+    """``host:port`` of the deployment's Prometheus endpoint (``GET /metrics``), started by
+    ``init()`` when ``metrics.enabled`` is set; ``None`` when it is off or this process is not
+    initialized. Its metric names are tq's (docs/operations.md), not the original's."""
+    with _lock:
+        deployment = _deployment
+    if deployment is None:
+        return None
+    return (deployment.conf.get("metrics") or {}).get("endpoint")
 
 
 def _attached() -> _deploy.Deployment:

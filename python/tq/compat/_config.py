@@ -69,6 +69,9 @@ class Plan(NamedTuple):
     sampler_spec: Optional[str]
     #: A sampler written in Python, which the controller calls back (fetches name it).
     python_sampler: Any
+    #: The port of the Prometheus endpoint (``metrics.port``; 0: a free one), or ``None``
+    #: when ``metrics.enabled`` is off.
+    metrics_port: Optional[int] = None
 
 
 def sampler_of(sampler: Any) -> Tuple[Optional[str], Any]:
@@ -113,12 +116,9 @@ def to_tq(conf: Mapping[str, Any]) -> Plan:
         total = simple.get("total_storage_size")
         if total is not None:
             tq_sections["storage"]["capacity_per_unit"] = max(1, math.ceil(int(total) / units))
-        offload = dict(simple.get("ssd_offload") or {})
-        if offload.get("enabled"):
-            raise UnsupportedError(
-                "backend.SimpleStorage.ssd_offload: this build of tq's Python package has no SSD "
-                "offload; run `tq serve --ssd-path DIR` and attach with backend.tq.connect"
-            )
+        ssd = ssd_offload(simple.get("ssd_offload"))
+        if ssd is not None:
+            tq_sections["storage"]["ssd"] = ssd
     elif name.lower() in _NEAREST:
         raise UnsupportedError(
             f"backend.storage_backend `{name}`: tq has no such backend; the nearest is "
@@ -127,11 +127,11 @@ def to_tq(conf: Mapping[str, Any]) -> Plan:
     elif name.lower() != "tq":
         raise InvalidError(f"backend.storage_backend `{name}` is not a TransferQueue backend")
 
+    metrics_port = None
     if metrics.get("enabled"):
-        raise UnsupportedError(
-            "metrics.enabled: tq.compat does not start exporters yet; run `tq serve --metrics` "
-            "and attach with backend.tq.connect"
-        )
+        metrics_port = int(metrics.get("port") or 0)
+        if not 0 <= metrics_port < 65536:
+            raise InvalidError(f"metrics.port: {metrics_port} is not a TCP port")
 
     own = dict(backend.get("tq") or {})
     for key in COMPAT_KEYS:  # tq.compat's own settings, not tq configuration sections
@@ -145,4 +145,30 @@ def to_tq(conf: Mapping[str, Any]) -> Plan:
         tq_sections["storage"].pop("capacity_per_unit", None)
     elif name.lower() == "tq":
         units = int(tq_sections["storage"].get("num_units", 2))
-    return Plan(tq_sections, units, spec, python_sampler)
+    return Plan(tq_sections, units, spec, python_sampler, metrics_port)
+
+
+#: The keys of ``backend.SimpleStorage.ssd_offload`` (TransferQueue PR #162).
+_SSD_OFFLOAD_KEYS = ("enabled", "path")
+
+
+def ssd_offload(offload: Any) -> Optional[Dict[str, Any]]:
+    """tq's ``[storage.ssd]`` for the original's ``backend.SimpleStorage.ssd_offload``
+    (``enabled``, ``path``), or ``None`` when it is off. Both move the cells of at least 1 MiB
+    to files below ``path`` on each unit's node and keep the smaller ones in memory; tq creates
+    ``path`` with its parents like the original, and keeps each run's files in a directory of
+    its own below it."""
+    offload = dict(offload or {})
+    unknown = sorted(set(offload) - set(_SSD_OFFLOAD_KEYS))
+    if unknown:
+        raise InvalidError(
+            f"backend.SimpleStorage.ssd_offload: unknown keys {', '.join(unknown)} "
+            f"(it takes {', '.join(_SSD_OFFLOAD_KEYS)}; tq's own, such as threshold_bytes, "
+            "go in backend.tq.storage.ssd)"
+        )
+    if not offload.get("enabled"):
+        return None
+    path = offload.get("path")
+    if not path:
+        raise InvalidError("backend.SimpleStorage.ssd_offload.path is required when enabled is true")
+    return {"enabled": True, "path": str(path)}

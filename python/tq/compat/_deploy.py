@@ -30,11 +30,13 @@ import secrets
 import shutil
 import sys
 import tempfile
+import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import tq as _tq
+from tq._native import render_metrics
 
-from . import _config
+from . import _config, _metrics
 from ._client import DEFAULT_LEASE_SECONDS, TransferQueueClient
 
 #: The environment variable through which child processes find an in-process deployment:
@@ -59,6 +61,8 @@ class Deployment:
         self._exported: Optional[str] = None
         #: The private directory of an in-process deployment's Unix socket (removed on close).
         self.socket_dir: Optional[str] = None
+        #: The Prometheus endpoint this process serves for the deployment it created.
+        self.metrics: Optional[_metrics.Endpoint] = None
 
     def export(self) -> None:
         """Puts where this deployment is into the environment, for child processes."""
@@ -66,6 +70,8 @@ class Deployment:
         os.environ[DEPLOYMENT_VARIABLE] = self._exported
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         self.client.close()
         if self.server is not None:
             self.server.close()
@@ -100,7 +106,9 @@ def attachment(conf: Mapping[str, Any]) -> Dict[str, Any]:
     environment and in pickled datasets."""
     controller = conf.get("controller") or {}
     own = (conf.get("backend") or {}).get("tq") or {}
+    endpoint = (conf.get("metrics") or {}).get("endpoint")
     return {
+        **({"metrics": {"enabled": True, "endpoint": endpoint}} if endpoint else {}),
         "controller": {"polling_mode": bool(controller.get("polling_mode")), "tq_sampler": controller.get("tq_sampler")},
         "backend": {
             "tq": {
@@ -161,6 +169,8 @@ def start(conf: Dict[str, Any], plan: _config.Plan) -> Deployment:
         return _start_on_ray(conf, plan)
     # Same host only: a Unix socket is the cheapest way to the controller, and the directory
     # (mode 0700) keeps other users out.
+    if plan.metrics_port is not None:
+        _tq.install_metrics()  # before anything that records is built
     socket_dir = tempfile.mkdtemp(prefix="tq-compat-")
     try:
         server = _tq.serve(
@@ -180,8 +190,29 @@ def start(conf: Dict[str, Any], plan: _config.Plan) -> Deployment:
         raise
     deployment = Deployment(client, _with_address(conf, server.url, None), server=server)
     deployment.socket_dir = socket_dir
+    if plan.metrics_port is not None:
+        try:
+            own = (conf.get("backend") or {}).get("tq") or {}
+            host = own.get("host") or os.environ.get(HOST_VARIABLE) or "127.0.0.1"
+            deployment.metrics = _metrics.Endpoint(client.metrics_text, host, plan.metrics_port)
+        except BaseException:
+            deployment.close()
+            raise
+        deployment.conf = _with_metrics(deployment.conf, deployment.metrics.address, {})
     deployment.export()
     return deployment
+
+
+def _with_metrics(conf: Dict[str, Any], endpoint: str, units: Dict[str, str]) -> Dict[str, Any]:
+    """``conf`` with where its Prometheus endpoints are: ``metrics.endpoint`` (the
+    controller's, what ``get_metrics_endpoint()`` returns) and, under Ray,
+    ``metrics.storage_endpoints`` (each unit actor's, by actor name)."""
+    out = copy.deepcopy(conf)
+    metrics = out.setdefault("metrics", {})
+    metrics["endpoint"] = endpoint
+    if units:
+        metrics["storage_endpoints"] = units
+    return out
 
 
 def _samplers(plan: _config.Plan) -> Optional[Dict[str, Any]]:
@@ -257,7 +288,8 @@ def _start_on_ray(conf: Dict[str, Any], plan: _config.Plan) -> Deployment:
         own = (conf.get("backend") or {}).get("tq") or {}
         host = own.get("host")
         units = plan.units
-        url = ray.get(controller.start.remote(sections, units, plan.sampler_spec, _samplers(plan), host))
+        metrics = plan.metrics_port
+        url = ray.get(controller.start.remote(sections, units, plan.sampler_spec, _samplers(plan), host, metrics))
         if units:
             cpus = float(own.get("unit_cpus", 0))
             for i, strategy in enumerate(_round_robin(units)):
@@ -267,8 +299,13 @@ def _start_on_ray(conf: Dict[str, Any], plan: _config.Plan) -> Deployment:
                     ).remote()
                 )
             # Each answers once registered with the controller: then the deployment is whole.
-            ray.get([u.start.remote(url, f"unit-{i}", sections, host) for i, u in enumerate(actors.units)])
+            ray.get([u.start.remote(url, f"unit-{i}", sections, host, metrics is not None) for i, u in enumerate(actors.units)])
         full = _with_address(conf, url, token)
+        if metrics is not None:
+            endpoint = ray.get(controller.metrics_endpoint.remote())
+            names = [f"TransferQueueStorageUnit#{i}" for i in range(len(actors.units))]
+            found = ray.get([u.metrics_endpoint.remote() for u in actors.units])
+            full = _with_metrics(full, endpoint, dict(zip(names, found)))
         ray.get(controller.store_config.remote(full))
         return Deployment(connect(full), full, actors=actors)
     except BaseException:
@@ -312,11 +349,22 @@ def _actor_classes() -> _ActorClasses:
             def __init__(self) -> None:
                 self._server: Optional[_tq.Server] = None
                 self._config: Optional[Dict[str, Any]] = None
+                self._metrics: Optional[_metrics.Endpoint] = None
+                self._client: Optional[_tq.Client] = None
+                self._connecting = threading.Lock()
 
             def start(
-                self, sections: Dict[str, Any], units: int, sampler: Optional[str], samplers: Optional[Dict[str, Any]], host: Optional[str]
+                self,
+                sections: Dict[str, Any],
+                units: int,
+                sampler: Optional[str],
+                samplers: Optional[Dict[str, Any]],
+                host: Optional[str],
+                metrics_port: Optional[int] = None,
             ) -> str:
                 host, loopback = _host(host)
+                if metrics_port is not None:
+                    _tq.install_metrics()
                 self._server = _tq.serve(
                     sections,
                     listen=f"tcp://{host}:0",
@@ -326,7 +374,23 @@ def _actor_classes() -> _ActorClasses:
                     insecure=loopback,
                     remote_units=True,
                 )
+                if metrics_port is not None:
+                    token = sections.get("net", {}).get("token")
+                    self._metrics = _metrics.Endpoint(lambda: self._scrape(token), host, metrics_port)
                 return self._server.url
+
+            def _scrape(self, token: Optional[str]) -> str:
+                """The controller's view: its request metrics and the deployment's state
+                gauges (every unit's cells and bytes included). The client is made at the
+                first scrape: connecting waits for the units, which start after this actor."""
+                with self._connecting:  # scrapes may come in parallel
+                    if self._client is None:
+                        assert self._server is not None
+                        self._client = self._server.connect(token=token)
+                return self._client.metrics_text()
+
+            def metrics_endpoint(self) -> Optional[str]:
+                return None if self._metrics is None else self._metrics.address
 
             def store_config(self, conf: Dict[str, Any]) -> None:
                 self._config = conf
@@ -335,6 +399,10 @@ def _actor_classes() -> _ActorClasses:
                 return self._config
 
             def stop(self) -> None:
+                if self._metrics is not None:
+                    self._metrics.close()
+                if self._client is not None:
+                    self._client.close()
                 if self._server is not None:
                     self._server.close()
 
@@ -344,17 +412,28 @@ def _actor_classes() -> _ActorClasses:
 
             def __init__(self) -> None:
                 self._unit: Optional[_tq.UnitServer] = None
+                self._metrics: Optional[_metrics.Endpoint] = None
 
-            def start(self, controller: str, unit_id: str, sections: Dict[str, Any], host: Optional[str]) -> str:
+            def start(self, controller: str, unit_id: str, sections: Dict[str, Any], host: Optional[str], metrics: bool = False) -> str:
                 host, loopback = _host(host)
+                if metrics:
+                    _tq.install_metrics()
                 self._unit = _tq.serve_unit(controller, unit_id, sections, listen=f"tcp://{host}:0", insecure=loopback)
+                if metrics:
+                    # This unit's request metrics (the controller's endpoint has its state).
+                    self._metrics = _metrics.Endpoint(render_metrics, host, 0)
                 return self._unit.endpoint
+
+            def metrics_endpoint(self) -> Optional[str]:
+                return None if self._metrics is None else self._metrics.address
 
             def node_id(self) -> str:
                 """The Ray node this unit runs on."""
                 return ray.get_runtime_context().get_node_id()
 
             def stop(self) -> None:
+                if self._metrics is not None:
+                    self._metrics.close()
                 if self._unit is not None:
                     self._unit.close()
 
