@@ -78,7 +78,7 @@ struct Running {
 
 /// A tq client (embedded or connected); `tq.Client` wraps it.
 #[pyclass(frozen, module = "tq._native")]
-struct NativeClient {
+pub(crate) struct NativeClient {
     running: Mutex<Option<Arc<Running>>>,
     description: String,
     /// Whether storage lives in this process and keeps the bytes a put hands it (so the
@@ -88,6 +88,24 @@ struct NativeClient {
     /// The process that made the client: its runtime's threads live there only. A forked
     /// child that inherits the client must make its own (see `running` and `Drop`).
     pid: u32,
+}
+
+impl NativeClient {
+    /// A client running `client` on `runtime` (`is_embedded`: the storage keeps the bytes a
+    /// put hands it, in this process).
+    pub(crate) fn new(
+        runtime: tokio::runtime::Runtime,
+        client: tq::Client,
+        description: String,
+        is_embedded: bool,
+    ) -> NativeClient {
+        NativeClient {
+            running: Mutex::new(Some(Arc::new(Running { runtime, client }))),
+            pid: std::process::id(),
+            description,
+            is_embedded,
+        }
+    }
 }
 
 impl Drop for NativeClient {

@@ -4,7 +4,7 @@
 //! `tq storage-unit` runs).
 
 use crate::sampler::PySampler;
-use crate::{config, raise, runtime};
+use crate::{config, raise, runtime, NativeClient};
 use pyo3::prelude::*;
 use std::sync::Mutex;
 use tq::server::{check_exposure, Deployment, Endpoint, RegisteredUnit, ServeOptions, UnitOptions};
@@ -28,6 +28,15 @@ impl<T: Send> Hosted<T> {
 
     fn is_closed(&self) -> bool {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    }
+
+    /// `f` of the servers, or `None` once closed.
+    fn with<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(_, servers)| f(servers))
     }
 
     /// Stops the servers with `shutdown`, without the GIL; closing twice does nothing.
@@ -117,6 +126,28 @@ impl NativeServer {
     #[getter]
     fn closed(&self) -> bool {
         self.running.is_closed()
+    }
+
+    /// A client in this process that calls the controller and units directly (no socket):
+    /// see `tq::server::Deployment::local_client`. Its calls run on a runtime of its own.
+    fn local_client(&self, py: Python<'_>) -> PyResult<NativeClient> {
+        let client = self
+            .running
+            .with(|deployment| deployment.local_client())
+            .unwrap_or_else(|| {
+                Err(Error::closed(format!(
+                    "the deployment at {} is closed",
+                    self.url
+                )))
+            })
+            .map_err(|e| raise(py, e))?;
+        let runtime = runtime().map_err(|e| raise(py, e))?;
+        Ok(NativeClient::new(
+            runtime,
+            client,
+            format!("in process: {}", self.url),
+            true,
+        ))
     }
 
     /// Stops serving: connections end, the units stop, their data is gone. Twice is fine.

@@ -41,6 +41,32 @@ def test_a_hosted_deployment_serves_another_process() -> None:
         tq.connect(server.url, net={"connect_timeout_ms": 500, "retry_max_elapsed_ms": 500})
 
 
+def test_the_hosting_process_calls_its_deployment_directly() -> None:
+    """Server.local_client: no socket between the hosting process and its own controller and
+    units, the same state as the connected clients, and closing it leaves the server up."""
+    with tq.serve(units=2) as server:
+        local = server.local_client()
+        assert "in process" in repr(local._native)
+        with server.connect() as remote:
+            local.partition("p").kv_batch_put(["a", "b", "c"], {"x": np.arange(6).reshape(3, 2)})
+            assert remote.partition("p").kv_batch_get(["c", "a"])["x"].tolist() == [[4, 5], [0, 1]]
+            remote.partition("p").kv_batch_put(["d"], {"x": np.array([[9, 9]])})
+            assert local.partition("p").kv_batch_get(["d"])["x"].tolist() == [[9, 9]]
+            # Routing agrees: every unit holds some of what the local client wrote.
+            assert all(u["cells"] > 0 for u in remote.status()["units"])
+            # A fetch by one consumes for the other: one controller.
+            batch = local.partition("p").fetch(["x"], task="t", batch_size=4)
+            assert len(batch) == 4
+            assert remote.partition("p").consumption_status("t")["consumed"] == [True] * 4
+            local.close()
+            assert remote.partition("p").kv_batch_get(["a"])["x"].tolist() == [[0, 1]]
+    with tq.serve(units=2, remote_units=True) as controller:
+        with pytest.raises(tq.UnsupportedError, match="connect to"):
+            controller.local_client()
+    with pytest.raises(tq.ClosedError):
+        server.local_client()
+
+
 def test_serve_refuses_what_it_cannot_do() -> None:
     with pytest.raises(tq.InvalidError) as exposed:
         tq.serve(listen="tcp://0.0.0.0:0")

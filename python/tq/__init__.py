@@ -276,6 +276,15 @@ class Server(_Closable):
         """A client of this deployment."""
         return connect(self.url, token=token)
 
+    def local_client(self) -> Client:
+        """A client in this process that calls the controller and the storage units directly,
+        with no socket in between: an embedded client's speed, seeing the same state as every
+        client connected to :attr:`url`. What the process hosting a deployment should use
+        itself. Closing it leaves the deployment serving. :class:`UnsupportedError` when the
+        units are elsewhere (``remote_units=True``) or the storage is shared (a KV store):
+        use :meth:`connect` then."""
+        return Client(self._native.local_client())
+
     def close(self) -> None:
         """Stops serving (connections end, the units stop). Closing twice is fine."""
         self._native.close()

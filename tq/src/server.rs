@@ -215,6 +215,7 @@ pub struct Deployment {
     unit_services: Vec<Arc<UnitServer>>,
     unit_endpoints: Vec<(String, String)>,
     url: String,
+    config: Config,
 }
 
 impl Deployment {
@@ -279,6 +280,7 @@ impl Deployment {
             unit_services,
             unit_endpoints,
             url,
+            config,
         })
     }
 
@@ -300,6 +302,44 @@ impl Deployment {
     /// The storage units being served, in routing order.
     pub fn unit_services(&self) -> &[Arc<UnitServer>] {
         &self.unit_services
+    }
+
+    /// A client in this process that calls the controller and the storage units directly,
+    /// with no socket and no encoding in between: what the process hosting the deployment
+    /// uses itself (an embedded client's cost, while other processes connect to
+    /// [`Deployment::url`]). It sees and changes the same state as every connected client.
+    ///
+    /// `Unsupported` when the units are not in this process (`remote_units`) or the storage is
+    /// shared (connect to [`Deployment::url`] instead). Closing the client leaves the
+    /// deployment serving. The units here never change epoch (their controller is in this
+    /// process and does not restart), so the handles taken now stay the ones served.
+    pub fn local_client(&self) -> Result<crate::Client> {
+        if self.unit_services.is_empty() {
+            let what = if self.config.storage_is_shared() {
+                self.config.storage.backend.to_string()
+            } else {
+                "storage units in other processes".to_string()
+            };
+            return Err(Error::unsupported(
+                format!("local_client (connect to {} instead)", self.url),
+                what,
+            ));
+        }
+        let units = self
+            .unit_services
+            .iter()
+            .map(|u| u.unit())
+            .collect::<Result<Vec<_>>>()?;
+        let storage = tq_backend_simple::SimpleStorage::new(units)?;
+        // Metered here as the served requests are metered by the server.
+        let control = Arc::new(tq_controller::MeteredPlane::new(
+            self.service.controller().clone(),
+        ));
+        Ok(crate::Client::from_parts(
+            control,
+            Arc::new(storage),
+            self.config.clone(),
+        ))
     }
 
     /// Stops accepting, ends the connections, then stops the units.

@@ -181,7 +181,8 @@ def start(conf: Dict[str, Any], plan: _config.Plan) -> Deployment:
             samplers=_samplers(plan),
         )
         try:
-            client = server.connect()
+            # This process calls its own deployment directly; other processes connect.
+            client = server.local_client() if plan.units else server.connect()
         except BaseException:
             server.close()
             raise

@@ -41,7 +41,7 @@ async def write(
         done = await call(native.kv_set_tags, partition, keys, [dict(t) for t in tags or []])
     else:
         done = await call(native.kv_batch_put, partition, keys, columns, None if tags is None else [dict(t) for t in tags])
-    return KVBatchMeta(done["keys"], done["tags"], partition, done["fields"])
+    return KVBatchMeta._owning(done["keys"], done["tags"], partition, done["fields"])
 
 
 async def kv_batch_put(

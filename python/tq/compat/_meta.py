@@ -615,6 +615,15 @@ class KVBatchMeta:
         self.fields = None if fields is None else list(fields)
         self.extra_info = _copy.deepcopy(dict(extra_info or {}))
 
+    @classmethod
+    def _owning(cls, keys: List[str], tags: List[Dict[str, Any]], partition_id: str, fields: List[str]) -> "KVBatchMeta":
+        """A meta that takes over what a native call answered: fresh lists and dicts nobody
+        else holds, keys already distinct, so there is nothing to copy or check (a put of 1024
+        keys spent 1 ms deep-copying their tags)."""
+        meta = cls.__new__(cls)
+        meta.keys, meta.tags, meta.partition_id, meta.fields, meta.extra_info = keys, tags, partition_id, fields, {}
+        return meta
+
     @property
     def size(self) -> int:
         """The number of keys."""

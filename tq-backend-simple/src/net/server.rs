@@ -122,6 +122,19 @@ impl UnitServer {
         unit.stats().await
     }
 
+    /// The unit being served, for a client in this process that calls it directly (see
+    /// `tq::server::Deployment::local_client`): it sees the same cells as remote requests,
+    /// with the same metering and checkpoint gate. `Unavailable` while the unit is being made
+    /// anew; a unit made anew later (another controller epoch) is not the one returned.
+    pub fn unit(&self) -> Result<Arc<dyn StorageUnit>> {
+        self.current().ok_or_else(|| {
+            Error::unavailable(format!(
+                "storage unit `{}` is dropping the cells of an earlier controller epoch",
+                self.id
+            ))
+        })
+    }
+
     fn current(&self) -> Option<Arc<dyn StorageUnit>> {
         self.unit.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
