@@ -63,6 +63,9 @@ enum Data {
     Shared(Bytes),
     /// This buffer's alone: numpy may write into it.
     Owned(BytesMut),
+    /// This buffer's alone, from tq's pool of read buffers (warm memory), to which it returns
+    /// when the buffer is dropped.
+    Pooled(tq::buffer::PoolBuffer),
 }
 
 impl Data {
@@ -70,6 +73,7 @@ impl Data {
         match self {
             Data::Shared(b) => b.as_ptr() as usize,
             Data::Owned(b) => b.as_ptr() as usize,
+            Data::Pooled(b) => b.as_ptr() as usize,
         }
     }
 
@@ -77,6 +81,7 @@ impl Data {
         match self {
             Data::Shared(b) => b.len(),
             Data::Owned(b) => b.len(),
+            Data::Pooled(b) => b.len(),
         }
     }
 }
@@ -113,7 +118,32 @@ impl Buffer {
     /// Whether the bytes are this buffer's alone (so a view of them may be written).
     #[getter]
     fn writable(&self) -> bool {
-        matches!(self.data, Data::Owned(_))
+        !matches!(self.data, Data::Shared(_))
+    }
+
+    /// This buffer if its bytes are its own, else a copy of them that is (what a torch tensor,
+    /// always writable, needs). A large copy goes into a buffer of tq's read pool: warm memory
+    /// that returns to the pool when the copy is dropped, instead of numpy's copy into fresh
+    /// pages (8.4 ms against 5 ms for 32 MiB here: the kernel zeroes fresh pages first).
+    fn writable_copy(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        let this = slf.borrow();
+        let Data::Shared(bytes) = &this.data else {
+            drop(this);
+            return Ok(slf);
+        };
+        let data = if bytes.len() < tq::buffer::POOL_MIN_BYTES {
+            Data::Owned(BytesMut::from(&bytes[..]))
+        } else {
+            let mut copy = tq::buffer::BufferPool::global().buffer(bytes.len());
+            copy.copy_from_slice(bytes);
+            Data::Pooled(copy)
+        };
+        let out = Buffer {
+            data,
+            dtype: this.dtype,
+            shape: this.shape.clone(),
+        };
+        Bound::new(slf.py(), out)
     }
 
     /// Where the bytes are (for tests that check a view is not a copy).
@@ -220,7 +250,7 @@ fn tensor_from_array(
         // starts at `address` and holds `numel * itemsize` bytes; the GIL is held, so no other
         // thread can free or resize it while the bytes are copied.
         let bytes = unsafe { std::slice::from_raw_parts(address as *const u8, nbytes) };
-        Bytes::copy_from_slice(bytes)
+        tq::buffer::copied(bytes)
     };
     Tensor::new(dtype, shape, data).map_err(|e| raise(py, e.context(format!("field `{field}`"))))
 }

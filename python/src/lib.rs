@@ -712,8 +712,9 @@ impl NativeClient {
     /// 0 none; `lease`: seconds they stay reserved until `ack` instead of consumed at once),
     /// `"insert"`
     /// (`batch_size` new samples that will hold `fields`) or `"force"` (every live sample,
-    /// production for `fields`, nothing consumed).
-    #[pyo3(signature = (partition, fields, mode, batch_size, task=None, timeout=None, sampler=None, dp_rank=None, batch_index=None, lease=None, done=None))]
+    /// production for `fields`, nothing consumed). `sampler_args`: this call's inputs for a
+    /// sampler written in Python, encoded by `tq._sampler_args`.
+    #[pyo3(signature = (partition, fields, mode, batch_size, task=None, timeout=None, sampler=None, dp_rank=None, batch_index=None, lease=None, sampler_args=None, done=None))]
     #[allow(clippy::too_many_arguments)] // one per keyword of the Python call
     fn get_meta(
         &self,
@@ -728,6 +729,7 @@ impl NativeClient {
         dp_rank: Option<u32>,
         batch_index: Option<u64>,
         lease: Option<f64>,
+        sampler_args: Option<Vec<u8>>,
         done: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let timeout = seconds(py, "timeout", timeout)?;
@@ -767,6 +769,7 @@ impl NativeClient {
                     sampler,
                     dp_rank,
                     batch_index,
+                    sampler_args,
                 })
                 .await
         })

@@ -45,6 +45,22 @@ impl PySampler {
         if let Some(index) = ctx.batch_index {
             kwargs.set_item("batch_index", index)?;
         }
+        if let Some(args) = ctx.args {
+            // The call's own inputs (tq.compat: the sampling_config entries), decoded here by
+            // the restricted decoder: only plain values and numpy arrays.
+            let decoded = py
+                .import("tq._sampler_args")?
+                .call_method1("loads", (PyBytes::new(py, args),))?;
+            let decoded = decoded.cast::<PyDict>()?;
+            for (name, value) in decoded.iter() {
+                if kwargs.contains(&name)? {
+                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                        "sampler_args: `{name}` is part of the fetch's context, not an input"
+                    )));
+                }
+                kwargs.set_item(name, value)?;
+            }
+        }
         Ok(kwargs)
     }
 
@@ -94,6 +110,10 @@ impl Sampler for PySampler {
             sampled: resolve("sampled", sampled)?,
             consumed: resolve("consumed", consumed)?,
         })
+    }
+
+    fn takes_args(&self) -> bool {
+        true
     }
 
     fn has_cached(&self, ctx: &SamplerContext<'_>) -> bool {

@@ -105,8 +105,8 @@ def test_dataset_argument_checks(deployment) -> None:
             _dataset(deployment, **bad)
 
 
-def _init_with(sampler: object) -> None:
-    transfer_queue.init({"controller": {"sampler": sampler, "polling_mode": True}})
+def _init_with(sampler: object) -> dict:
+    return transfer_queue.init({"controller": {"sampler": sampler, "polling_mode": True}})
 
 
 def _fetch(n: int, task: str = "t", **sampling: object) -> list:
@@ -205,8 +205,59 @@ def test_a_sampler_written_in_python_is_called_by_the_controller() -> None:
         calls = sampler._states["calls"]  # this process hosts the controller: the same object
         assert calls[0] == {"partition_id": "train", "task_name": "t", "dp_rank": 1, "batch_index": 7}
         assert calls[1] == {"partition_id": "train", "task_name": "t"}
-        with pytest.raises(tq.UnsupportedError, match="priority"):
-            _fetch(1, priority=[1.0])
+    finally:
+        transfer_queue.close()
+
+
+class _ByPriority(transfer_queue.BaseSampler):
+    """The highest ``priority_scores`` first (a per-call input, as TransferQueue's tutorial 05
+    passes one); remembers what it was given."""
+
+    def sample(self, ready_indexes, batch_size, *args, priority_scores=None, **kwargs):
+        self._states["given"] = priority_scores
+        ranked = sorted(ready_indexes, key=lambda i: -priority_scores[i])[:batch_size]
+        return ranked, ranked
+
+
+def test_per_call_sampler_inputs_reach_a_python_sampler() -> None:
+    """sampling_config entries beyond the context travel with the fetch to the controller,
+    decoded there by a decoder that takes plain values and numpy arrays only."""
+    import datetime
+
+    import numpy as np
+
+    sampler = _ByPriority()
+    conf = _init_with(sampler)
+    try:
+        _put(5)
+        scores = np.array([0.1, 5.0, 0.2, 9.0, 0.3])
+        # Over the wire (a connected client, as every other process is): task t2.
+        with tq.connect(conf["backend"]["tq"]["connect"]) as remote:
+            meta = remote.partition("train").fetch(
+                ["ids"], "t2", 1, timeout=0, sampler=conf["controller"]["tq_sampler"], sampler_args={"priority_scores": scores}
+            )
+            assert meta.global_indexes == [3]
+        # In this process (the deployment's own client): task t.
+        assert _fetch(2, priority_scores=scores) == [3, 1]
+        given = sampler._states["given"]
+        assert isinstance(given, np.ndarray) and given.tolist() == scores.tolist()
+        assert _fetch(1, priority_scores=torch.tensor([0.0, 0.0, 1.0, 0.0, 7.0])) == [4]  # sent as numpy
+        # Anything but plain values and numpy arrays is refused by the controller's decoder,
+        # and nothing is consumed.
+        with pytest.raises(tq.InvalidError, match="plain values and numpy arrays only"):
+            _fetch(1, priority_scores=datetime.date(2026, 1, 1))
+        assert _fetch(1, priority_scores=scores) == [2]
+    finally:
+        transfer_queue.close()
+
+
+def test_a_built_in_sampler_refuses_per_call_inputs() -> None:
+    _init_with("SequentialSampler")
+    try:
+        _put(2)
+        with pytest.raises(tq.InvalidError, match="takes none"):
+            _fetch(1, priority_scores=[1.0, 2.0])
+        assert _fetch(2) == [0, 1]  # the refused fetch took nothing
     finally:
         transfer_queue.close()
 

@@ -23,7 +23,7 @@ import json
 import os
 from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
-from . import _aio, _convert
+from . import _aio, _convert, _sampler_args
 from . import stream as _stream
 from ._native import BatchMeta, Buffer, NativeClient, NativeServer, NativeUnit
 from ._native import install_metrics as _native_install_metrics
@@ -513,6 +513,7 @@ class Partition:
         timeout: Optional[float] = None,
         sampler: Optional[str] = None,
         lease: Optional[float] = None,
+        sampler_args: Optional[Mapping[str, Any]] = None,
     ) -> BatchMeta:
         """Takes up to ``batch_size`` samples whose ``fields`` are produced and that ``task``
         has not consumed yet, oldest first (or as ``sampler`` picks), and marks them consumed.
@@ -522,9 +523,14 @@ class Partition:
         :class:`tq.TimeoutError` after that. A complete partition gives its last, smaller
         batch, then :class:`tq.ClosedError`. With ``lease`` (seconds), the samples are only
         reserved until :meth:`Client.ack`, and come back to the task if the lease runs out.
-        The wait releases the GIL, and Ctrl-C interrupts it.
+        The wait releases the GIL, and Ctrl-C interrupts it. ``sampler_args`` (names →
+        plain values or numpy arrays) are this call's inputs for a sampler written in Python,
+        passed to its ``sample`` as keywords; any other sampler refuses them
+        (:class:`InvalidError`).
         """
-        return self.get_meta(fields, "fetch", batch_size, task, timeout=timeout, sampler=sampler, lease=lease)
+        return self.get_meta(
+            fields, "fetch", batch_size, task, timeout=timeout, sampler=sampler, lease=lease, sampler_args=sampler_args
+        )
 
     def get_meta(
         self,
@@ -538,19 +544,22 @@ class Partition:
         dp_rank: Optional[int] = None,
         batch_index: Optional[int] = None,
         lease: Optional[float] = None,
+        sampler_args: Optional[Mapping[str, Any]] = None,
     ) -> BatchMeta:
         """The general metadata request that :meth:`fetch` and :meth:`put` are made of.
 
         ``mode="fetch"``: as :meth:`fetch` for ``task``, with the sampler's ``dp_rank`` and
         ``batch_index`` (rank-aware samplers hand every rank of a step the same batch) and
-        ``lease`` (seconds; acknowledged delivery, as for :meth:`fetch`).
+        ``lease`` (seconds; acknowledged delivery, as for :meth:`fetch`) and ``sampler_args``
+        (as for :meth:`fetch`).
         ``mode="insert"``: ``batch_size`` new samples that will hold ``fields``, for a
         :meth:`Client.put` (a clear removes them even if that put never comes).
         ``mode="force"``: every live sample, with its production of ``fields``; nothing is
         consumed.
         """
+        encoded = None if sampler_args is None else _sampler_args.dumps(sampler_args)
         return self._native.get_meta(
-            self.name, list(fields), mode, batch_size, task, timeout, sampler, dp_rank, batch_index, lease
+            self.name, list(fields), mode, batch_size, task, timeout, sampler, dp_rank, batch_index, lease, encoded
         )
 
     def kv_meta(self, keys: Sequence[str], *, create: bool = False) -> BatchMeta:
@@ -684,12 +693,14 @@ class Partition:
         timeout: Optional[float] = None,
         sampler: Optional[str] = None,
         lease: Optional[float] = None,
+        sampler_args: Optional[Mapping[str, Any]] = None,
     ) -> BatchMeta:
         """:meth:`fetch` as a coroutine: waits without blocking the event loop."""
         names = list(fields)
+        encoded = None if sampler_args is None else _sampler_args.dumps(sampler_args)
         return await _aio.run(
             lambda done: self._native.get_meta(
-                self.name, names, "fetch", batch_size, task, timeout, sampler, None, None, lease, done=done
+                self.name, names, "fetch", batch_size, task, timeout, sampler, None, None, lease, encoded, done=done
             )
         )
 

@@ -75,9 +75,8 @@ def tensordict_fields(td: Any) -> Dict[str, Any]:
 
 def _tensor_of(buffer: Any) -> Any:
     torch = _torch()
-    array = np.asarray(buffer)
-    if not array.flags.writeable:
-        array = array.copy()
+    # torch tensors are always writable: bytes tq shares (the store's own) are copied once.
+    array = np.asarray(buffer if buffer.writable else buffer.writable_copy())
     t = torch.from_numpy(array)
     return t.view(torch.bfloat16) if buffer.dtype == "bf16" else t
 

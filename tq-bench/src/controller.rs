@@ -115,6 +115,7 @@ where
         sampler: None,
         dp_rank: None,
         batch_index: None,
+        sampler_args: None,
     })
     .await?;
     let elapsed = t.elapsed();
@@ -133,6 +134,7 @@ pub(crate) fn insert_request(partition: &str, fields: &[&str], count: usize) -> 
         sampler: None,
         dp_rank: None,
         batch_index: None,
+        sampler_args: None,
     }
 }
 

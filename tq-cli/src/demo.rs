@@ -156,6 +156,7 @@ async fn write_prompts(
                 sampler: None,
                 dp_rank: None,
                 batch_index: None,
+                sampler_args: None,
             })
             .await?;
         for (r, t) in meta.tags_mut().iter_mut().enumerate() {
@@ -215,6 +216,7 @@ async fn rollout(tq: Client, args: DemoArgs, names: Names, traffic: Arc<Traffic>
                 sampler: None,
                 dp_rank: None,
                 batch_index: None,
+                sampler_args: None,
             })
             .await?;
         out.tags_mut().clone_from_slice(&tags);

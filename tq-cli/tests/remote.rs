@@ -463,6 +463,7 @@ async fn a_put_that_never_notified_stays_invisible() {
                 sampler: None,
                 dp_rank: None,
                 batch_index: None,
+                sampler_args: None,
             })
             .await
             .unwrap();

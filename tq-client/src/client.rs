@@ -208,6 +208,7 @@ impl Client {
                 sampler: None,
                 dp_rank: None,
                 batch_index: None,
+                sampler_args: None,
             })
             .await?;
         // Fresh samples hold nothing a refused write could overwrite: no check needed first.

@@ -112,6 +112,7 @@ async fn differing_shapes_come_back_ragged() {
             sampler: None,
             dp_rank: None,
             batch_index: None,
+            sampler_args: None,
         })
         .await
         .unwrap();

@@ -51,6 +51,7 @@ async fn produce(tq: &Client, partition: &str, total: usize, chunk: usize) {
                 sampler: None,
                 dp_rank: None,
                 batch_index: None,
+                sampler_args: None,
             })
             .await
             .unwrap();
@@ -286,6 +287,7 @@ async fn grpo_streams_hand_out_only_complete_groups() {
             sampler: None,
             dp_rank: None,
             batch_index: None,
+            sampler_args: None,
         })
         .await
         .unwrap();
@@ -371,6 +373,7 @@ async fn seqlen_balanced_ranks_get_disjoint_balanced_shares() {
             sampler: None,
             dp_rank: None,
             batch_index: None,
+            sampler_args: None,
         })
         .await
         .unwrap();

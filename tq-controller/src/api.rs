@@ -64,6 +64,11 @@ pub struct GetMetaRequest {
     pub sampler: Option<String>,
     pub dp_rank: Option<u32>,
     pub batch_index: Option<u64>,
+    /// Inputs for this call's sampler (the original's per-call `sampling_config` entries, such
+    /// as priority scores), opaque to the controller. Only a sampler that says it takes them
+    /// ([`crate::Sampler::takes_args`]: one written in Python) gets them; any other refuses
+    /// the fetch, so that inputs are never dropped without a word.
+    pub sampler_args: Option<Vec<u8>>,
 }
 
 impl GetMetaRequest {
@@ -87,6 +92,7 @@ impl GetMetaRequest {
             sampler: None,
             dp_rank: None,
             batch_index: None,
+            sampler_args: None,
         }
     }
 
@@ -101,6 +107,12 @@ impl GetMetaRequest {
         if let GetMetaMode::Fetch { lease: l, .. } = &mut self.mode {
             *l = Some(lease);
         }
+        self
+    }
+
+    /// Inputs for this call's sampler (see [`GetMetaRequest::sampler_args`]).
+    pub fn with_sampler_args(mut self, args: Vec<u8>) -> Self {
+        self.sampler_args = Some(args);
         self
     }
 

@@ -539,6 +539,7 @@ impl Controller {
             task,
             dp_rank: req.dp_rank,
             batch_index: req.batch_index,
+            args: req.sampler_args.as_deref(),
             draining: false,
         };
         let cached = sampler.has_cached(&ctx);
@@ -649,6 +650,14 @@ impl Controller {
             return Err(Error::invalid("a lease must last longer than zero"));
         }
         let sampler = self.sampler(req.sampler.as_deref())?;
+        if req.sampler_args.is_some() && !sampler.takes_args() {
+            return Err(Error::invalid(format!(
+                "partition `{}`: the fetch brings inputs for its sampler, and sampler `{}` takes \
+                 none (only samplers written in Python do)",
+                req.partition,
+                req.sampler.as_deref().unwrap_or("(the default)")
+            )));
+        }
         let deadline = match wait {
             Wait::NoWait => None,
             Wait::For(d) => Some(tokio::time::Instant::now() + d),

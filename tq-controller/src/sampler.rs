@@ -39,6 +39,9 @@ pub struct SamplerContext<'a> {
     pub task: &'a str,
     pub dp_rank: Option<u32>,
     pub batch_index: Option<u64>,
+    /// This call's inputs for the sampler (`GetMetaRequest::sampler_args`); only a sampler
+    /// whose [`Sampler::takes_args`] is true is ever given any.
+    pub args: Option<&'a [u8]>,
     /// The partition is complete and `ready` is everything the task has left: nothing else
     /// will become ready, so a sampler that waits for more would wait forever. (The fetch then
     /// asks for at most what is ready.)
@@ -82,6 +85,13 @@ pub trait Sampler: Send + Sync + 'static {
     /// sampler that looks at every ready sample (grouping by tag, choosing by weight over
     /// everything): it is always given the whole list.
     fn takes_oldest(&self) -> bool {
+        false
+    }
+
+    /// Whether this sampler takes per-call inputs ([`SamplerContext::args`]). A fetch that
+    /// brings inputs to a sampler that does not (the default) is refused, never run without
+    /// them.
+    fn takes_args(&self) -> bool {
         false
     }
 
@@ -416,6 +426,7 @@ mod tests {
         task: "t",
         dp_rank: None,
         batch_index: None,
+        args: None,
         draining: false,
     };
 
@@ -479,6 +490,7 @@ mod tests {
         let ctx = SamplerContext {
             dp_rank: Some(0),
             batch_index: Some(0),
+            args: None,
             ..CTX
         };
         let s = g.sample(&c, 2, &ctx).unwrap();

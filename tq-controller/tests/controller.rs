@@ -25,6 +25,7 @@ async fn insert(c: &Controller, p: &str, n: usize) -> Vec<SampleId> {
         sampler: None,
         dp_rank: None,
         batch_index: None,
+        sampler_args: None,
     };
     let m = c.get_meta(req).await.unwrap();
     assert!(m.production().iter().all(|&p| !p));
@@ -75,6 +76,7 @@ fn force(p: &str, fields: &[&str]) -> GetMetaRequest {
         sampler: None,
         dp_rank: None,
         batch_index: None,
+        sampler_args: None,
     }
 }
 
@@ -838,6 +840,7 @@ async fn an_oversized_insert_is_refused_before_anything_is_allocated() {
                 sampler: None,
                 dp_rank: None,
                 batch_index: None,
+                sampler_args: None,
             })
             .await
             .unwrap_err();

@@ -100,6 +100,7 @@ async fn run(ops: Vec<Op>) {
                         sampler: None,
                         dp_rank: None,
                         batch_index: None,
+                        sampler_args: None,
                     })
                     .await;
                 // A complete partition takes no more samples.

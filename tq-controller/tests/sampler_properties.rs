@@ -16,6 +16,7 @@ fn ctx() -> SamplerContext<'static> {
         task: "t",
         dp_rank: None,
         batch_index: None,
+        args: None,
         draining: false,
     }
 }
@@ -109,6 +110,7 @@ proptest! {
                 task: "t",
                 dp_rank: Some(rank as u32),
                 batch_index: Some(0),
+                args: None,
                 draining: false,
             };
             let got = sampler.sample(&ready, batch, &ctx).unwrap();

@@ -45,6 +45,7 @@ async fn fetch(
     let req = GetMetaRequest {
         dp_rank: Some(dp_rank),
         batch_index: Some(batch_index),
+        sampler_args: None,
         sampler: Some(sampler.into()),
         ..GetMetaRequest::fetch("p", &["x"], "train", n, Wait::NoWait)
     };
@@ -342,4 +343,60 @@ async fn a_state_dir_keeps_the_batches_given_to_groups() {
     let _state = StateDir::open(&dir, second.clone()).unwrap();
     assert_eq!(fetch(&second, "ra", 0, 0, 4).await.unwrap(), batch);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Takes the ready sample whose index is the call's input (one byte), if it is ready.
+struct ByInput;
+
+impl Sampler for ByInput {
+    fn sample(
+        &self,
+        ready: &[Candidate<'_>],
+        _batch_size: usize,
+        ctx: &SamplerContext<'_>,
+    ) -> tq_core::Result<Sampled> {
+        let wanted = ctx
+            .args
+            .and_then(|a| a.first().copied())
+            .ok_or_else(|| tq_core::Error::invalid("ByInput needs an input"))?;
+        let picked: Vec<SampleId> = ready
+            .iter()
+            .filter(|c| c.id.index == u32::from(wanted))
+            .map(|c| c.id)
+            .collect();
+        Ok(Sampled {
+            sampled: picked.clone(),
+            consumed: picked,
+        })
+    }
+
+    fn takes_args(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test]
+async fn per_call_inputs_reach_a_sampler_that_takes_them_and_no_other() {
+    let c = controller();
+    c.register_sampler("by-input", Arc::new(ByInput));
+    let ids = insert(&c, "p", 4).await;
+    produce(&c, "p", &ids, None).await;
+    let with_input = |sampler: Option<&str>, input: u8| {
+        let mut req = GetMetaRequest::fetch("p", &["x"], "train", 1, Wait::NoWait)
+            .with_sampler_args(vec![input]);
+        req.sampler = sampler.map(str::to_string);
+        req
+    };
+    let got = c.get_meta(with_input(Some("by-input"), 2)).await.unwrap();
+    assert_eq!(
+        got.samples().iter().map(|s| s.index).collect::<Vec<_>>(),
+        [2]
+    );
+    // The default (sequential) sampler takes no inputs: refused, naming the partition, and
+    // nothing is consumed.
+    let refused = c.get_meta(with_input(None, 0)).await.unwrap_err();
+    assert_eq!(refused.kind(), &ErrorKind::Invalid);
+    assert!(refused.message().contains("partition `p`"), "{refused}");
+    assert!(refused.message().contains("takes none"), "{refused}");
+    assert_eq!(consumed(&c).await, 1);
 }

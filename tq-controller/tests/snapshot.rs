@@ -29,6 +29,7 @@ fn force(p: &str, fields: &[&str]) -> GetMetaRequest {
         sampler: None,
         dp_rank: None,
         batch_index: None,
+        sampler_args: None,
     }
 }
 

@@ -302,6 +302,7 @@ async fn a_tagged_request_is_applied_once_across_restarts() {
         sampler: None,
         dp_rank: None,
         batch_index: None,
+        sampler_args: None,
     };
     let fetch = || GetMetaRequest::fetch("p", &["x"], "train", 2, Wait::NoWait);
     let first = controller();

@@ -51,6 +51,14 @@ pub use tq_core::{
     Tensor, Value,
 };
 
+/// Fresh payload buffers that are cheap to fill: huge pages for large ones, a process-wide
+/// pool of read buffers (`TQ_BUFFER_POOL_MIB`).
+pub mod buffer {
+    pub use tq_core::buffer::{
+        concatenated, copied, zeroed, BufferPool, PoolBuffer, DEFAULT_POOL_MIB, POOL_MIN_BYTES,
+    };
+}
+
 #[cfg(feature = "remote")]
 pub mod server;
 

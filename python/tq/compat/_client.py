@@ -10,7 +10,7 @@ import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import tq as _tq
-from tq import _convert
+from tq import _convert, _sampler_args
 from tq import _torch as _tq_torch
 from tq.errors import NotFoundError, UnsupportedError
 
@@ -96,10 +96,11 @@ class TransferQueueClient:
         if mode == "fetch":
             if not task_name:
                 raise ValueError("get_meta: a fetch needs a task_name")
-            dp_rank, batch_index = _sampling_context(config, partition_id, task_name)
+            dp_rank, batch_index, inputs = _sampling_context(config, partition_id, task_name)
             native = await call(
                 self._native.get_meta, partition_id, fields, "fetch", int(batch_size), task_name,
                 0.0 if self.polling else None, self.sampler, dp_rank, batch_index, self.lease,
+                None if not inputs else _sampler_args.dumps(inputs),
             )
             return BatchMeta.from_native(native, task=task_name)
         elif mode == "insert":
@@ -323,25 +324,23 @@ class TransferQueueClient:
         return f"TransferQueueClient({self.client_id!r})"
 
 
-#: The sampling_config entries that reach the sampler (the dataloader's own keys).
+#: The sampling_config entries that are the fetch's context (the dataloader's own keys).
 _CONTEXT_KEYS = {"dp_rank", "batch_index", "task_name", "partition_id"}
 
 
-def _sampling_context(config: Mapping[str, Any], partition_id: str, task_name: str) -> Tuple[Optional[int], Optional[int]]:
-    """``(dp_rank, batch_index)`` of a sampling_config. Other entries are refused: tq's fetch
-    carries a typed context, and a sampler that silently missed its inputs would choose
-    differently without a word."""
-    extra = sorted(set(config) - _CONTEXT_KEYS)
-    if extra:
-        raise UnsupportedError(
-            f"get_meta: sampling_config entries {extra} cannot reach the sampler (tq passes dp_rank, "
-            "batch_index, task_name and partition_id); put per-sample inputs in custom_meta"
-        )
+def _sampling_context(
+    config: Mapping[str, Any], partition_id: str, task_name: str
+) -> Tuple[Optional[int], Optional[int], Dict[str, Any]]:
+    """``(dp_rank, batch_index, inputs)`` of a sampling_config: the typed context, and the
+    other entries (priority scores, ...), which travel with the fetch to a sampler written in
+    Python as keywords. tq's built-in samplers take no inputs and refuse a fetch that brings
+    some, so a sampler never chooses without inputs it was given."""
+    inputs = {k: v for k, v in config.items() if k not in _CONTEXT_KEYS}
     for key, want in (("partition_id", partition_id), ("task_name", task_name)):
         if key in config and config[key] != want:
             raise ValueError(f"get_meta: sampling_config {key} {config[key]!r} differs from the request's {want!r}")
     dp_rank, batch_index = config.get("dp_rank"), config.get("batch_index")
-    return (None if dp_rank is None else int(dp_rank)), (None if batch_index is None else int(batch_index))
+    return (None if dp_rank is None else int(dp_rank)), (None if batch_index is None else int(batch_index)), inputs
 
 
 def _key_list(keys: Union[str, Sequence[str]]) -> List[str]:

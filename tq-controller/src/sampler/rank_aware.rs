@@ -109,6 +109,7 @@ mod tests {
             task,
             dp_rank: Some(rank),
             batch_index: Some(batch),
+            args: None,
             draining: false,
         }
     }
@@ -193,6 +194,7 @@ mod tests {
                 task: "t",
                 dp_rank,
                 batch_index,
+                args: None,
                 draining: false,
             };
             let e = s.sample(&ready, 2, &c).unwrap_err();

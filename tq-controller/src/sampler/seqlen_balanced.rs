@@ -287,6 +287,7 @@ mod tests {
             task: "t",
             dp_rank: Some(rank),
             batch_index: Some(batch),
+            args: None,
             draining: false,
         }
     }
@@ -530,6 +531,7 @@ mod tests {
                 task: "t",
                 dp_rank,
                 batch_index,
+                args: None,
                 draining: false,
             };
             assert_eq!(

@@ -41,6 +41,7 @@ pub async fn insert(c: &Controller, p: &str, n: usize) -> Vec<SampleId> {
         sampler: None,
         dp_rank: None,
         batch_index: None,
+        sampler_args: None,
     };
     c.get_meta(req).await.unwrap().samples().to_vec()
 }

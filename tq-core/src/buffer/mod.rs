@@ -30,6 +30,20 @@ pub fn zeroed_mut(len: usize) -> bytes::BytesMut {
     bytes::BytesMut::from(bytes::Bytes::from(zeroed(len)))
 }
 
+/// A copy of `src` in new memory of exactly its length that belongs to the result alone: for
+/// bytes that may stay in a store for long (not pooled, no slack). A large copy lands on huge
+/// pages where the system allows, so that it costs about one pass over the bytes instead of a
+/// page fault per 4 KiB (a 32 MiB numpy column put into an embedded store took 16 ms through
+/// malloc's fresh pages against 5 ms for a copy into warm memory).
+pub fn copied(src: &[u8]) -> bytes::Bytes {
+    if src.len() < HUGE_PAGE_MIN_BYTES {
+        return bytes::Bytes::copy_from_slice(src);
+    }
+    let mut buf = zeroed(src.len());
+    buf.copy_from_slice(src);
+    buf.into()
+}
+
 /// `parts` copied one after another into one new buffer of their total length. Buffers of
 /// [`POOL_MIN_BYTES`] or more come from the process-wide [`BufferPool`].
 pub fn concatenated<'a>(parts: impl Iterator<Item = &'a [u8]> + Clone) -> bytes::Bytes {
@@ -72,6 +86,21 @@ mod tests {
             assert_eq!(b.len(), len);
             assert!(b.iter().all(|&x| x == 0));
             assert_eq!(zeroed_mut(len).len(), len);
+        }
+    }
+
+    #[test]
+    fn copied_is_an_equal_buffer_of_its_own() {
+        assert!(copied(&[]).is_empty());
+        for len in [7, HUGE_PAGE_MIN_BYTES + 3] {
+            let src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let copy = copied(&src);
+            assert_eq!(&copy[..], &src[..]);
+            assert_ne!(copy.as_ptr(), src.as_ptr());
+            // Its own: convertible to a mutable buffer without another copy.
+            let ptr = copy.as_ptr();
+            let mutable = copy.try_into_mut().expect("a copy is unique");
+            assert_eq!(mutable.as_ptr(), ptr);
         }
     }
 
