@@ -59,6 +59,14 @@ async fn main() -> tq::Result<()> {
     assert_eq!(back.column("x"), batch.column("x"));
     p.kv_clear(&["a", "b"]).await?;
     println!("scratch-$set: put/get through tq on {} ok", tq.storage().name());
+    // Every type a call needs is named through the facade alone.
+    let _: fn(&tq::Partition) -> &str = tq::Partition::name;
+    let _: fn(
+        std::sync::Arc<dyn tq::control::ControlPlane>,
+        std::sync::Arc<dyn tq::storage::StorageManager>,
+        tq::Config,
+    ) -> Client = Client::from_parts;
+    let _: Option<tq::LeaseId> = tq::BatchMeta::default().lease();
     Ok(())
 }
 RUST

@@ -37,6 +37,7 @@
 //! # Ok(()) }
 //! ```
 
+pub use tq_client::Partition;
 pub use tq_client::{
     Backend, BackendFactory, BatchStream, BlockingBatchStream, BlockingClient, BlockingPartition,
     CheckpointFile, CheckpointManifest, CheckpointOptions, Client, ClientBuilder, Config,
@@ -47,9 +48,19 @@ pub use tq_client::{
 };
 pub use tq_core::{
     numel, Batch, BatchMeta, Bytes, Column, DType, Element, Error, ErrorKind, FieldKind, FieldMeta,
-    FieldName, MergeFn, MergeOp, MergeRegistry, Result, Retry, SampleId, Subject, TagValue, Tags,
-    Tensor, Value,
+    FieldName, LeaseId, MergeFn, MergeOp, MergeRegistry, Result, Retry, SampleId, Subject,
+    TagValue, Tags, Tensor, Value,
 };
+
+/// The control plane: the [`control::ControlPlane`] trait every controller implements (what
+/// [`Client::from_parts`] takes), the in-process [`control::Controller`], and the request and
+/// answer types of its methods.
+pub mod control {
+    pub use tq_controller::{
+        is_public, ControlPlane, Controller, ControllerConfig, KvMeta, LinkRequest, MeteredPlane,
+        ProductionNotice, RequestId, PUBLIC_PARTITION,
+    };
+}
 
 /// Fresh payload buffers that are cheap to fill: huge pages for large ones, a process-wide
 /// pool of read buffers (`TQ_BUFFER_POOL_MIB`).
