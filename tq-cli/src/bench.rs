@@ -3,7 +3,7 @@
 //! raw tokio TCP moving the same bytes), plus controller cost and small-request latency.
 //! Prints markdown.
 
-use crate::procs::{spawn_server, Servers};
+use crate::servers::{spawn_server, Servers};
 
 mod scale;
 use clap::{Args, ValueEnum};
@@ -78,7 +78,7 @@ pub struct BenchArgs {
 }
 
 fn start_remote(units: u32) -> Result<Servers> {
-    crate::procs::start_controller_and_units(units, &[]).map(|(servers, _)| servers)
+    crate::servers::start_controller_and_units(units, &[]).map(|(servers, _)| servers)
 }
 
 /// A configuration file that puts the payloads in the KV store at `url`.

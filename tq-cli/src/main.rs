@@ -10,6 +10,9 @@ mod observe;
 mod partition;
 mod procs;
 mod serve;
+#[cfg(any(feature = "bench", feature = "soak"))]
+mod servers;
+#[cfg(feature = "soak")]
 mod soak;
 mod work;
 
@@ -59,8 +62,10 @@ enum Command {
     /// Run a mixed workload from many client processes for a long time against a deployment of
     /// its own, with faults (killed and paused storage, killed clients), and check that nothing
     /// is lost silently, handed out twice, read wrong or left behind.
+    #[cfg(feature = "soak")]
     Soak(soak::SoakArgs),
     /// One client process of `tq soak` (started by it).
+    #[cfg(feature = "soak")]
     #[command(hide = true)]
     SoakWorker(soak::worker::WorkerArgs),
     /// Save or load a checkpoint of a running deployment's controller state (payloads stay in
@@ -140,7 +145,9 @@ fn main() -> ExitCode {
         Command::StorageUnit(args) => runtime.block_on(serve::storage_unit(args)),
         Command::Produce(args) => runtime.block_on(work::produce(args)),
         Command::Consume(args) => runtime.block_on(work::consume(args)),
+        #[cfg(feature = "soak")]
         Command::Soak(args) => soak::run(args),
+        #[cfg(feature = "soak")]
         Command::SoakWorker(args) => runtime.block_on(soak::worker::run(args)),
         Command::Checkpoint(args) => runtime.block_on(checkpoint::run(args)),
         Command::Stats(args) => runtime.block_on(observe::stats(args)),

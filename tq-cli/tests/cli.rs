@@ -125,8 +125,17 @@ fn number_before(text: &str, suffix: &str) -> Option<u64> {
     before.rsplit(' ').next()?.parse().ok()
 }
 
+#[cfg(not(feature = "soak"))]
+#[test]
+fn a_production_build_has_no_soak_command() {
+    let out = tq(&["soak"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unrecognized subcommand"));
+}
+
 /// Runs `tq soak` with `extra` arguments; returns its report after checking it passed with
 /// faults of every kind of its storage.
+#[cfg(feature = "soak")]
 fn short_soak(extra: &[&str]) -> String {
     let mut args = vec![
         "soak",
@@ -180,13 +189,14 @@ fn short_soak(extra: &[&str]) -> String {
     stdout
 }
 
+#[cfg(feature = "soak")]
 #[test]
 fn a_short_soak_with_faults_keeps_its_invariants() {
     short_soak(&[]);
 }
 
 /// The same on Redis (append-only file synced on every write): restarts lose nothing.
-#[cfg(feature = "redis")]
+#[cfg(all(feature = "redis", feature = "soak"))]
 #[test]
 fn a_short_soak_on_redis_with_faults_loses_nothing() {
     let has_redis = std::process::Command::new("redis-server")

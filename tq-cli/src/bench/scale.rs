@@ -3,7 +3,7 @@
 //! the in-process cost of one fetch by partition size.
 
 use super::{ms, us, BenchArgs};
-use crate::procs::spawn_server;
+use crate::servers::spawn_server;
 use tq_bench::scale;
 use tq_core::{Error, Result};
 

@@ -11,7 +11,7 @@
 //! again on it and on its address (nothing acknowledged may be lost; clients ride it out with
 //! their retry policy), and a worker process killed with SIGKILL is a fault too (see [`super`]).
 
-use crate::procs::{spawn_server, start_controller_and_units, Servers};
+use crate::servers::{spawn_server, start_controller_and_units, Servers};
 use clap::ValueEnum;
 use std::io::{Read, Write};
 use std::net::TcpStream;
