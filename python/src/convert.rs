@@ -356,6 +356,11 @@ pub fn tags_to_py<'py>(py: Python<'py>, tags: &Tags) -> PyResult<Bound<'py, PyDi
             TagValue::Int(i) => d.set_item(k, *i)?,
             TagValue::Float(f) => d.set_item(k, *f)?,
             TagValue::Str(s) => d.set_item(k, s)?,
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "tag `{k}`: {other:?} has no Python form in this version of tq's package"
+                )))
+            }
         }
     }
     Ok(d)

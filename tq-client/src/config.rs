@@ -145,6 +145,7 @@ impl Default for ControllerSection {
 
 /// Which storage backend holds the payloads (`storage.backend`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Backend {
     /// `simple`: in-memory storage units in this process (feature `simple`), optionally with
     /// SSD offload (`[storage.ssd]`, feature `ssd`).

@@ -26,6 +26,7 @@ use tq_core::{Batch, BatchMeta, Error, ErrorKind, FieldName, Result, Retry};
 
 /// When handed-out samples count as consumed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Delivery {
     /// Consumed when handed out (lost if the consumer crashes).
     AtMostOnce,

@@ -18,6 +18,7 @@ pub enum Wait {
 
 /// What `get_meta` should do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum GetMetaMode {
     /// Samples produced for every requested field and not yet consumed by `task`; the sampler
     /// picks, and the picked samples are marked consumed by `task` before the answer is sent.

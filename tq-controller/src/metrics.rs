@@ -13,6 +13,7 @@ use tq_core::{BatchMeta, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags};
 
 /// The controller's operation types, as the `op_type` label spells them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ControllerOp {
     /// Fetches and inserts.
     GetMeta,

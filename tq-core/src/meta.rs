@@ -31,6 +31,7 @@ impl fmt::Display for SampleId {
 
 /// A small tag value attached to a sample (its "custom meta").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum TagValue {
     Bool(bool),
     Int(i64),

@@ -51,6 +51,7 @@ pub type MergeFn =
 ///
 /// Built-ins and named functions work in every deployment; closures only in-process.
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum MergeOp {
     /// Keep the incoming value.
     Replace,

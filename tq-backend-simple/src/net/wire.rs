@@ -46,6 +46,12 @@ impl WireMerge {
                     format!("remote storage unit `{unit}` (register a named merge function on the unit instead)"),
                 ))
             }
+            other => {
+                return Err(Error::unsupported(
+                    format!("update with merge {other:?}"),
+                    format!("remote storage unit `{unit}` (this merge cannot cross the network yet)"),
+                ))
+            }
         })
     }
 

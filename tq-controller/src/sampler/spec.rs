@@ -23,6 +23,7 @@ const ACCEPTED: &str = "expected `sequential`, `grpo:<n>`, `rank-aware`, \
 ///
 /// Anything else, or a malformed or zero number, is `Invalid`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum SamplerSpec {
     #[default]
     Sequential,
