@@ -8,12 +8,10 @@
 
 mod checkpoint;
 mod manager;
-#[cfg(feature = "net")]
-mod net;
 
 pub use manager::{SimpleConfig, SimpleStorage, PLACE_MIN_ROW_BYTES};
 #[cfg(feature = "net")]
-pub use net::{RemoteUnit, UnitFactory, UnitServer};
+pub use tq_unit::net::{RemoteUnit, UnitFactory, UnitServer};
 /// The unit layer, re-exported so that users of this backend name one crate.
 pub use tq_unit::{
     CellShape, Fetched, GatedUnit, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows,

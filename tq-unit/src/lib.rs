@@ -63,6 +63,8 @@ mod gate;
 mod index;
 mod memory;
 mod metered;
+#[cfg(feature = "net")]
+pub mod net;
 
 pub use api::{
     check_threshold, CellShape, Fetched, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats,
@@ -72,3 +74,5 @@ pub use gate::GatedUnit;
 pub use index::{IndexHasher, IndexMap, IndexSet};
 pub use memory::MemoryUnit;
 pub use metered::MeteredUnit;
+#[cfg(feature = "net")]
+pub use net::{RemoteUnit, UnitFactory, UnitServer};

@@ -1,5 +1,7 @@
-//! Storage units over the network (feature `net`): [`UnitServer`] serves any [`StorageUnit`]
-//! on a tq-net endpoint and [`RemoteUnit`] is the stub the manager uses to reach it.
+//! Storage units over the network (feature `net`): [`UnitServer`] serves any
+//! [`crate::StorageUnit`] (in memory, or the SSD unit) on a tq-net endpoint and [`RemoteUnit`]
+//! is the stub a manager uses to reach it. They sit beside the trait, as the controller's server
+//! and stub sit beside the controller; tq-backend-simple re-exports them.
 //!
 //! A request is one postcard header describing every cell (kind, dtype, shape) plus one body
 //! frame per cell carrying its raw bytes. Payloads never pass through the encoder: they go out

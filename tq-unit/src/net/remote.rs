@@ -1,6 +1,7 @@
 //! [`RemoteUnit`]: the stub through which a manager reaches a unit served by a [`super::UnitServer`].
 
 use super::wire::*;
+use crate::{Fetched, StorageUnit, UnitPut, UnitStats, UnitUpdate, UnitUpdateReply};
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +9,6 @@ use std::time::Duration;
 use tq_core::cells::{CaptureInfo, CellPage};
 use tq_core::{Error, FieldFilter, FieldName, MergeOp, Result, SampleId, Value};
 use tq_net::{CallOptions, Endpoint, Message, Pool};
-use tq_unit::{Fetched, StorageUnit, UnitPut, UnitStats, UnitUpdate, UnitUpdateReply};
 
 /// A storage unit reached over the network.
 pub struct RemoteUnit {

@@ -1,11 +1,11 @@
 //! [`UnitServer`]: serves one storage unit on a tq-net endpoint.
 
 use super::wire::*;
+use crate::{StorageUnit, UnitPut, UnitUpdate};
 use async_trait::async_trait;
 use std::sync::Arc;
 use tq_core::{Error, Result};
 use tq_net::{Handler, Message};
-use tq_unit::{StorageUnit, UnitPut, UnitUpdate};
 
 /// Makes an empty unit in place of one whose controller restarted without its state.
 pub type UnitFactory = Box<dyn Fn() -> Result<Arc<dyn StorageUnit>> + Send + Sync>;
@@ -29,8 +29,8 @@ pub struct UnitServer {
 
 impl UnitServer {
     /// Serves `unit`, recording the storage role's request metrics for it (see
-    /// [`tq_unit::MeteredUnit`]) and letting checkpoints hold its writes
-    /// ([`tq_unit::GatedUnit`]).
+    /// [`crate::MeteredUnit`]) and letting checkpoints hold its writes
+    /// ([`crate::GatedUnit`]).
     pub fn new(unit: Arc<dyn StorageUnit>) -> Self {
         UnitServer {
             id: unit.id().to_string(),
@@ -112,7 +112,7 @@ impl UnitServer {
 
     /// The unit's counters (with the memory of this process), for a metrics endpoint.
     /// `Unavailable` while the unit is being made anew.
-    pub async fn stats(&self) -> Result<tq_unit::UnitStats> {
+    pub async fn stats(&self) -> Result<crate::UnitStats> {
         let Some(unit) = self.current() else {
             return Err(Error::unavailable(format!(
                 "storage unit `{}` is dropping the cells of an earlier controller epoch",
@@ -268,5 +268,5 @@ fn replaced(id: &str, sent: u64, held: u64, missing: Error) -> Error {
 /// A unit as its server keeps it: metered, behind the gate through which checkpoints hold
 /// its writes.
 fn owned(unit: Arc<dyn StorageUnit>) -> Arc<dyn StorageUnit> {
-    tq_unit::MeteredUnit::wrap(tq_unit::GatedUnit::wrap(unit))
+    crate::MeteredUnit::wrap(crate::GatedUnit::wrap(unit))
 }

@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use tq_backend_simple::{MemoryUnit, RemoteUnit, StorageUnit, UnitPut, UnitRows, UnitServer};
 use tq_core::{ErrorKind, Retry, SampleId, Tensor, Value};
 use tq_net::{ClientConfig, Endpoint, Pool, Server, ServerConfig};
+use tq_unit::{MemoryUnit, RemoteUnit, StorageUnit, UnitPut, UnitRows, UnitServer};
 
 fn put_of(sample: SampleId, v: i64) -> UnitPut {
     let value = Value::Tensor(Tensor::from_slice(vec![2], &[v, v]).unwrap());

@@ -1,11 +1,11 @@
 //! What crosses the network between a [`super::RemoteUnit`] and a [`super::UnitServer`].
 
+use crate::{UnitRows, UnitStats, UnitUpdateReply};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tq_core::cells::{CaptureInfo, CellPage, FieldCells};
 use tq_core::{DType, Error, FieldFilter, FieldName, MergeOp, Result, SampleId, Tensor, Value};
-use tq_unit::{UnitRows, UnitStats, UnitUpdateReply};
 
 /// How one cell's frame is to be read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
