@@ -8,12 +8,15 @@ use crate::store::{KvStore, KvStoreExt, KvValue};
 mod cells;
 mod copy;
 mod read;
+mod routing;
 mod write;
 use async_trait::async_trait;
 use bytes::Bytes;
 pub use cells::VERSION_MARK;
 use cells::{fresh_version, CellLoc};
 use futures::TryStreamExt;
+use read::DenseSink;
+use routing::Plan;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,114 +115,6 @@ pub struct KvStorageManager {
     /// The controller epoch keys carry (from `options.epoch`; a loaded checkpoint changes it).
     epoch: std::sync::atomic::AtomicU64,
     merges: MergeRegistry,
-}
-
-/// Where the cells of one request go: per store, the keys and the cell positions they fill.
-struct Plan {
-    keys: Vec<Vec<String>>,
-    slots: Vec<Vec<usize>>,
-}
-
-impl Plan {
-    fn new(stores: usize) -> Self {
-        Plan {
-            keys: vec![Vec::new(); stores],
-            slots: vec![Vec::new(); stores],
-        }
-    }
-    fn push(&mut self, store: usize, key: String, slot: usize) {
-        self.keys[store].push(key);
-        self.slots[store].push(slot);
-    }
-}
-
-/// The column of a field the metadata declares dense, filled row by row as values arrive.
-/// Any row whose value is not a tensor of the declared dtype and shape spoils it, and the
-/// column is then built from the values instead.
-struct DenseSink {
-    dtype: DType,
-    shape: Vec<usize>,
-    rows: usize,
-    /// The header every row's value must start with (codec): comparing bytes is all the
-    /// decoding a matching row needs.
-    head: Bytes,
-    row_bytes: usize,
-    /// From the read-buffer pool (`tq_core::buffer`), like every packed column.
-    buf: tq_core::buffer::PoolBuffer,
-    spoiled: bool,
-}
-
-impl DenseSink {
-    fn for_field(schema: &FieldMeta, rows: usize) -> Option<DenseSink> {
-        if schema.kind() != FieldKind::Dense {
-            return None;
-        }
-        let (dtype, shape) = (schema.dtype()?, schema.sample_shape()?.to_vec());
-        let row_bytes = shape.iter().product::<usize>().checked_mul(dtype.size())?;
-        Some(DenseSink {
-            head: encode_tensor_header(dtype, &shape),
-            dtype,
-            shape,
-            rows,
-            row_bytes,
-            // Every row is written before use.
-            buf: tq_core::buffer::BufferPool::global().buffer(row_bytes.checked_mul(rows)?),
-            spoiled: false,
-        })
-    }
-
-    fn copy_row(&mut self, row: usize, raw: &Bytes) {
-        if self.spoiled {
-            return;
-        }
-        // Anything else (another shape or dtype, a damaged cell) is left to the fallback,
-        // which decodes every value and names the key of a bad one.
-        if raw.len() != self.head.len() + self.row_bytes || !raw.starts_with(&self.head) {
-            self.spoiled = true;
-            return;
-        }
-        let at = row * self.row_bytes;
-        self.buf[at..at + self.row_bytes].copy_from_slice(&raw[self.head.len()..]);
-    }
-
-    /// The column, once every row was copied (the caller checked that every cell arrived).
-    fn finish(self) -> Option<Tensor> {
-        if self.spoiled {
-            return None;
-        }
-        let mut shape = Vec::with_capacity(self.shape.len() + 1);
-        shape.push(self.rows);
-        shape.extend_from_slice(&self.shape);
-        Tensor::new(self.dtype, shape, self.buf.freeze()).ok()
-    }
-}
-
-/// Resolves routing tags to stores once per distinct tag of a request, not once per cell.
-struct TagCache<'a> {
-    manager: &'a KvStorageManager,
-    seen: Vec<(Bytes, usize)>,
-}
-
-impl TagCache<'_> {
-    fn resolve(&mut self, tag: &Bytes) -> Result<usize> {
-        if let Some((_, i)) = self.seen.iter().find(|(t, _)| t == tag) {
-            return Ok(*i);
-        }
-        let i = self
-            .manager
-            .stores
-            .iter()
-            .position(|s| s.tag == tag)
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "kv backend meta names store `{}`, which is not configured (stores: {:?})",
-                    String::from_utf8_lossy(tag),
-                    self.manager.store_names()
-                ))
-            })?;
-        self.seen.push((tag.clone(), i));
-        Ok(i)
-    }
 }
 
 impl KvStorageManager {
@@ -332,94 +227,6 @@ impl KvStorageManager {
     /// The store at position `i`.
     pub fn store(&self, i: usize) -> Option<&Arc<dyn KvStore>> {
         self.stores.get(i).map(|s| &s.store)
-    }
-
-    fn tags(&self) -> TagCache<'_> {
-        TagCache {
-            manager: self,
-            seen: Vec::new(),
-        }
-    }
-
-    /// The store a new cell of `field` with `nbytes` of payload goes to.
-    fn route_new(&self, field: &str, nbytes: usize) -> usize {
-        match &self.route {
-            Route::First => 0,
-            Route::ByField { fields, default } => fields.get(field).copied().unwrap_or(*default),
-            Route::BySize {
-                threshold,
-                small,
-                large,
-            } => {
-                if nbytes <= *threshold {
-                    *small
-                } else {
-                    *large
-                }
-            }
-        }
-    }
-
-    /// Where an existing cell without a routing tag may be: one store, or (size routing) all.
-    fn route_untagged(&self, field: &str) -> Option<usize> {
-        match &self.route {
-            Route::First => Some(0),
-            Route::ByField { fields, default } => {
-                Some(fields.get(field).copied().unwrap_or(*default))
-            }
-            Route::BySize { .. } => None,
-        }
-    }
-
-    /// Adds the existing cell of `field` of `sample` at `slot` to `plan`: to the store and
-    /// version its backend meta names, else (no backend meta) version 0 wherever it can be.
-    #[allow(clippy::too_many_arguments)] // one cell's coordinates; a struct would only rename them
-    fn plan_existing(
-        &self,
-        plan: &mut Plan,
-        tags: &mut TagCache<'_>,
-        ks: &KeyScheme,
-        sample: SampleId,
-        row_meta: Option<&BackendMeta>,
-        field: &str,
-        slot: usize,
-    ) -> Result<()> {
-        match row_meta.and_then(|m| m.get(field)) {
-            Some(raw) => {
-                let loc = CellLoc::decode(raw)?;
-                plan.push(
-                    tags.resolve(&loc.tag)?,
-                    ks.cell_at(sample, field, loc.version),
-                    slot,
-                )
-            }
-            None => {
-                let key = ks.cell(sample, field);
-                match self.route_untagged(field) {
-                    Some(i) => plan.push(i, key, slot),
-                    None => {
-                        for i in 0..self.stores.len() {
-                            plan.push(i, key.clone(), slot);
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The key of the existing cell of `field` of `sample` (for messages).
-    fn existing_key(
-        ks: &KeyScheme,
-        sample: SampleId,
-        row_meta: Option<&BackendMeta>,
-        field: &str,
-    ) -> String {
-        let version = row_meta
-            .and_then(|m| m.get(field))
-            .and_then(|raw| CellLoc::decode(raw).ok())
-            .map_or(0, |l| l.version);
-        ks.cell_at(sample, field, version)
     }
 
     /// The key scheme of `partition` (namespace and epoch of this manager).

@@ -120,3 +120,64 @@ impl KvStorageManager {
         Ok(cells.into_iter().flatten().unzip())
     }
 }
+
+/// The column of a field the metadata declares dense, filled row by row as values arrive.
+/// Any row whose value is not a tensor of the declared dtype and shape spoils it, and the
+/// column is then built from the values instead.
+pub(super) struct DenseSink {
+    pub(super) dtype: DType,
+    pub(super) shape: Vec<usize>,
+    pub(super) rows: usize,
+    /// The header every row's value must start with (codec): comparing bytes is all the
+    /// decoding a matching row needs.
+    pub(super) head: Bytes,
+    pub(super) row_bytes: usize,
+    /// From the read-buffer pool (`tq_core::buffer`), like every packed column.
+    pub(super) buf: tq_core::buffer::PoolBuffer,
+    pub(super) spoiled: bool,
+}
+
+impl DenseSink {
+    pub(super) fn for_field(schema: &FieldMeta, rows: usize) -> Option<DenseSink> {
+        if schema.kind() != FieldKind::Dense {
+            return None;
+        }
+        let (dtype, shape) = (schema.dtype()?, schema.sample_shape()?.to_vec());
+        let row_bytes = shape.iter().product::<usize>().checked_mul(dtype.size())?;
+        Some(DenseSink {
+            head: encode_tensor_header(dtype, &shape),
+            dtype,
+            shape,
+            rows,
+            row_bytes,
+            // Every row is written before use.
+            buf: tq_core::buffer::BufferPool::global().buffer(row_bytes.checked_mul(rows)?),
+            spoiled: false,
+        })
+    }
+
+    pub(super) fn copy_row(&mut self, row: usize, raw: &Bytes) {
+        if self.spoiled {
+            return;
+        }
+        // Anything else (another shape or dtype, a damaged cell) is left to the fallback,
+        // which decodes every value and names the key of a bad one.
+        if raw.len() != self.head.len() + self.row_bytes || !raw.starts_with(&self.head) {
+            self.spoiled = true;
+            return;
+        }
+        let at = row * self.row_bytes;
+        self.buf[at..at + self.row_bytes].copy_from_slice(&raw[self.head.len()..]);
+    }
+
+    /// The column, once every row was copied (the caller checked that every cell arrived).
+    pub(super) fn finish(self) -> Option<Tensor> {
+        if self.spoiled {
+            return None;
+        }
+        let mut shape = Vec::with_capacity(self.shape.len() + 1);
+        shape.push(self.rows);
+        shape.extend_from_slice(&self.shape);
+        Tensor::new(self.dtype, shape, self.buf.freeze()).ok()
+    }
+}
