@@ -19,6 +19,7 @@ mod keys;
 mod leases;
 mod links;
 mod order;
+mod record;
 mod status;
 mod stored;
 mod writes;
@@ -257,7 +258,8 @@ pub(crate) enum Production {
     Computed,
 }
 
-#[derive(Serialize, Deserialize)]
+/// One partition's state. Saved as a [`record::PartitionRecord`] (its field order is the
+/// format; this struct's is not).
 pub(crate) struct Partition {
     pub name: String,
     /// Sample of each slot (meaningful where `live` is set).
@@ -290,7 +292,6 @@ pub(crate) struct Partition {
     /// Public samples that were linked at least once (protects fresh payloads from sweeps).
     ever_linked: Bitmap,
     /// Live samples in allocation order, for fetches (derived: not saved).
-    #[serde(skip)]
     order: AllocationOrder,
 }
 

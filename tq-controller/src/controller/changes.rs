@@ -130,6 +130,9 @@ impl Controller {
                 record.alloc.units()
             )));
         }
+        for p in record.partitions.iter().filter_map(|(_, p)| p.as_ref()) {
+            p.check_restored(units)?;
+        }
         self.load_sampler_states(&record.samplers, &record.order)?;
         let mut st = self.exclusive();
         if record.all {

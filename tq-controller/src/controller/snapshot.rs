@@ -66,11 +66,15 @@ fn decode(snapshot: &[u8]) -> Result<Body> {
             Ok(b)
         }),
     };
-    decoded.map_err(|e| {
+    let body = decoded.map_err(|e| {
         Error::corrupted(format!(
             "controller snapshot: the state does not decode: {e}"
         ))
-    })
+    })?;
+    for (_, p) in body.state.partitions.iter() {
+        p.check_restored(body.units)?;
+    }
+    Ok(body)
 }
 
 /// A partition's samples that store cells, each with the backend meta naming them.
