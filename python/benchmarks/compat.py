@@ -17,7 +17,7 @@ over loopback from the driver's process), ``tq.compat`` under Ray (controller an
 actors, other processes), and TransferQueue under Ray (its only deployment). Each row also
 shows ``memcpy``: one ``numpy.copyto`` of the same bytes, the floor of any put or get. It
 prints medians (min-max) in ms and the TransferQueue / tq.compat ratios; figures and the
-command go in docs/benchmarks.md.
+command go in a dated file of docs/benchmarks/log/ and the table in docs/benchmarks.md.
 """
 
 from __future__ import annotations

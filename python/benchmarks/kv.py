@@ -14,8 +14,8 @@ keys, gets them back, and clears them:
   (``tq._native.bench_kv``);
 - ``numpy copy``: ``numpy.copyto`` of the same bytes (one memcpy).
 
-It prints medians (min-max) in ms and the Python/Rust ratio. Figures and the command go in
-docs/benchmarks.md.
+It prints medians (min-max) in ms and the Python/Rust ratio. Figures and the command go in a
+dated file of docs/benchmarks/log/ and the table in docs/benchmarks.md.
 """
 
 from __future__ import annotations

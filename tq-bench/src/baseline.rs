@@ -96,7 +96,7 @@ async fn echo_peer(mut s: TcpStream, len: usize) -> std::io::Result<()> {
         if op[0] == b'S' {
             // A plain fresh buffer, as a storage unit receives a put into (tq-net grows its
             // receive buffer by doubling instead of trusting the claimed size; see
-            // docs/benchmarks.md on huge pages).
+            // docs/benchmarks/log/2026-11-30-0420-core-embedded-remote.md on huge pages).
             let mut buf = vec![0u8; len];
             s.read_exact(&mut buf).await?;
             std::hint::black_box(&buf);

@@ -1,4 +1,4 @@
-//! The standard workloads (BENCHMARKS.md "Standard workloads").
+//! The standard workloads (docs/benchmarks.md, "Standard workloads").
 
 use tq_core::{Batch, Bytes, Column, DType, Tensor};
 
