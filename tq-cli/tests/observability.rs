@@ -223,7 +223,7 @@ async fn one_operations_request_id_is_in_the_controller_and_unit_logs() {
     let (controller_log, unit_log) = (dir.path().join("controller"), dir.path().join("unit"));
     let env = [(
         "RUST_LOG",
-        "info,tq_controller=debug,tq_backend_simple=debug",
+        "info,tq_controller=debug,tq_unit=debug",
     )];
     let mut controller = Tq::spawn_logged(
         &[

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import tq as _tq
 from tq import _convert, _sampler_args
 from tq import _torch as _tq_torch
-from tq.errors import NotFoundError, UnsupportedError
+from tq.errors import NotFoundError
 
 from . import _kv
 from ._calls import Call, both
