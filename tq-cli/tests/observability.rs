@@ -221,10 +221,7 @@ async fn a_scrape_after_a_known_workload_shows_its_counts_and_the_state() {
 async fn one_operations_request_id_is_in_the_controller_and_unit_logs() {
     let dir = tempfile::tempdir().unwrap();
     let (controller_log, unit_log) = (dir.path().join("controller"), dir.path().join("unit"));
-    let env = [(
-        "RUST_LOG",
-        "info,tq_controller=debug,tq_unit=debug",
-    )];
+    let env = [("RUST_LOG", "info,tq_controller=debug,tq_unit=debug")];
     let mut controller = Tq::spawn_logged(
         &[
             "controller",
