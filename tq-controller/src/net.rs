@@ -640,5 +640,7 @@ impl Handler for ControllerServer {
 mod ops;
 mod registry;
 mod remote;
+#[cfg(test)]
+mod wire_pin;
 pub use registry::{REGISTRATION_LAPSE, UNIT_ID_HELD};
 pub use remote::{Registration, RemoteControlPlane};

@@ -1,0 +1,315 @@
+//! The controller protocol's requests are pinned by committed bytes: one example of every
+//! request, encoded as protocol 7 encodes it, in `tests/data/control-requests-protocol7.hex`.
+//! A change to the request enum (its order, a field's type or place) that would make a peer
+//! of the same protocol version misread a request fails here; such a change needs a new
+//! protocol version. `TQ_BLESS_WIRE=1` rewrites the file (only with a version bump).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use super::*;
+use tq_core::{DType, TagValue};
+
+fn examples() -> Vec<(&'static str, ControlRequest)> {
+    let partition = || "train".to_string();
+    let samples = || vec![SampleId::new(3, 1), SampleId::new(70_000, 9)];
+    let fields = || vec!["input_ids".to_string(), "reward".to_string()];
+    let keys = || vec!["k0".to_string(), "k1".to_string()];
+    let schemas = || {
+        BTreeMap::from([
+            (
+                "input_ids".to_string(),
+                FieldMeta::dense(DType::I64, vec![4]),
+            ),
+            ("text".to_string(), FieldMeta::object()),
+        ])
+    };
+    let tags = || {
+        vec![
+            Tags::from([("score".to_string(), TagValue::Float(0.5))]),
+            Tags::new(),
+        ]
+    };
+    let fetch = GetMetaRequest::fetch(
+        "train",
+        &["input_ids"],
+        "actor",
+        8,
+        Wait::For(Duration::from_millis(250)),
+    )
+    .with_lease(Duration::from_secs(30))
+    .with_rank(1, 7)
+    .with_sampler("grpo")
+    .with_sampler_args(vec![1, 2, 3]);
+    vec![
+        ("get_meta", ControlRequest::from_example_get_meta(fetch)),
+        (
+            "notify",
+            ControlRequest::from_example_notify(ProductionNotice {
+                partition: partition(),
+                samples: samples(),
+                schemas: schemas(),
+                tags: Some(tags()),
+                backend_meta: Some(vec![
+                    BackendMeta::from([("input_ids".to_string(), Bytes::from_static(b"at"))]),
+                    BackendMeta::new(),
+                ]),
+            }),
+        ),
+        (
+            "set_tags",
+            ControlRequest::SetTags {
+                partition: partition(),
+                samples: samples(),
+                tags: tags(),
+            },
+        ),
+        (
+            "mark_clearing",
+            ControlRequest::MarkClearing {
+                partition: partition(),
+                samples: Some(samples()),
+            },
+        ),
+        (
+            "mark_clearing_all",
+            ControlRequest::MarkClearing {
+                partition: partition(),
+                samples: None,
+            },
+        ),
+        (
+            "release",
+            ControlRequest::Release {
+                partition: partition(),
+                samples: samples(),
+            },
+        ),
+        (
+            "begin_clear_fields",
+            ControlRequest::BeginClearFields {
+                partition: partition(),
+                samples: samples(),
+                fields: fields(),
+            },
+        ),
+        (
+            "finish_clear_fields",
+            ControlRequest::FinishClearFields {
+                partition: partition(),
+                samples: samples(),
+                fields: fields(),
+            },
+        ),
+        (
+            "kv_retrieve_meta",
+            ControlRequest::KvRetrieveMeta {
+                partition: partition(),
+                keys: keys(),
+                create: true,
+            },
+        ),
+        (
+            "kv_list",
+            ControlRequest::KvList {
+                partition: Some(partition()),
+            },
+        ),
+        (
+            "production_status",
+            ControlRequest::ProductionStatus {
+                partition: partition(),
+                fields: fields(),
+            },
+        ),
+        (
+            "consumption_status",
+            ControlRequest::ConsumptionStatus {
+                partition: partition(),
+                task: "actor".into(),
+            },
+        ),
+        (
+            "reset_consumption",
+            ControlRequest::ResetConsumption {
+                partition: partition(),
+                task: Some("actor".into()),
+            },
+        ),
+        (
+            "list_partitions",
+            ControlRequest::from_example_list_partitions(),
+        ),
+        (
+            "ack",
+            ControlRequest::Ack {
+                partition: partition(),
+                task: "actor".into(),
+                lease: 0xfeed_beef,
+                samples: samples(),
+            },
+        ),
+        (
+            "mark_complete",
+            ControlRequest::MarkComplete {
+                partition: partition(),
+            },
+        ),
+        (
+            "return_fetched",
+            ControlRequest::ReturnFetched {
+                partition: partition(),
+                task: "actor".into(),
+                lease: Some(5),
+                samples: samples(),
+            },
+        ),
+        (
+            "drop_partition",
+            ControlRequest::DropPartition {
+                partition: partition(),
+            },
+        ),
+        (
+            "kv_link",
+            ControlRequest::from_example_kv_link(LinkRequest {
+                partition: partition(),
+                keys: keys(),
+                public_partition: "__public__".into(),
+                public_keys: vec!["p0".into(), "p1".into()],
+                fields: fields(),
+            }),
+        ),
+        (
+            "kv_unlink",
+            ControlRequest::KvUnlink {
+                partition: partition(),
+                keys: keys(),
+                fields: fields(),
+            },
+        ),
+        (
+            "mark_unlinked_public",
+            ControlRequest::MarkUnlinkedPublic {
+                partition: "__public__".into(),
+                prefix: "img/".into(),
+            },
+        ),
+        (
+            "prepare_write",
+            ControlRequest::PrepareWrite {
+                partition: partition(),
+                samples: samples(),
+                fields: schemas(),
+            },
+        ),
+        (
+            "kv_prepare_put",
+            ControlRequest::KvPreparePut {
+                partition: partition(),
+                keys: keys(),
+                fields: schemas(),
+            },
+        ),
+        (
+            "kv_mark_clearing",
+            ControlRequest::KvMarkClearing {
+                partition: partition(),
+                keys: keys(),
+            },
+        ),
+        (
+            "still_hold",
+            ControlRequest::StillHold {
+                partition: partition(),
+                samples: samples(),
+                fields: fields(),
+            },
+        ),
+        (
+            "register_unit",
+            ControlRequest::RegisterUnit(UnitInfo {
+                id: "unit-0".into(),
+                endpoint: "tcp://127.0.0.1:7001".into(),
+                instance: 11,
+                registration: 2,
+            }),
+        ),
+        ("topology", ControlRequest::Topology),
+        ("status", ControlRequest::Status),
+        ("snapshot", ControlRequest::Snapshot),
+        ("restore", ControlRequest::Restore),
+        (
+            "snapshot_holding_removals",
+            ControlRequest::SnapshotHoldingRemovals { ttl_ms: 600_000 },
+        ),
+        (
+            "release_removals",
+            ControlRequest::ReleaseRemovals { hold: 42 },
+        ),
+    ]
+}
+
+fn encoded() -> String {
+    let mut text = String::new();
+    for (name, request) in examples() {
+        let envelope = ControlEnvelope {
+            epoch: 0x0123_4567_89ab_cdef,
+            request,
+            once: Some(RequestId {
+                client: 77,
+                seq: 5,
+                done_below: 4,
+            }),
+        };
+        let bytes = postcard::to_allocvec(&envelope).unwrap();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        text.push_str(&format!("{name} {hex}\n"));
+    }
+    text
+}
+
+#[test]
+fn every_controller_request_encodes_as_protocol_7_does() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/control-requests-protocol7.hex");
+    let now = encoded();
+    if std::env::var_os("TQ_BLESS_WIRE").is_some() {
+        std::fs::write(&path, &now).unwrap();
+    }
+    let pinned = std::fs::read_to_string(&path).unwrap();
+    for (want, got) in pinned.lines().zip(now.lines()) {
+        assert_eq!(
+            got, want,
+            "a controller request no longer encodes as protocol 7 did"
+        );
+    }
+    assert_eq!(
+        pinned.lines().count(),
+        now.lines().count(),
+        "requests added or removed"
+    );
+    // Every pinned request decodes back.
+    for line in pinned.lines() {
+        let (_, hex) = line.split_once(' ').unwrap();
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let _: ControlEnvelope = postcard::from_bytes(&bytes).unwrap();
+    }
+}
+
+/// The requests whose variant shape the operation table decides, built the way it does.
+impl ControlRequest {
+    fn from_example_get_meta(req: GetMetaRequest) -> Self {
+        ControlRequest::GetMeta(req)
+    }
+    fn from_example_notify(notice: ProductionNotice) -> Self {
+        ControlRequest::Notify(notice)
+    }
+    fn from_example_list_partitions() -> Self {
+        ControlRequest::ListPartitions
+    }
+    fn from_example_kv_link(req: LinkRequest) -> Self {
+        ControlRequest::KvLink(req)
+    }
+}
