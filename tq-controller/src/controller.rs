@@ -6,6 +6,7 @@ use crate::allocator::IndexAllocator;
 use crate::api::*;
 use crate::partition::{check_unique_ids, is_public, Partition, Production, PUBLIC_PARTITION};
 use crate::sampler::{Sampled, Sampler, SamplerContext, SamplerSpec};
+use crate::{ControlAdmin, ControlPlane};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};

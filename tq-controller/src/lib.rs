@@ -17,26 +17,27 @@ mod controller;
 mod metrics;
 #[cfg(feature = "net")]
 mod net;
+mod ops;
 mod partition;
 mod sampler;
 mod state_dir;
 
 pub use api::{
-    ConsumptionStatus, ControlPlane, ControllerStatus, GetMetaMode, GetMetaRequest, KeyListing,
-    KvMeta, LinkRequest, PartitionStatus, ProductionNotice, ProductionStatus, RequestId,
-    TaskStatus, Wait,
+    ConsumptionStatus, ControllerStatus, GetMetaMode, GetMetaRequest, KeyListing, KvMeta,
+    LinkRequest, PartitionStatus, ProductionNotice, ProductionStatus, RequestId, TaskStatus, Wait,
 };
 pub use checkpoint::{SnapshotCounts, SNAPSHOT_FORMAT};
 pub use controller::{
     sampler_from_name, snapshot_cells, snapshot_epoch, snapshot_in_epoch, Controller,
     ControllerConfig, StoredCells, ANSWER_MEMORY, MAX_ANSWERS_PER_CLIENT, MAX_INSERT_COUNT,
 };
-pub use metrics::{ControllerOp, MeteredPlane};
+pub use metrics::MeteredPlane;
 #[cfg(feature = "net")]
 pub use net::{
     ControllerServer, Registration, RemoteControlPlane, Topology, UnitInfo, REGISTRATION_LAPSE,
     UNIT_ID_HELD,
 };
+pub use ops::{ControlAdmin, ControlPlane, ControllerOp, Resend};
 pub use partition::{is_public, PUBLIC_PARTITION};
 pub use sampler::{
     Candidate, GrpoGroupNSampler, RankAwareSampler, Sampled, Sampler, SamplerContext, SamplerSpec,

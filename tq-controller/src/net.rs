@@ -4,15 +4,13 @@
 
 use crate::api::*;
 use crate::checkpoint::SnapshotCounts;
-use crate::{Controller, ControllerOp, MeteredPlane};
+use crate::ops::ControlRequest;
+use crate::{ControlAdmin, Controller, ControllerOp, MeteredPlane};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tq_core::{
-    BackendMeta, BatchMeta, Bytes, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags,
-};
+use tq_core::{BackendMeta, BatchMeta, Bytes, Error, Result};
 use tq_net::{CallOptions, Endpoint, Handler, Message, Pool};
 
 /// A storage unit known to the controller.
@@ -84,127 +82,14 @@ struct ControlEnvelope {
     once: Option<RequestId>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-enum ControlRequest {
-    GetMeta(GetMetaRequest),
-    Notify(ProductionNotice),
-    SetTags {
-        partition: String,
-        samples: Vec<SampleId>,
-        tags: Vec<Tags>,
-    },
-    MarkClearing {
-        partition: String,
-        samples: Option<Vec<SampleId>>,
-    },
-    Release {
-        partition: String,
-        samples: Vec<SampleId>,
-    },
-    BeginClearFields {
-        partition: String,
-        samples: Vec<SampleId>,
-        fields: Vec<FieldName>,
-    },
-    FinishClearFields {
-        partition: String,
-        samples: Vec<SampleId>,
-        fields: Vec<FieldName>,
-    },
-    KvRetrieveMeta {
-        partition: String,
-        keys: Vec<String>,
-        create: bool,
-    },
-    KvList {
-        partition: Option<String>,
-    },
-    ProductionStatus {
-        partition: String,
-        fields: Vec<FieldName>,
-    },
-    ConsumptionStatus {
-        partition: String,
-        task: String,
-    },
-    ResetConsumption {
-        partition: String,
-        task: Option<String>,
-    },
-    ListPartitions,
-    Ack {
-        partition: String,
-        task: String,
-        lease: LeaseId,
-        samples: Vec<SampleId>,
-    },
-    MarkComplete {
-        partition: String,
-    },
-    /// Protocol 5.
-    ReturnFetched {
-        partition: String,
-        task: String,
-        lease: Option<LeaseId>,
-        samples: Vec<SampleId>,
-    },
-    DropPartition {
-        partition: String,
-    },
-    KvLink(LinkRequest),
-    KvUnlink {
-        partition: String,
-        keys: Vec<String>,
-        fields: Vec<FieldName>,
-    },
-    MarkUnlinkedPublic {
-        partition: String,
-        prefix: String,
-    },
-    PrepareWrite {
-        partition: String,
-        samples: Vec<SampleId>,
-        fields: BTreeMap<FieldName, FieldMeta>,
-    },
-    KvPreparePut {
-        partition: String,
-        keys: Vec<String>,
-        fields: BTreeMap<FieldName, FieldMeta>,
-    },
-    KvMarkClearing {
-        partition: String,
-        keys: Vec<String>,
-    },
-    StillHold {
-        partition: String,
-        samples: Vec<SampleId>,
-        fields: Vec<FieldName>,
-    },
-    RegisterUnit(UnitInfo),
-    Topology,
-    /// What the controller holds, for `tq stats` (protocol 5).
-    Status,
-    /// The whole state; answered with the snapshot as the body frame.
-    Snapshot,
-    /// Replace the state with the snapshot in the body frame.
-    Restore,
-    /// A snapshot (body frame) with a hold on removals for at most `ttl_ms` (capped at
-    /// [`MAX_REMOVAL_HOLD`]); answered with [`ControlResponse::HeldSnapshot`].
-    SnapshotHoldingRemovals {
-        ttl_ms: u64,
-    },
-    /// Lift a hold on removals.
-    ReleaseRemovals {
-        hold: u64,
-    },
-}
-
 /// The longest hold on removals a peer may ask for: a checkpoint that dies must not stall
 /// clears for longer.
 pub const MAX_REMOVAL_HOLD: Duration = Duration::from_secs(600);
 
+/// Every controller answer. A new reply type goes at the end (the order is the encoding) and
+/// gets its line in the reply map below.
 #[derive(Debug, Serialize, Deserialize)]
-enum ControlResponse {
+pub(crate) enum ControlResponse {
     Done,
     Meta(BatchMeta),
     KvMeta(KvMeta),
@@ -232,42 +117,51 @@ enum ControlResponse {
     },
 }
 
-impl ControlRequest {
-    /// Whether a successful request of this kind may have changed the controller's state
-    /// (which `--state-dir` must then make durable before answering).
-    fn changes_state(&self) -> bool {
-        match self {
-            ControlRequest::GetMeta(r) => !matches!(r.mode, GetMetaMode::Force),
-            ControlRequest::KvRetrieveMeta { create, .. } => *create,
-            ControlRequest::KvList { .. }
-            | ControlRequest::ProductionStatus { .. }
-            | ControlRequest::ConsumptionStatus { .. }
-            | ControlRequest::ListPartitions
-            | ControlRequest::PrepareWrite { .. }
-            | ControlRequest::StillHold { .. }
-            | ControlRequest::RegisterUnit(_)
-            | ControlRequest::Topology
-            | ControlRequest::Status
-            | ControlRequest::Snapshot
-            | ControlRequest::SnapshotHoldingRemovals { .. }
-            | ControlRequest::ReleaseRemovals { .. } => false,
-            ControlRequest::Notify(_)
-            | ControlRequest::SetTags { .. }
-            | ControlRequest::MarkClearing { .. }
-            | ControlRequest::Release { .. }
-            | ControlRequest::BeginClearFields { .. }
-            | ControlRequest::FinishClearFields { .. }
-            | ControlRequest::ResetConsumption { .. }
-            | ControlRequest::Ack { .. }
-            | ControlRequest::ReturnFetched { .. }
-            | ControlRequest::MarkComplete { .. }
-            | ControlRequest::DropPartition { .. }
-            | ControlRequest::KvLink(_)
-            | ControlRequest::KvUnlink { .. }
-            | ControlRequest::MarkUnlinkedPublic { .. }
-            | ControlRequest::KvPreparePut { .. }
-            | ControlRequest::KvMarkClearing { .. }
-            | ControlRequest::Restore => true,
+/// A reply type of the operation table as its [`ControlResponse`].
+pub(crate) trait WireReply: Sized {
+    fn into_response(self) -> ControlResponse;
+    /// The reply, or the response back (boxed: it is large, and this is the error path) when
+    /// it is another kind.
+    fn from_response(response: ControlResponse) -> std::result::Result<Self, Box<ControlResponse>>;
+}
+
+/// The reply map: which response carries each reply type of the operation table.
+macro_rules! wire_replies {
+    ($($reply:ty => $variant:ident),* $(,)?) => {$(
+        impl WireReply for $reply {
+            fn into_response(self) -> ControlResponse {
+                ControlResponse::$variant(self)
+            }
+            fn from_response(response: ControlResponse) -> std::result::Result<Self, Box<ControlResponse>> {
+                match response {
+                    ControlResponse::$variant(reply) => Ok(reply),
+                    other => Err(Box::new(other)),
+                }
+            }
+        }
+    )*};
+}
+
+wire_replies! {
+    BatchMeta => Meta,
+    KvMeta => KvMeta,
+    Vec<KeyListing> => KvList,
+    ProductionStatus => Production,
+    ConsumptionStatus => Consumption,
+    Vec<String> => Partitions,
+    usize => Acked,
+    Vec<bool> => Holds,
+    Vec<BackendMeta> => Replaced,
+}
+
+impl WireReply for () {
+    fn into_response(self) -> ControlResponse {
+        ControlResponse::Done
+    }
+    fn from_response(response: ControlResponse) -> std::result::Result<Self, Box<ControlResponse>> {
+        match response {
+            ControlResponse::Done => Ok(()),
+            other => Err(Box::new(other)),
         }
     }
 }
@@ -430,109 +324,14 @@ impl ControllerServer {
         t
     }
 
+    /// Answers a request: a data-path one through the operation table's dispatch, the
+    /// server's own (registration, topology, status, checkpoints) here.
     async fn dispatch(&self, req: ControlRequest, body: Option<Bytes>) -> Result<ControlResponse> {
-        let c = &self.plane;
+        let req = match crate::ops::dispatch(&self.plane, req).await {
+            Ok(answer) => return answer,
+            Err(server_request) => server_request,
+        };
         Ok(match req {
-            ControlRequest::GetMeta(r) => ControlResponse::Meta(c.get_meta(r).await?),
-            ControlRequest::Notify(n) => ControlResponse::Replaced(c.notify_production(n).await?),
-            ControlRequest::SetTags {
-                partition,
-                samples,
-                tags,
-            } => {
-                c.set_tags(&partition, &samples, tags).await?;
-                ControlResponse::Done
-            }
-            ControlRequest::MarkClearing { partition, samples } => {
-                ControlResponse::Meta(c.mark_clearing(&partition, samples.as_deref()).await?)
-            }
-            ControlRequest::Release { partition, samples } => {
-                c.release(&partition, &samples).await?;
-                ControlResponse::Done
-            }
-            ControlRequest::BeginClearFields {
-                partition,
-                samples,
-                fields,
-            } => ControlResponse::Meta(c.begin_clear_fields(&partition, &samples, &fields).await?),
-            ControlRequest::FinishClearFields {
-                partition,
-                samples,
-                fields,
-            } => {
-                c.finish_clear_fields(&partition, &samples, &fields).await?;
-                ControlResponse::Done
-            }
-            ControlRequest::KvRetrieveMeta {
-                partition,
-                keys,
-                create,
-            } => ControlResponse::KvMeta(c.kv_retrieve_meta(&partition, &keys, create).await?),
-            ControlRequest::KvList { partition } => {
-                ControlResponse::KvList(c.kv_list(partition.as_deref()).await?)
-            }
-            ControlRequest::ProductionStatus { partition, fields } => {
-                ControlResponse::Production(c.production_status(&partition, &fields).await?)
-            }
-            ControlRequest::ConsumptionStatus { partition, task } => {
-                ControlResponse::Consumption(c.consumption_status(&partition, &task).await?)
-            }
-            ControlRequest::ResetConsumption { partition, task } => {
-                c.reset_consumption(&partition, task.as_deref()).await?;
-                ControlResponse::Done
-            }
-            ControlRequest::ListPartitions => {
-                ControlResponse::Partitions(c.list_partitions().await?)
-            }
-            ControlRequest::Ack {
-                partition,
-                task,
-                lease,
-                samples,
-            } => ControlResponse::Acked(c.ack(&partition, &task, lease, &samples).await?),
-            ControlRequest::ReturnFetched {
-                partition,
-                task,
-                lease,
-                samples,
-            } => {
-                ControlResponse::Acked(c.return_fetched(&partition, &task, lease, &samples).await?)
-            }
-            ControlRequest::MarkComplete { partition } => {
-                c.mark_complete(&partition).await?;
-                ControlResponse::Done
-            }
-            ControlRequest::DropPartition { partition } => {
-                c.drop_partition(&partition).await?;
-                ControlResponse::Done
-            }
-            ControlRequest::KvLink(req) => ControlResponse::KvMeta(c.kv_link(req).await?),
-            ControlRequest::KvUnlink {
-                partition,
-                keys,
-                fields,
-            } => ControlResponse::Acked(c.kv_unlink(&partition, &keys, &fields).await?),
-            ControlRequest::MarkUnlinkedPublic { partition, prefix } => {
-                ControlResponse::KvMeta(c.mark_unlinked_public(&partition, &prefix).await?)
-            }
-            ControlRequest::PrepareWrite {
-                partition,
-                samples,
-                fields,
-            } => ControlResponse::Meta(c.prepare_write(&partition, &samples, &fields).await?),
-            ControlRequest::KvPreparePut {
-                partition,
-                keys,
-                fields,
-            } => ControlResponse::KvMeta(c.kv_prepare_put(&partition, &keys, &fields).await?),
-            ControlRequest::KvMarkClearing { partition, keys } => {
-                ControlResponse::Meta(c.kv_mark_clearing(&partition, &keys).await?)
-            }
-            ControlRequest::StillHold {
-                partition,
-                samples,
-                fields,
-            } => ControlResponse::Holds(c.still_hold(&partition, &samples, &fields).await?),
             ControlRequest::RegisterUnit(info) => {
                 let registration = self.register_remote_unit(info)?;
                 ControlResponse::Registered {
@@ -542,10 +341,6 @@ impl ControllerServer {
             }
             ControlRequest::Topology => ControlResponse::Topology(self.topology()),
             ControlRequest::Status => ControlResponse::Status(self.status()),
-            // Answered in `handle` (the snapshot travels as a body frame).
-            ControlRequest::Snapshot | ControlRequest::SnapshotHoldingRemovals { .. } => {
-                return Err(Error::internal("snapshot reached dispatch"))
-            }
             ControlRequest::ReleaseRemovals { hold } => {
                 self.controller.release_removals(hold);
                 ControlResponse::Done
@@ -560,6 +355,14 @@ impl ControllerServer {
                     c.storage.claim_epoch(epoch, c.owner).await?;
                 }
                 ControlResponse::Snapshot(self.controller.restore(&body)?)
+            }
+            // Answered in `handle` (the snapshot travels as a body frame), and every data-path
+            // request by the table's dispatch.
+            other => {
+                return Err(Error::internal(format!(
+                    "{} reached the server's dispatch",
+                    other.op().name()
+                )))
             }
         })
     }
@@ -616,10 +419,10 @@ impl Handler for ControllerServer {
         let changes = envelope.request.changes_state();
         let resp = match (envelope.once, envelope.request) {
             (None, request) => self.dispatch(request, body).await?,
-            (Some(id), ControlRequest::GetMeta(r)) => {
+            (Some(id), ControlRequest::GetMeta { req: r }) => {
                 ControlResponse::Meta(self.plane.get_meta_once(r, id).await?)
             }
-            (Some(id), ControlRequest::Notify(n)) => {
+            (Some(id), ControlRequest::Notify { notice: n }) => {
                 ControlResponse::Replaced(self.plane.notify_once(n, id).await?)
             }
             (Some(_), other) => {
@@ -637,7 +440,8 @@ impl Handler for ControllerServer {
     }
 }
 
-mod ops;
+#[cfg(test)]
+mod metering_tests;
 mod registry;
 mod remote;
 #[cfg(test)]

@@ -53,12 +53,12 @@ pub use tq_core::{
 };
 
 /// The control plane: the [`control::ControlPlane`] trait every controller implements (what
-/// [`Client::from_parts`] takes), the in-process [`control::Controller`], and the request and
-/// answer types of its methods.
+/// [`Client::from_parts`] takes) with its administrative half [`control::ControlAdmin`], the
+/// in-process [`control::Controller`], and the request and answer types of its methods.
 pub mod control {
     pub use tq_controller::{
-        is_public, ControlPlane, Controller, ControllerConfig, KvMeta, LinkRequest, MeteredPlane,
-        ProductionNotice, RequestId, PUBLIC_PARTITION,
+        is_public, ControlAdmin, ControlPlane, Controller, ControllerConfig, ControllerOp, KvMeta,
+        LinkRequest, MeteredPlane, ProductionNotice, RequestId, Resend, PUBLIC_PARTITION,
     };
 }
 

@@ -479,30 +479,6 @@ impl ControlPlane for Controller {
         .await
     }
 
-    async fn snapshot(&self) -> Result<(Vec<u8>, crate::SnapshotCounts)> {
-        Controller::snapshot(self)
-    }
-
-    async fn snapshot_holding_removals(
-        &self,
-        ttl: Duration,
-    ) -> Result<(Vec<u8>, crate::SnapshotCounts, u64)> {
-        Controller::snapshot_holding_removals(self, ttl)
-    }
-
-    async fn release_removals(&self, hold: u64) -> Result<()> {
-        Controller::release_removals(self, hold);
-        Ok(())
-    }
-
-    async fn restore(&self, snapshot: Vec<u8>) -> Result<crate::SnapshotCounts> {
-        Controller::restore(self, &snapshot)
-    }
-
-    async fn status(&self) -> Result<ControllerStatus> {
-        Ok(Controller::status(self))
-    }
-
     async fn still_hold(
         &self,
         partition: &str,
@@ -537,6 +513,33 @@ impl ControlPlane for Controller {
         self.forget_partition(partition);
         self.wake(partition);
         Ok(())
+    }
+}
+
+#[async_trait]
+impl ControlAdmin for Controller {
+    async fn snapshot(&self) -> Result<(Vec<u8>, crate::SnapshotCounts)> {
+        Controller::snapshot(self)
+    }
+
+    async fn snapshot_holding_removals(
+        &self,
+        ttl: Duration,
+    ) -> Result<(Vec<u8>, crate::SnapshotCounts, u64)> {
+        Controller::snapshot_holding_removals(self, ttl)
+    }
+
+    async fn release_removals(&self, hold: u64) -> Result<()> {
+        Controller::release_removals(self, hold);
+        Ok(())
+    }
+
+    async fn restore(&self, snapshot: Vec<u8>) -> Result<crate::SnapshotCounts> {
+        Controller::restore(self, &snapshot)
+    }
+
+    async fn status(&self) -> Result<ControllerStatus> {
+        Ok(Controller::status(self))
     }
 }
 

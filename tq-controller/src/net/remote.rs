@@ -164,30 +164,24 @@ impl RemoteControlPlane {
             .decode()
     }
 
-    fn unexpected(&self, what: &str, got: ControlResponse) -> Error {
+    pub(crate) fn unexpected(&self, what: &str, got: ControlResponse) -> Error {
         Error::corrupted(format!(
             "controller {} answered {what} with {got:?}",
             self.endpoint
         ))
     }
 
-    async fn done(&self, what: &str, req: ControlRequest, idempotent: bool) -> Result<()> {
-        match self.call(req, idempotent, Duration::ZERO).await? {
-            ControlResponse::Done => Ok(()),
-            other => Err(self.unexpected(what, other)),
-        }
-    }
-
-    async fn meta(
+    /// Sends a data-path request as its operation's [`crate::Resend`] rule says.
+    pub(crate) async fn send_op(
         &self,
-        what: &str,
-        req: ControlRequest,
-        idempotent: bool,
+        request: ControlRequest,
+        resend: crate::Resend,
         wait: Duration,
-    ) -> Result<BatchMeta> {
-        match self.call(req, idempotent, wait).await? {
-            ControlResponse::Meta(m) => Ok(m),
-            other => Err(self.unexpected(what, other)),
+    ) -> Result<ControlResponse> {
+        match resend {
+            crate::Resend::Tagged => self.send_tagged(request, wait).await,
+            crate::Resend::Freely => self.call(request, true, wait).await,
+            crate::Resend::Never => self.call(request, false, wait).await,
         }
     }
 
@@ -280,318 +274,10 @@ impl RemoteControlPlane {
     }
 }
 
+/// The administrative operations (their data-path twins are generated from the operation
+/// table, `ops.rs`): they carry the snapshot as a body frame, so each is written out.
 #[async_trait]
-impl ControlPlane for RemoteControlPlane {
-    fn epoch(&self) -> u64 {
-        RemoteControlPlane::epoch(self)
-    }
-
-    async fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
-        // An at-most-once fetch marks samples consumed and an insert allocates: replaying either
-        // after a lost answer would lose or leak samples, so they carry a request id, and the
-        // controller answers a replay with the first answer. A fetch in acknowledged mode may be
-        // replayed as it is: what a lost answer leased comes back when its lease expires, so
-        // nothing is lost or consumed twice (the replay hands out other samples).
-        let (idempotent, wait) = match &req.mode {
-            GetMetaMode::Fetch { wait, lease, .. } => (
-                lease.is_some(),
-                match wait {
-                    Wait::For(d) => *d,
-                    _ => Duration::ZERO,
-                },
-            ),
-            GetMetaMode::Insert { .. } => (false, Duration::ZERO),
-            GetMetaMode::Force => (true, Duration::ZERO),
-        };
-        if idempotent {
-            return self
-                .meta("get_meta", ControlRequest::GetMeta(req), true, wait)
-                .await;
-        }
-        match self.send_tagged(ControlRequest::GetMeta(req), wait).await? {
-            ControlResponse::Meta(m) => Ok(m),
-            other => Err(self.unexpected("get_meta", other)),
-        }
-    }
-
-    /// Tagged: a notice whose answer was lost may find its samples consumed and cleared by
-    /// the time it comes again (and be refused as stale); with an id it gets its first answer.
-    async fn notify_production(&self, notice: ProductionNotice) -> Result<Vec<BackendMeta>> {
-        match self
-            .send_tagged(ControlRequest::Notify(notice), Duration::ZERO)
-            .await?
-        {
-            ControlResponse::Replaced(r) => Ok(r),
-            other => Err(self.unexpected("notify_production", other)),
-        }
-    }
-
-    async fn set_tags(&self, partition: &str, samples: &[SampleId], tags: Vec<Tags>) -> Result<()> {
-        let req = ControlRequest::SetTags {
-            partition: partition.into(),
-            samples: samples.to_vec(),
-            tags,
-        };
-        self.done("set_tags", req, true).await
-    }
-
-    async fn mark_clearing(
-        &self,
-        partition: &str,
-        samples: Option<&[SampleId]>,
-    ) -> Result<BatchMeta> {
-        let req = ControlRequest::MarkClearing {
-            partition: partition.into(),
-            samples: samples.map(<[SampleId]>::to_vec),
-        };
-        self.meta("mark_clearing", req, true, Duration::ZERO).await
-    }
-
-    async fn release(&self, partition: &str, samples: &[SampleId]) -> Result<()> {
-        let req = ControlRequest::Release {
-            partition: partition.into(),
-            samples: samples.to_vec(),
-        };
-        self.done("release", req, true).await
-    }
-
-    async fn begin_clear_fields(
-        &self,
-        partition: &str,
-        samples: &[SampleId],
-        fields: &[FieldName],
-    ) -> Result<BatchMeta> {
-        let req = ControlRequest::BeginClearFields {
-            partition: partition.into(),
-            samples: samples.to_vec(),
-            fields: fields.to_vec(),
-        };
-        self.meta("begin_clear_fields", req, true, Duration::ZERO)
-            .await
-    }
-
-    async fn finish_clear_fields(
-        &self,
-        partition: &str,
-        samples: &[SampleId],
-        fields: &[FieldName],
-    ) -> Result<()> {
-        let req = ControlRequest::FinishClearFields {
-            partition: partition.into(),
-            samples: samples.to_vec(),
-            fields: fields.to_vec(),
-        };
-        self.done("finish_clear_fields", req, true).await
-    }
-
-    async fn kv_retrieve_meta(
-        &self,
-        partition: &str,
-        keys: &[String],
-        create: bool,
-    ) -> Result<KvMeta> {
-        let req = ControlRequest::KvRetrieveMeta {
-            partition: partition.into(),
-            keys: keys.to_vec(),
-            create,
-        };
-        // Retrying resolves the same keys to the same samples (created ones included).
-        match self.call(req, true, Duration::ZERO).await? {
-            ControlResponse::KvMeta(m) => Ok(m),
-            other => Err(self.unexpected("kv_retrieve_meta", other)),
-        }
-    }
-
-    async fn kv_list(&self, partition: Option<&str>) -> Result<Vec<KeyListing>> {
-        let req = ControlRequest::KvList {
-            partition: partition.map(str::to_string),
-        };
-        match self.call(req, true, Duration::ZERO).await? {
-            ControlResponse::KvList(l) => Ok(l),
-            other => Err(self.unexpected("kv_list", other)),
-        }
-    }
-
-    async fn production_status(
-        &self,
-        partition: &str,
-        fields: &[FieldName],
-    ) -> Result<ProductionStatus> {
-        let req = ControlRequest::ProductionStatus {
-            partition: partition.into(),
-            fields: fields.to_vec(),
-        };
-        match self.call(req, true, Duration::ZERO).await? {
-            ControlResponse::Production(p) => Ok(p),
-            other => Err(self.unexpected("production_status", other)),
-        }
-    }
-
-    async fn consumption_status(&self, partition: &str, task: &str) -> Result<ConsumptionStatus> {
-        let req = ControlRequest::ConsumptionStatus {
-            partition: partition.into(),
-            task: task.into(),
-        };
-        match self.call(req, true, Duration::ZERO).await? {
-            ControlResponse::Consumption(c) => Ok(c),
-            other => Err(self.unexpected("consumption_status", other)),
-        }
-    }
-
-    async fn reset_consumption(&self, partition: &str, task: Option<&str>) -> Result<()> {
-        let req = ControlRequest::ResetConsumption {
-            partition: partition.into(),
-            task: task.map(str::to_string),
-        };
-        self.done("reset_consumption", req, true).await
-    }
-
-    async fn list_partitions(&self) -> Result<Vec<String>> {
-        match self
-            .call(ControlRequest::ListPartitions, true, Duration::ZERO)
-            .await?
-        {
-            ControlResponse::Partitions(p) => Ok(p),
-            other => Err(self.unexpected("list_partitions", other)),
-        }
-    }
-
-    /// Idempotent: acknowledging again with the same lease consumes nothing more and answers
-    /// the same count (the controller remembers which lease acknowledged each sample).
-    async fn ack(
-        &self,
-        partition: &str,
-        task: &str,
-        lease: LeaseId,
-        samples: &[SampleId],
-    ) -> Result<usize> {
-        let req = ControlRequest::Ack {
-            partition: partition.into(),
-            task: task.into(),
-            lease,
-            samples: samples.to_vec(),
-        };
-        match self.call(req, true, Duration::ZERO).await? {
-            ControlResponse::Acked(n) => Ok(n),
-            other => Err(self.unexpected("ack", other)),
-        }
-    }
-
-    /// Not retried: undoing an at-most-once consumption twice could hand samples out again
-    /// that another consumer took in between.
-    async fn return_fetched(
-        &self,
-        partition: &str,
-        task: &str,
-        lease: Option<LeaseId>,
-        samples: &[SampleId],
-    ) -> Result<usize> {
-        let req = ControlRequest::ReturnFetched {
-            partition: partition.into(),
-            task: task.into(),
-            lease,
-            samples: samples.to_vec(),
-        };
-        match self.call(req, false, Duration::ZERO).await? {
-            ControlResponse::Acked(n) => Ok(n),
-            other => Err(self.unexpected("return_fetched", other)),
-        }
-    }
-
-    async fn mark_complete(&self, partition: &str) -> Result<()> {
-        let req = ControlRequest::MarkComplete {
-            partition: partition.into(),
-        };
-        self.done("mark_complete", req, true).await
-    }
-
-    async fn drop_partition(&self, partition: &str) -> Result<()> {
-        let req = ControlRequest::DropPartition {
-            partition: partition.into(),
-        };
-        self.done("drop_partition", req, true).await
-    }
-
-    /// Idempotent: linking the same cells to the same sources again changes nothing.
-    async fn kv_link(&self, req: LinkRequest) -> Result<KvMeta> {
-        match self
-            .call(ControlRequest::KvLink(req), true, Duration::ZERO)
-            .await?
-        {
-            ControlResponse::KvMeta(m) => Ok(m),
-            other => Err(self.unexpected("kv_link", other)),
-        }
-    }
-
-    async fn kv_unlink(
-        &self,
-        partition: &str,
-        keys: &[String],
-        fields: &[FieldName],
-    ) -> Result<usize> {
-        let req = ControlRequest::KvUnlink {
-            partition: partition.into(),
-            keys: keys.to_vec(),
-            fields: fields.to_vec(),
-        };
-        match self.call(req, true, Duration::ZERO).await? {
-            ControlResponse::Acked(n) => Ok(n),
-            other => Err(self.unexpected("kv_unlink", other)),
-        }
-    }
-
-    async fn mark_unlinked_public(&self, public_partition: &str, prefix: &str) -> Result<KvMeta> {
-        let req = ControlRequest::MarkUnlinkedPublic {
-            partition: public_partition.into(),
-            prefix: prefix.into(),
-        };
-        match self.call(req, true, Duration::ZERO).await? {
-            ControlResponse::KvMeta(m) => Ok(m),
-            other => Err(self.unexpected("mark_unlinked_public", other)),
-        }
-    }
-
-    async fn prepare_write(
-        &self,
-        partition: &str,
-        samples: &[SampleId],
-        fields: &BTreeMap<FieldName, FieldMeta>,
-    ) -> Result<BatchMeta> {
-        let req = ControlRequest::PrepareWrite {
-            partition: partition.into(),
-            samples: samples.to_vec(),
-            fields: fields.clone(),
-        };
-        self.meta("prepare_write", req, true, Duration::ZERO).await
-    }
-
-    async fn kv_prepare_put(
-        &self,
-        partition: &str,
-        keys: &[String],
-        fields: &BTreeMap<FieldName, FieldMeta>,
-    ) -> Result<KvMeta> {
-        let req = ControlRequest::KvPreparePut {
-            partition: partition.into(),
-            keys: keys.to_vec(),
-            fields: fields.clone(),
-        };
-        // Retrying resolves the same keys to the same samples (created ones included).
-        match self.call(req, true, Duration::ZERO).await? {
-            ControlResponse::KvMeta(m) => Ok(m),
-            other => Err(self.unexpected("kv_prepare_put", other)),
-        }
-    }
-
-    async fn kv_mark_clearing(&self, partition: &str, keys: &[String]) -> Result<BatchMeta> {
-        let req = ControlRequest::KvMarkClearing {
-            partition: partition.into(),
-            keys: keys.to_vec(),
-        };
-        self.meta("kv_mark_clearing", req, true, Duration::ZERO)
-            .await
-    }
-
+impl ControlAdmin for RemoteControlPlane {
     async fn snapshot(&self) -> Result<(Vec<u8>, crate::SnapshotCounts)> {
         let request = ControlRequest::Snapshot;
         let reply = self
@@ -670,23 +356,6 @@ impl ControlPlane for RemoteControlPlane {
                 Ok(counts)
             }
             other => Err(self.unexpected("restore", other)),
-        }
-    }
-
-    async fn still_hold(
-        &self,
-        partition: &str,
-        samples: &[SampleId],
-        fields: &[FieldName],
-    ) -> Result<Vec<bool>> {
-        let req = ControlRequest::StillHold {
-            partition: partition.into(),
-            samples: samples.to_vec(),
-            fields: fields.to_vec(),
-        };
-        match self.call(req, true, Duration::ZERO).await? {
-            ControlResponse::Holds(h) if h.len() == samples.len() => Ok(h),
-            other => Err(self.unexpected("still_hold", other)),
         }
     }
 }

@@ -6,7 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use super::*;
-use tq_core::{DType, TagValue};
+use std::collections::BTreeMap;
+use tq_core::{DType, FieldMeta, SampleId, TagValue, Tags};
 
 fn examples() -> Vec<(&'static str, ControlRequest)> {
     let partition = || "train".to_string();
@@ -189,7 +190,7 @@ fn examples() -> Vec<(&'static str, ControlRequest)> {
         (
             "mark_unlinked_public",
             ControlRequest::MarkUnlinkedPublic {
-                partition: "__public__".into(),
+                public_partition: "__public__".into(),
                 prefix: "img/".into(),
             },
         ),
@@ -301,15 +302,15 @@ fn every_controller_request_encodes_as_protocol_7_does() {
 /// The requests whose variant shape the operation table decides, built the way it does.
 impl ControlRequest {
     fn from_example_get_meta(req: GetMetaRequest) -> Self {
-        ControlRequest::GetMeta(req)
+        ControlRequest::GetMeta { req }
     }
     fn from_example_notify(notice: ProductionNotice) -> Self {
-        ControlRequest::Notify(notice)
+        ControlRequest::Notify { notice }
     }
     fn from_example_list_partitions() -> Self {
-        ControlRequest::ListPartitions
+        ControlRequest::ListPartitions {}
     }
     fn from_example_kv_link(req: LinkRequest) -> Self {
-        ControlRequest::KvLink(req)
+        ControlRequest::KvLink { req }
     }
 }
