@@ -19,6 +19,7 @@ mod answers;
 mod changes;
 mod fetch;
 mod hold;
+mod once;
 mod partitions;
 mod plane;
 mod snapshot;
