@@ -12,12 +12,16 @@ use tq::{Batch, Error, Wait};
 
 /// A number of seconds from Python (`what` names the argument when it is not one).
 pub(crate) fn seconds(py: Python<'_>, what: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
-    match s {
-        Some(t) if !(t.is_finite() && t >= 0.0) => Err(raise(
+    let Some(t) = s else { return Ok(None) };
+    // `try_from`: a value too large for a Duration is an error, not a panic.
+    match Duration::try_from_secs_f64(t) {
+        Ok(d) if t.is_finite() => Ok(Some(d)),
+        _ => Err(raise(
             py,
-            Error::invalid(format!("{what} must be a number of seconds >= 0, got {t}")),
+            Error::invalid(format!(
+                "{what} must be a number of seconds >= 0 (and below 2^64), got {t}"
+            )),
         )),
-        other => Ok(other.map(Duration::from_secs_f64)),
     }
 }
 

@@ -549,6 +549,24 @@ impl NativeClient {
         })
     }
 
+    /// Keeps samples fetched with a lease by `task` leased for `seconds` from now; answers
+    /// how many were still held.
+    #[pyo3(signature = (task, meta, seconds, done=None))]
+    fn renew_lease(
+        &self,
+        py: Python<'_>,
+        task: String,
+        meta: &Meta,
+        seconds: f64,
+        done: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let meta = meta.inner.clone();
+        let extend = crate::answers::seconds(py, "seconds", Some(seconds))?.unwrap_or_default();
+        self.call(py, done, count_to_py, move |client| async move {
+            client.renew_lease(&task, &meta, extend).await
+        })
+    }
+
     /// The payloads of `meta`'s samples (only `fields`, if given), as `kv_batch_get` answers.
     #[pyo3(signature = (meta, fields=None, done=None))]
     fn get_data(

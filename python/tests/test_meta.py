@@ -75,6 +75,19 @@ def test_leased_fetches_are_acknowledged(client: tq.Client) -> None:
         client.ack("t", p.fetch(["x"], task="other", batch_size=4))
 
 
+def test_a_lease_is_renewed_until_acknowledged(client: tq.Client) -> None:
+    p = client.partition("renewed")
+    p.put({"x": np.zeros((2, 1))})
+    batch = p.fetch(["x"], task="t", batch_size=2, lease=30)
+    assert client.renew_lease("t", batch, 120) == 2
+    assert client.renew_lease("other", batch, 120) == 0, "another task holds nothing"
+    assert client.ack("t", batch) == 2
+    assert client.renew_lease("t", batch, 120) == 0, "acknowledged samples are not held"
+    for bad in (0, -1, float("nan"), 1e30):
+        with pytest.raises(tq.InvalidError):
+            client.renew_lease("t", batch, bad)
+
+
 def test_a_fetch_that_waits_too_long_times_out(client: tq.Client) -> None:
     p = client.partition("empty")
     p.put({"x": np.zeros((1, 1))})

@@ -173,6 +173,13 @@ class Client(_Closable):
         means the lease ran out and the rest may be another consumer's now)."""
         return self._native.ack(task, meta)
 
+    def renew_lease(self, task: str, meta: BatchMeta, seconds: float) -> int:
+        """Keeps samples that ``task`` fetched with a lease leased for ``seconds`` from now,
+        for a step that takes longer than the lease it fetched with; returns how many were
+        still held (fewer than ``len(meta)``: the rest's lease ran out, or they were
+        acknowledged). Safe to repeat."""
+        return self._native.renew_lease(task, meta, seconds)
+
     def status(self) -> Dict[str, Any]:
         """What the deployment holds, as ``tq stats`` shows it: ``{"storage_backend",
         "controller": {partitions, index use, leases, ...}, "units": [...]}``."""
@@ -233,6 +240,12 @@ class Client(_Closable):
     async def async_ack(self, task: str, meta: BatchMeta) -> int:
         """:meth:`ack` as a coroutine."""
         return await _aio.run(lambda done: self._native.ack(task, meta, done=done))
+
+    async def async_renew_lease(self, task: str, meta: BatchMeta, seconds: float) -> int:
+        """:meth:`renew_lease` as a coroutine."""
+        return await _aio.run(
+            lambda done: self._native.renew_lease(task, meta, seconds, done=done)
+        )
 
     def close(self) -> None:
         """Closes the client (and, when embedded, the store with it). Closing twice is fine."""

@@ -585,7 +585,15 @@ async fn streams_updates_and_links_work_remotely() {
     while let Some(item) = s.next().await {
         let item = item.unwrap();
         n += item.meta.len();
+        // A consumer that needs longer keeps its batch (renew_lease across processes).
+        let extend = Duration::from_secs(30);
+        assert_eq!(s.renew(&item, extend).await.unwrap(), item.meta.len());
         assert_eq!(s.ack(&item).await.unwrap(), item.meta.len());
+        assert_eq!(
+            s.renew(&item, extend).await.unwrap(),
+            0,
+            "acknowledged: nothing held"
+        );
     }
     assert_eq!(n, 12);
 }

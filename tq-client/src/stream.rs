@@ -145,6 +145,15 @@ impl BatchStream {
         self.client.ack(&self.task, &item.meta).await
     }
 
+    /// Keeps an item of an acknowledged-mode stream leased for `extend` from now, for a step
+    /// that takes longer than the stream's lease (see [`Client::renew_lease`]). Returns how
+    /// many of its samples were still held.
+    pub async fn renew(&self, item: &StreamItem, extend: Duration) -> Result<usize> {
+        self.client
+            .renew_lease(&self.task, &item.meta, extend)
+            .await
+    }
+
     /// The partition this stream reads.
     pub fn partition(&self) -> &str {
         &self.partition
@@ -358,6 +367,27 @@ impl Client {
         })?;
         self.control()
             .ack(meta.partition(), task, lease, meta.samples())
+            .await
+    }
+
+    /// Keeps the samples of `meta`, which an acknowledged-mode fetch handed to `task`, leased
+    /// for `extend` from now (a step that takes longer than the lease it fetched with).
+    /// Returns how many were still held; fewer means the rest's lease ran out and they may be
+    /// another consumer's now.
+    pub async fn renew_lease(
+        &self,
+        task: &str,
+        meta: &BatchMeta,
+        extend: Duration,
+    ) -> Result<usize> {
+        let lease = meta.lease().ok_or_else(|| {
+            Error::invalid(format!(
+                "partition `{}`: these samples were not handed out in acknowledged mode",
+                meta.partition()
+            ))
+        })?;
+        self.control()
+            .renew_lease(meta.partition(), task, lease, meta.samples(), extend)
             .await
     }
 

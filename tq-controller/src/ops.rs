@@ -26,12 +26,15 @@
 //! variant, the `--state-dir` rule, the remote stub and the server's dispatch. The logic is
 //! the `impl ControlPlane for Controller` in `controller/plane.rs`.
 //!
-//! **Adding an operation**: an entry at the end of `data` (the wire order is the encoding: never
-//! insert in the middle or reorder; the committed bytes of `net/wire_pin.rs` check it, so add
-//! the new request's example there) and its logic in `controller/plane.rs`. A reply of a type
-//! no operation answered before also needs its `ControlResponse` variant (at the end) and a
-//! line in `net.rs`'s reply map. docs/operations.md lists the new `op_type`
-//! (`tests/operations_doc.rs` fails until it does).
+//! **Adding an operation**: an entry at the end of `data` and its logic in
+//! `controller/plane.rs` — in the library, nothing else. A new request is a new protocol
+//! version (an older peer cannot serve it, and the server-level requests after `data` move by
+//! one): bump `tq_net::PROTOCOL_VERSION`, add the request's example to `net/wire_pin.rs` (its
+//! test refuses an operation without one) and write the new version's committed bytes with
+//! `TQ_BLESS_WIRE=1 cargo test -p tq-controller --features net --lib wire_pin`. A reply of a
+//! type no operation answered before also needs its `ControlResponse` variant (at the end) and
+//! a line in `net.rs`'s reply map. docs/operations.md lists the new `op_type`
+//! (`tests/operations_doc.rs` fails until it does). `renew_lease` was added this way.
 //!
 //! `admin` declares the [`crate::ControlAdmin`] trait (checkpoints and status: they carry the
 //! snapshot as a body frame, so their stub and serving are written out in `net/remote.rs` and
@@ -324,6 +327,19 @@ control_ops! {
             resend: Resend::Freely,
             changes: false,
             check: |held: &Vec<bool>| held.len() == samples.len(),
+        }
+        /// Extends a lease (acknowledged mode): the samples `task` still holds under `lease`
+        /// stay its own until `extend` from now instead of going back at the lease's deadline,
+        /// for a consumer whose step takes longer than the lease it fetched with. Returns how
+        /// many it still held; samples whose lease already ran out (they may be another
+        /// consumer's now) or that were acknowledged are left alone. A resent request sets the
+        /// deadline again from its own arrival, so it may be resent.
+        fn renew_lease(partition: &str => String, task: &str => String, lease: LeaseId, samples: &[SampleId] => Vec<SampleId>, extend: Duration) -> usize {
+            wire: RenewLease,
+            metric: RenewLease = "RENEW_LEASE",
+            rows: counted,
+            resend: Resend::Freely,
+            changes: true,
         }
     }
 

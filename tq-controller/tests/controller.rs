@@ -690,6 +690,74 @@ fn leased(p: &str, fields: &[&str], task: &str, n: usize, lease_ms: u64) -> GetM
         .with_lease(Duration::from_millis(lease_ms))
 }
 
+// Paused time, as above: the lease deadlines are exact.
+#[tokio::test(start_paused = true)]
+async fn a_renewed_lease_keeps_its_samples_past_the_first_deadline() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 3).await;
+    produce(&c, "p", &ids, &["a"]).await;
+    let m = c.get_meta(leased("p", &["a"], "t", 2, 100)).await.unwrap();
+    let lease = m.lease().unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    // Renewing for 200 ms at t=60 moves the deadline to t=260.
+    let renewed = c
+        .renew_lease("p", "t", lease, m.samples(), Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(renewed, 2);
+    tokio::time::sleep(Duration::from_millis(100)).await; // t=160: past the first deadline
+    assert!(
+        fetch(&c, "p", &["a"], "t", 2).await.is_empty(),
+        "the renewed samples are still leased: one sample is ready, not two"
+    );
+    assert_eq!(fetch(&c, "p", &["a"], "t", 1).await, vec![ids[2].index]);
+    // Another lease, an unknown task or sample, and a second naming count nothing.
+    let twice = [m.samples()[0], m.samples()[0], SampleId::new(999, 0)];
+    assert_eq!(
+        c.renew_lease("p", "t", lease, &twice, Duration::from_secs(1))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        c.renew_lease("p", "t", lease + 1000, m.samples(), Duration::from_secs(1))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        c.renew_lease("p", "nobody", lease, m.samples(), Duration::from_secs(1))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        c.renew_lease("missing", "t", lease, m.samples(), Duration::from_secs(1))
+            .await
+            .unwrap(),
+        0
+    );
+    let e = c
+        .renew_lease("p", "t", lease, m.samples(), Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Invalid, "{e}");
+    // The second sample was renewed until t=260 only: once that passes it cannot be renewed
+    // (its lease ran out) and it is ready again; the first (renewed at t=160 for 1 s) is not.
+    tokio::time::sleep(Duration::from_millis(150)).await; // t=310
+    assert_eq!(
+        c.renew_lease("p", "t", lease, &m.samples()[1..], Duration::from_secs(1))
+            .await
+            .unwrap(),
+        0,
+        "a lease past its deadline is not renewed"
+    );
+    let back = fetch(&c, "p", &["a"], "t", 1).await;
+    assert_eq!(back, vec![m.samples()[1].index]);
+    // The renewed sample is acknowledged under its lease as usual.
+    assert_eq!(c.ack("p", "t", lease, &m.samples()[..1]).await.unwrap(), 1);
+}
+
 // Paused time: the clock moves only when every task waits, so each sleep below lets the
 // other tasks reach their waits and each lease expires exactly when due.
 #[tokio::test(start_paused = true)]

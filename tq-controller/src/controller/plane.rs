@@ -235,6 +235,41 @@ impl ControlPlane for Controller {
         Ok(acked)
     }
 
+    async fn renew_lease(
+        &self,
+        partition: &str,
+        task: &str,
+        lease: LeaseId,
+        samples: &[SampleId],
+        extend: Duration,
+    ) -> Result<usize> {
+        if extend.is_zero() {
+            return Err(Error::invalid(format!(
+                "partition `{partition}`: a lease must be extended by more than zero"
+            )));
+        }
+        // The lease clock is the fetch's (tokio's: paused and advanced in tests).
+        let now = tokio::time::Instant::now().into_std();
+        let until = now.checked_add(extend).ok_or_else(|| {
+            Error::invalid(format!(
+                "partition `{partition}`: a lease cannot be extended by {extend:?}"
+            ))
+        })?;
+        let st = self.shared();
+        let Some(mut p) = st.partitions.lock_mut(partition) else {
+            return Ok(0);
+        };
+        // Leases already past their deadline go back first: a lease that ran out cannot be
+        // renewed, since a fetch may hand its samples to another consumer at any moment.
+        let (_, expired) = p.expire_leases(now);
+        if expired > 0 {
+            self.telemetry
+                .leases_expired
+                .fetch_add(expired, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(p.renew_lease(task, lease, samples, until))
+    }
+
     async fn return_fetched(
         &self,
         partition: &str,

@@ -1,8 +1,10 @@
 //! The controller protocol's requests are pinned by committed bytes: one example of every
-//! request, encoded as protocol 7 encodes it, in `tests/data/control-requests-protocol7.hex`.
-//! A change to the request enum (its order, a field's type or place) that would make a peer
-//! of the same protocol version misread a request fails here; such a change needs a new
-//! protocol version. `TQ_BLESS_WIRE=1` rewrites the file (only with a version bump).
+//! request, encoded as the current protocol version encodes it, in
+//! `tests/data/control-requests-protocol<version>.hex`. A change to the request enum (its
+//! order, a field's type or place, a new operation) that would make a peer of the same
+//! protocol version misread a request fails here; such a change needs a new protocol version
+//! (`tq_net::PROTOCOL_VERSION`), and then `TQ_BLESS_WIRE=1` writes the new version's file.
+//! Every operation of the table must have its example here.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use super::*;
@@ -42,6 +44,13 @@ fn examples() -> Vec<(&'static str, ControlRequest)> {
     .with_sampler_args(vec![1, 2, 3]);
     vec![
         ("get_meta", ControlRequest::from_example_get_meta(fetch)),
+        (
+            "get_meta_force",
+            ControlRequest::from_example_get_meta(GetMetaRequest {
+                mode: GetMetaMode::Force,
+                ..GetMetaRequest::fetch("train", &["input_ids"], "actor", 1, Wait::NoWait)
+            }),
+        ),
         (
             "notify",
             ControlRequest::from_example_notify(ProductionNotice {
@@ -146,6 +155,16 @@ fn examples() -> Vec<(&'static str, ControlRequest)> {
                 task: "actor".into(),
                 lease: 0xfeed_beef,
                 samples: samples(),
+            },
+        ),
+        (
+            "renew_lease",
+            ControlRequest::RenewLease {
+                partition: partition(),
+                task: "actor".into(),
+                lease: 0xfeed_beef,
+                samples: samples(),
+                extend: Duration::from_millis(90_500),
             },
         ),
         (
@@ -269,18 +288,39 @@ fn encoded() -> String {
 }
 
 #[test]
-fn every_controller_request_encodes_as_protocol_7_does() {
+fn every_operation_of_the_table_has_an_example() {
+    let covered: std::collections::BTreeSet<&str> =
+        examples().iter().map(|(_, r)| r.op().name()).collect();
+    let missing: Vec<&str> = ControllerOp::ALL
+        .iter()
+        .map(|op| op.name())
+        .filter(|name| !covered.contains(name) && *name != "UNDECODABLE")
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "no wire example for {missing:?}: add one to examples()"
+    );
+}
+
+#[test]
+fn every_controller_request_encodes_as_this_protocol_version_does() {
+    let version = tq_net::PROTOCOL_VERSION;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/control-requests-protocol7.hex");
+        .join(format!("tests/data/control-requests-protocol{version}.hex"));
     let now = encoded();
     if std::env::var_os("TQ_BLESS_WIRE").is_some() {
         std::fs::write(&path, &now).unwrap();
     }
-    let pinned = std::fs::read_to_string(&path).unwrap();
+    let pinned = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; a new protocol version writes its file with TQ_BLESS_WIRE=1",
+            path.display()
+        )
+    });
     for (want, got) in pinned.lines().zip(now.lines()) {
         assert_eq!(
             got, want,
-            "a controller request no longer encodes as protocol 7 did"
+            "a controller request no longer encodes as protocol {version} did"
         );
     }
     assert_eq!(

@@ -99,6 +99,31 @@ impl Partition {
         acked
     }
 
+    /// Moves the deadline of the samples `task` holds under `lease` to `until`; returns how
+    /// many it held. Samples under another lease, acknowledged or not leased are left alone.
+    pub fn renew_lease(
+        &mut self,
+        task: &str,
+        lease: LeaseId,
+        ids: &[SampleId],
+        until: Instant,
+    ) -> usize {
+        let mut slots: Vec<u32> = ids.iter().filter_map(|&id| self.slot_for(id)).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        let Some(t) = self.tasks.get_mut(task) else {
+            return 0;
+        };
+        let mut renewed = 0;
+        for s in slots {
+            if t.leases.get(&s).is_some_and(|(l, _)| *l == lease) {
+                t.leases.insert(s, (lease, until));
+                renewed += 1;
+            }
+        }
+        renewed
+    }
+
     /// Returns expired leases to the ready set; gives the earliest expiry still pending and
     /// how many samples' leases expired.
     pub fn expire_leases(&mut self, now: Instant) -> (Option<Instant>, u64) {
