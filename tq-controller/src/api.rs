@@ -26,7 +26,7 @@ pub enum GetMetaMode {
         batch_size: usize,
         wait: Wait,
         /// `None`: at-most-once, the samples are consumed when handed out. `Some(d)`:
-        /// acknowledged mode, they are leased for `d` and consumed by [`ControlPlane::ack`];
+        /// acknowledged mode, they are leased for `d` and consumed by [`ControlPlane::ack`](crate::ControlPlane::ack);
         /// an unacknowledged lease expires and the samples become ready again.
         lease: Option<Duration>,
     },
@@ -149,7 +149,7 @@ pub struct KvMeta {
     /// Requested keys that did not exist: left out of `meta` without `create`, created (and
     /// included in `meta`) with it.
     pub missing: Vec<String>,
-    /// From [`ControlPlane::kv_prepare_put`] only: requested keys whose sample is being cleared.
+    /// From [`ControlPlane::kv_prepare_put`](crate::ControlPlane::kv_prepare_put) only: requested keys whose sample is being cleared.
     /// When not empty, nothing was created and `meta` is empty.
     #[serde(default)]
     pub clearing: Vec<String>,

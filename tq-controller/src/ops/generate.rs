@@ -7,8 +7,6 @@
 //! A declarative macro rather than a derive: it needs no proc-macro crate (builds stay lean),
 //! and what it generates is ordinary code a reader can expand with `cargo expand`.
 
-use std::collections::BTreeMap;
-
 /// How a remote stub may send an operation again when its answer was lost (a dropped
 /// connection, a controller restart). Declared once per operation in the table, so the rule
 /// sits beside the operation instead of at each call site.
@@ -43,73 +41,82 @@ pub(crate) fn any_error(_: &tq_core::Error) -> bool {
     true
 }
 
-/// A borrowed argument of a trait method as the owned value its request carries.
-pub(crate) trait ToWire<W> {
-    fn to_wire(self) -> W;
-}
+#[cfg(feature = "net")]
+pub(crate) use wire_args::{AsArg, ToWire};
 
-impl ToWire<String> for &str {
-    fn to_wire(self) -> String {
-        self.to_owned()
+/// How arguments cross between a trait method and its wire request (feature `net` only).
+#[cfg(feature = "net")]
+mod wire_args {
+    use std::collections::BTreeMap;
+
+    /// A borrowed argument of a trait method as the owned value its request carries.
+    pub(crate) trait ToWire<W> {
+        fn to_wire(self) -> W;
     }
-}
 
-impl<T: Clone> ToWire<Vec<T>> for &[T] {
-    fn to_wire(self) -> Vec<T> {
-        self.to_vec()
+    impl ToWire<String> for &str {
+        fn to_wire(self) -> String {
+            self.to_owned()
+        }
     }
-}
 
-impl ToWire<Option<String>> for Option<&str> {
-    fn to_wire(self) -> Option<String> {
-        self.map(str::to_owned)
+    impl<T: Clone> ToWire<Vec<T>> for &[T] {
+        fn to_wire(self) -> Vec<T> {
+            self.to_vec()
+        }
     }
-}
 
-impl<T: Clone> ToWire<Option<Vec<T>>> for Option<&[T]> {
-    fn to_wire(self) -> Option<Vec<T>> {
-        self.map(<[T]>::to_vec)
+    impl ToWire<Option<String>> for Option<&str> {
+        fn to_wire(self) -> Option<String> {
+            self.map(str::to_owned)
+        }
     }
-}
 
-impl<K: Clone, V: Clone> ToWire<BTreeMap<K, V>> for &BTreeMap<K, V> {
-    fn to_wire(self) -> BTreeMap<K, V> {
-        self.clone()
+    impl<T: Clone> ToWire<Option<Vec<T>>> for Option<&[T]> {
+        fn to_wire(self) -> Option<Vec<T>> {
+            self.map(<[T]>::to_vec)
+        }
     }
-}
 
-/// An owned value of a request as the borrowed argument of the trait method it calls.
-pub(crate) trait AsArg<'a, A> {
-    fn as_arg(&'a self) -> A;
-}
-
-impl<'a> AsArg<'a, &'a str> for String {
-    fn as_arg(&'a self) -> &'a str {
-        self
+    impl<K: Clone, V: Clone> ToWire<BTreeMap<K, V>> for &BTreeMap<K, V> {
+        fn to_wire(self) -> BTreeMap<K, V> {
+            self.clone()
+        }
     }
-}
 
-impl<'a, T> AsArg<'a, &'a [T]> for Vec<T> {
-    fn as_arg(&'a self) -> &'a [T] {
-        self
+    /// An owned value of a request as the borrowed argument of the trait method it calls.
+    pub(crate) trait AsArg<'a, A> {
+        fn as_arg(&'a self) -> A;
     }
-}
 
-impl<'a> AsArg<'a, Option<&'a str>> for Option<String> {
-    fn as_arg(&'a self) -> Option<&'a str> {
-        self.as_deref()
+    impl<'a> AsArg<'a, &'a str> for String {
+        fn as_arg(&'a self) -> &'a str {
+            self
+        }
     }
-}
 
-impl<'a, T> AsArg<'a, Option<&'a [T]>> for Option<Vec<T>> {
-    fn as_arg(&'a self) -> Option<&'a [T]> {
-        self.as_deref()
+    impl<'a, T> AsArg<'a, &'a [T]> for Vec<T> {
+        fn as_arg(&'a self) -> &'a [T] {
+            self
+        }
     }
-}
 
-impl<'a, K, V> AsArg<'a, &'a BTreeMap<K, V>> for BTreeMap<K, V> {
-    fn as_arg(&'a self) -> &'a BTreeMap<K, V> {
-        self
+    impl<'a> AsArg<'a, Option<&'a str>> for Option<String> {
+        fn as_arg(&'a self) -> Option<&'a str> {
+            self.as_deref()
+        }
+    }
+
+    impl<'a, T> AsArg<'a, Option<&'a [T]>> for Option<Vec<T>> {
+        fn as_arg(&'a self) -> Option<&'a [T]> {
+            self.as_deref()
+        }
+    }
+
+    impl<'a, K, V> AsArg<'a, &'a BTreeMap<K, V>> for BTreeMap<K, V> {
+        fn as_arg(&'a self) -> &'a BTreeMap<K, V> {
+            self
+        }
     }
 }
 
@@ -124,6 +131,7 @@ macro_rules! given_or {
 }
 
 /// The type a request carries for an argument: its owned form (`=> T`) or the argument's own.
+#[cfg(feature = "net")]
 macro_rules! wire_ty {
     ($ty:ty) => {
         $ty
@@ -134,6 +142,7 @@ macro_rules! wire_ty {
 }
 
 /// An argument as its request carries it.
+#[cfg(feature = "net")]
 macro_rules! to_wire {
     ($arg:ident) => {
         $arg
@@ -144,6 +153,7 @@ macro_rules! to_wire {
 }
 
 /// A request's value as the argument of the method it calls.
+#[cfg(feature = "net")]
 macro_rules! as_arg {
     ($arg:ident) => {
         $arg
