@@ -11,6 +11,7 @@ use crate::{
 };
 use futures::StreamExt;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::runtime::Runtime;
 use tq_controller::{ConsumptionStatus, GetMetaRequest, KeyListing, ProductionStatus};
 use tq_core::{Batch, BatchMeta, Error, MergeOp, MergeRegistry, Result, Tags};
@@ -166,6 +167,10 @@ impl BlockingClient {
     }
     pub fn ack(&self, task: &str, meta: &BatchMeta) -> Result<usize> {
         self.runtime.block_on(self.client.ack(task, meta))
+    }
+    pub fn renew_lease(&self, task: &str, meta: &BatchMeta, extend: Duration) -> Result<usize> {
+        self.runtime
+            .block_on(self.client.renew_lease(task, meta, extend))
     }
 }
 
@@ -343,6 +348,9 @@ impl BlockingBatchStream {
     /// Acknowledges an item of an acknowledged-mode stream ([`BatchStream::ack`]).
     pub fn ack(&self, item: &StreamItem) -> Result<usize> {
         self.runtime.block_on(self.stream.ack(item))
+    }
+    pub fn renew(&self, item: &StreamItem, extend: Duration) -> Result<usize> {
+        self.runtime.block_on(self.stream.renew(item, extend))
     }
     pub fn progress(&self) -> StreamProgress {
         self.stream.progress()

@@ -356,7 +356,18 @@ fn a_blocking_stream_is_an_iterator_with_the_same_end() {
         )
         .unwrap();
     let item = s.next().unwrap().unwrap();
+    assert_eq!(s.renew(&item, Duration::from_secs(20)).unwrap(), 4);
+    assert_eq!(
+        tq.renew_lease("acked", &item.meta, Duration::from_secs(20))
+            .unwrap(),
+        4
+    );
     assert_eq!(s.ack(&item).unwrap(), 4);
+    assert_eq!(
+        s.renew(&item, Duration::from_secs(20)).unwrap(),
+        0,
+        "acknowledged samples are no longer held"
+    );
     p.complete().unwrap();
     assert!(s.next().is_none(), "complete and consumed: a clean end");
 }
