@@ -6,7 +6,7 @@
 //! the same generations, fields, shapes, tags, backend meta and links); otherwise its result is
 //! dropped and storage is read again with the fresh metadata. A stale entry therefore costs one
 //! wasted read, never a wrong answer: storage never serves a sample index under an older
-//! generation than the one it holds (ARCHITECTURE §2), and a cleared or reused sample shows up
+//! generation than the one it holds (docs/architecture.md, "Data model (tq-core)"), and a cleared or reused sample shows up
 //! as different metadata. Writes never trust the cache.
 
 use std::collections::HashMap;

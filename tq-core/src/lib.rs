@@ -17,6 +17,7 @@ mod epoch;
 mod error;
 mod merge;
 mod meta;
+mod resend;
 mod schema;
 mod storage;
 pub mod telemetry;
@@ -31,6 +32,7 @@ pub use epoch::{epoch_mismatch, new_epoch};
 pub use error::{Error, ErrorKind, Result, Retry, Subject};
 pub use merge::{apply_merge, MergeRegistry};
 pub use meta::{BackendMeta, BatchMeta, LeaseId, Links, SampleId, TagValue, Tags};
+pub use resend::Resend;
 pub use schema::{FieldKind, FieldMeta};
 pub use storage::{
     waiting_out_claims, Capabilities, FieldFilter, MergeFn, MergeOp, PutReceipt, StorageManager,

@@ -3,18 +3,20 @@
 //!
 //! The gate sits where the unit is owned (around the in-process units of an embedded
 //! deployment, and inside a storage-unit server), so that it holds the writes of every
-//! client, not only of the one taking the checkpoint.
+//! client, not only of the one taking the checkpoint. Which operations a hold stops is the
+//! operation table's `held` (`ops.rs`).
 
-use crate::api::{Fetched, StorageUnit, UnitPut, UnitStats, UnitUpdate, UnitUpdateReply};
+use crate::api::StorageUnit;
+use crate::layer::{CheckpointSteps, Layered, UnitCall, UnitLayer};
+use crate::ops::UnitOp;
 use async_trait::async_trait;
-use bytes::BytesMut;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tq_core::cells::{page_of, CaptureInfo, CellPage, FieldCells};
-use tq_core::{Error, FieldFilter, FieldName, MergeOp, Result, SampleId, Value};
+use tq_core::{Error, Result};
 
 /// A capture nobody asked a page of for this long is dropped (its taker died).
 const CAPTURE_IDLE: Duration = Duration::from_secs(600);
@@ -33,26 +35,27 @@ struct GateState {
 }
 
 /// A unit whose puts and clears a checkpoint can hold for a moment; see the module docs.
-pub struct GatedUnit {
-    inner: Arc<dyn StorageUnit>,
-    state: Mutex<GateState>,
-    opened: Notify,
-}
+pub type GatedUnit = Layered<CheckpointGate>;
 
 impl GatedUnit {
     pub fn new(inner: Arc<dyn StorageUnit>) -> Self {
-        GatedUnit {
-            inner,
-            state: Mutex::new(GateState::default()),
-            opened: Notify::new(),
-        }
+        Layered::with_layer(inner, CheckpointGate::default())
     }
 
     /// `unit` behind a gate, as a trait object.
     pub fn wrap(unit: Arc<dyn StorageUnit>) -> Arc<dyn StorageUnit> {
         Arc::new(GatedUnit::new(unit))
     }
+}
 
+/// The gate's layer: the hold, and the captures taken under it.
+#[derive(Default)]
+pub struct CheckpointGate {
+    state: Mutex<GateState>,
+    opened: Notify,
+}
+
+impl CheckpointGate {
     fn lock(&self) -> MutexGuard<'_, GateState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -63,7 +66,7 @@ impl GatedUnit {
     }
 
     /// Returns once no hold is in place (or the hold's time is up).
-    async fn wait_open(&self) {
+    async fn wait_open(&self, unit: &str) {
         loop {
             let opened = self.opened.notified();
             tokio::pin!(opened);
@@ -80,82 +83,60 @@ impl GatedUnit {
                     None => return,
                 }
             };
-            tracing::debug!(unit = %self.inner.id(), "write waits for a checkpoint capture");
+            tracing::debug!(unit = %unit, "write waits for a checkpoint capture");
             let _ = tokio::time::timeout_at(until, opened).await;
         }
     }
 }
 
+impl UnitLayer for CheckpointGate {
+    fn around<'a, T: Send + 'a>(
+        &'a self,
+        unit: &'a str,
+        op: UnitOp,
+        _rows: u64,
+        call: UnitCall<'a, T>,
+    ) -> UnitCall<'a, T> {
+        if !op.spec().held {
+            return call;
+        }
+        Box::pin(async move {
+            self.wait_open(unit).await;
+            call.await
+        })
+    }
+
+    fn checkpoint_steps(&self) -> Option<&dyn CheckpointSteps> {
+        Some(self)
+    }
+}
+
 #[async_trait]
-impl StorageUnit for GatedUnit {
-    fn id(&self) -> &str {
-        self.inner.id()
-    }
-
-    async fn put(&self, req: UnitPut) -> Result<()> {
-        self.wait_open().await;
-        self.inner.put(req).await
-    }
-
-    async fn get(&self, fields: &[FieldName], samples: &[SampleId]) -> Result<Vec<Vec<Value>>> {
-        self.inner.get(fields, samples).await
-    }
-
-    fn reads_into_buffers(&self) -> bool {
-        self.inner.reads_into_buffers()
-    }
-
-    async fn get_into(
-        &self,
-        fields: &[FieldName],
-        samples: &[SampleId],
-        buffers: Vec<Vec<Option<BytesMut>>>,
-    ) -> Result<Vec<Vec<Fetched>>> {
-        self.inner.get_into(fields, samples, buffers).await
-    }
-
-    /// Not held: a merge replaces a cell's value but never removes a cell.
-    async fn update(&self, req: UnitUpdate, merge: &MergeOp) -> Result<UnitUpdateReply> {
-        self.inner.update(req, merge).await
-    }
-
-    async fn clear(&self, samples: &[SampleId], fields: &FieldFilter) -> Result<()> {
-        self.wait_open().await;
-        self.inner.clear(samples, fields).await
-    }
-
-    async fn stats(&self) -> Result<UnitStats> {
-        self.inner.stats().await
-    }
-
-    async fn all_cells(&self) -> Result<Vec<FieldCells>> {
-        self.inner.all_cells().await
-    }
-
-    async fn hold_writes(&self, ttl: Duration) -> Result<()> {
+impl CheckpointSteps for CheckpointGate {
+    async fn hold_writes(&self, unit: &dyn StorageUnit, ttl: Duration) -> Result<()> {
         let now = Instant::now();
         let mut st = self.lock();
         if st.held_until.is_some_and(|t| t > now) {
             return Err(Error::unavailable(format!(
                 "storage unit `{}`: another checkpoint holds its writes; try again when it is done",
-                self.inner.id()
+                unit.id()
             )));
         }
         st.held_until = Some(now + ttl);
-        tracing::debug!(unit = %self.inner.id(), ttl_ms = ttl.as_millis() as u64, "writes held for a checkpoint");
+        tracing::debug!(unit = %unit.id(), ttl_ms = ttl.as_millis() as u64, "writes held for a checkpoint");
         Ok(())
     }
 
-    async fn capture_cells(&self) -> Result<CaptureInfo> {
+    async fn capture_cells(&self, unit: &dyn StorageUnit) -> Result<CaptureInfo> {
         let still_held = self.lock().held_until.is_some_and(|t| t > Instant::now());
         if !still_held {
             return Err(Error::unavailable(format!(
                 "storage unit `{}`: the checkpoint's hold expired before its capture (writes may \
                  have deleted cells the controller state still lists); take the checkpoint again",
-                self.inner.id()
+                unit.id()
             )));
         }
-        let captured = self.inner.all_cells().await;
+        let captured = unit.all_cells().await;
         self.lift();
         let cells = captured?;
         let now = Instant::now();
@@ -178,14 +159,20 @@ impl StorageUnit for GatedUnit {
         Ok(info)
     }
 
-    async fn capture_page(&self, capture: u64, offset: u64, max_bytes: u64) -> Result<CellPage> {
+    async fn capture_page(
+        &self,
+        unit: &dyn StorageUnit,
+        capture: u64,
+        offset: u64,
+        max_bytes: u64,
+    ) -> Result<CellPage> {
         let cells = {
             let mut st = self.lock();
             let Some(c) = st.captures.get_mut(&capture) else {
                 return Err(Error::not_found(format!(
                     "storage unit `{}` has no checkpoint capture {capture} (released, or idle \
                      for over {} s)",
-                    self.inner.id(),
+                    unit.id(),
                     CAPTURE_IDLE.as_secs()
                 )));
             };
@@ -195,7 +182,7 @@ impl StorageUnit for GatedUnit {
         Ok(page_of(&cells, offset, max_bytes))
     }
 
-    async fn release_capture(&self, capture: Option<u64>) -> Result<()> {
+    async fn release_capture(&self, _unit: &dyn StorageUnit, capture: Option<u64>) -> Result<()> {
         match capture {
             Some(id) => {
                 self.lock().captures.remove(&id);
@@ -203,9 +190,5 @@ impl StorageUnit for GatedUnit {
             None => self.lift(),
         }
         Ok(())
-    }
-
-    async fn enter_epoch(&self, epoch: u64) -> Result<()> {
-        self.inner.enter_epoch(epoch).await
     }
 }

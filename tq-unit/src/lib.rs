@@ -61,18 +61,23 @@ mod api;
 mod block;
 mod gate;
 mod index;
+mod layer;
 mod memory;
 mod metered;
 #[cfg(feature = "net")]
 pub mod net;
+mod ops;
 
 pub use api::{
     check_threshold, CellShape, Fetched, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats,
     UnitUpdate, UnitUpdateReply, DEFAULT_COMPACTION_THRESHOLD,
 };
-pub use gate::GatedUnit;
+pub use gate::{CheckpointGate, GatedUnit};
 pub use index::{IndexHasher, IndexMap, IndexSet};
+pub use layer::{CheckpointSteps, Layered, UnitCall, UnitLayer};
 pub use memory::MemoryUnit;
-pub use metered::MeteredUnit;
+pub use metered::{MeteredUnit, RequestMetering};
 #[cfg(feature = "net")]
 pub use net::{RemoteUnit, UnitFactory, UnitServer};
+pub use ops::{UnitOp, UnitOpSpec};
+pub use tq_core::Resend;

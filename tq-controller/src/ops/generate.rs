@@ -7,19 +7,7 @@
 //! A declarative macro rather than a derive: it needs no proc-macro crate (builds stay lean),
 //! and what it generates is ordinary code a reader can expand with `cargo expand`.
 
-/// How a remote stub may send an operation again when its answer was lost (a dropped
-/// connection, a controller restart). Declared once per operation in the table, so the rule
-/// sits beside the operation instead of at each call site.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resend {
-    /// Applying it twice is the same as applying it once: the transport resends it freely.
-    Freely,
-    /// Never resent: a second application could do harm (hand samples out twice, say).
-    Never,
-    /// Resent under a request id, so the controller applies it once however often it arrives
-    /// and answers a repeat with the first answer (`Controller::get_meta_once`).
-    Tagged,
-}
+pub use tq_core::Resend;
 
 /// Metering: the request counts no samples.
 pub(crate) fn no_rows<T>(_: &T) -> u64 {

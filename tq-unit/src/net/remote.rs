@@ -61,12 +61,7 @@ impl RemoteUnit {
         &self.endpoint
     }
 
-    async fn call(
-        &self,
-        req: &UnitRequest,
-        frames: Vec<Bytes>,
-        idempotent: bool,
-    ) -> Result<(UnitResponse, Message)> {
+    async fn call(&self, req: &UnitRequest, frames: Vec<Bytes>) -> Result<(UnitResponse, Message)> {
         let msg = Message::encode(&self.envelope(req), frames)?;
         let reply = self
             .pool
@@ -75,7 +70,7 @@ impl RemoteUnit {
                 msg,
                 CallOptions {
                     timeout: None,
-                    idempotent,
+                    idempotent: req.may_resend(),
                 },
             )
             .await
@@ -117,7 +112,7 @@ impl StorageUnit for RemoteUnit {
             samples: req.samples,
             fields,
         };
-        match self.call(&wire, frames, true).await?.0 {
+        match self.call(&wire, frames).await?.0 {
             UnitResponse::Done => Ok(()),
             other => Err(self.unexpected("put", &other)),
         }
@@ -156,7 +151,7 @@ impl StorageUnit for RemoteUnit {
                 Message::encode(&self.envelope(&req), Vec::new())?,
                 CallOptions {
                     timeout: None,
-                    idempotent: true,
+                    idempotent: req.may_resend(),
                 },
                 offered,
             )
@@ -212,7 +207,7 @@ impl StorageUnit for RemoteUnit {
             fields,
             merge,
         };
-        match self.call(&wire, frames, false).await?.0 {
+        match self.call(&wire, frames).await?.0 {
             UnitResponse::Updated(r) => Ok(r),
             other => Err(self.unexpected("update", &other)),
         }
@@ -223,14 +218,14 @@ impl StorageUnit for RemoteUnit {
             samples: samples.to_vec(),
             filter: fields.clone(),
         };
-        match self.call(&req, Vec::new(), true).await?.0 {
+        match self.call(&req, Vec::new()).await?.0 {
             UnitResponse::Done => Ok(()),
             other => Err(self.unexpected("clear", &other)),
         }
     }
 
     async fn stats(&self) -> Result<UnitStats> {
-        match self.call(&UnitRequest::Stats, Vec::new(), true).await?.0 {
+        match self.call(&UnitRequest::Stats, Vec::new()).await?.0 {
             UnitResponse::Stats(s) => Ok(s),
             other => Err(self.unexpected("stats", &other)),
         }
@@ -240,14 +235,14 @@ impl StorageUnit for RemoteUnit {
         let req = UnitRequest::Hold {
             ttl_ms: ttl.as_millis() as u64,
         };
-        match self.call(&req, Vec::new(), false).await?.0 {
+        match self.call(&req, Vec::new()).await?.0 {
             UnitResponse::Done => Ok(()),
             other => Err(self.unexpected("checkpoint hold", &other)),
         }
     }
 
     async fn capture_cells(&self) -> Result<CaptureInfo> {
-        match self.call(&UnitRequest::Capture, Vec::new(), false).await?.0 {
+        match self.call(&UnitRequest::Capture, Vec::new()).await?.0 {
             UnitResponse::Captured(info) => Ok(info),
             other => Err(self.unexpected("checkpoint capture", &other)),
         }
@@ -259,7 +254,7 @@ impl StorageUnit for RemoteUnit {
             offset,
             max_bytes,
         };
-        let (resp, reply) = self.call(&req, Vec::new(), true).await?;
+        let (resp, reply) = self.call(&req, Vec::new()).await?;
         let UnitResponse::Page { fields, next } = resp else {
             return Err(self.unexpected("checkpoint page", &resp));
         };
@@ -273,7 +268,7 @@ impl StorageUnit for RemoteUnit {
 
     async fn release_capture(&self, capture: Option<u64>) -> Result<()> {
         match self
-            .call(&UnitRequest::Release { capture }, Vec::new(), true)
+            .call(&UnitRequest::Release { capture }, Vec::new())
             .await?
             .0
         {
@@ -285,11 +280,7 @@ impl StorageUnit for RemoteUnit {
     /// Moves the stub and the unit it reaches to `epoch`.
     async fn enter_epoch(&self, epoch: u64) -> Result<()> {
         self.epoch.store(epoch, Ordering::Relaxed);
-        match self
-            .call(&UnitRequest::EnterEpoch, Vec::new(), true)
-            .await?
-            .0
-        {
+        match self.call(&UnitRequest::EnterEpoch, Vec::new()).await?.0 {
             UnitResponse::Done => Ok(()),
             other => Err(self.unexpected("epoch change", &other)),
         }

@@ -152,7 +152,7 @@ impl Handler for UnitServer {
                 e.message()
             ))
         })?;
-        let op = envelope.request.op();
+        let op = envelope.request.op().label();
         tracing::debug!(unit = %self.id, op, "storage request");
         if let UnitRequest::EnterEpoch = envelope.request {
             self.adopt_epoch(envelope.epoch)?;

@@ -1,6 +1,6 @@
 //! What crosses the network between a [`super::RemoteUnit`] and a [`super::UnitServer`].
 
-use crate::{UnitRows, UnitStats, UnitUpdateReply};
+use crate::{UnitOp, UnitRows, UnitStats, UnitUpdateReply};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -116,20 +116,25 @@ pub(super) enum UnitRequest {
 }
 
 impl UnitRequest {
-    /// The operation's name in logs and the `op_type` label.
-    pub(super) fn op(&self) -> &'static str {
+    /// The request's operation in the table (`ops.rs`), which gives its label and resend rule.
+    pub(super) fn op(&self) -> UnitOp {
         match self {
-            UnitRequest::Put { .. } => "PUT_DATA",
-            UnitRequest::Update { .. } => "UPDATE_DATA",
-            UnitRequest::Get { .. } => "GET_DATA",
-            UnitRequest::Clear { .. } => "CLEAR_DATA",
-            UnitRequest::Stats => "STATS",
-            UnitRequest::Hold { .. } => "CHECKPOINT_HOLD",
-            UnitRequest::Capture => "CHECKPOINT_CAPTURE",
-            UnitRequest::Page { .. } => "CHECKPOINT_PAGE",
-            UnitRequest::Release { .. } => "CHECKPOINT_RELEASE",
-            UnitRequest::EnterEpoch => "ENTER_EPOCH",
+            UnitRequest::Put { .. } => UnitOp::Put,
+            UnitRequest::Update { .. } => UnitOp::Update,
+            UnitRequest::Get { .. } => UnitOp::Get,
+            UnitRequest::Clear { .. } => UnitOp::Clear,
+            UnitRequest::Stats => UnitOp::Stats,
+            UnitRequest::Hold { .. } => UnitOp::Hold,
+            UnitRequest::Capture => UnitOp::Capture,
+            UnitRequest::Page { .. } => UnitOp::Page,
+            UnitRequest::Release { .. } => UnitOp::Release,
+            UnitRequest::EnterEpoch => UnitOp::EnterEpoch,
         }
+    }
+
+    /// Whether the transport may send it again after a lost answer (the table's rule).
+    pub(super) fn may_resend(&self) -> bool {
+        self.op().spec().resend == tq_core::Resend::Freely
     }
 }
 
