@@ -5,9 +5,9 @@
 //! metadata for the request equals the cached metadata the read was made with (same samples with
 //! the same generations, fields, shapes, tags, backend meta and links); otherwise its result is
 //! dropped and storage is read again with the fresh metadata. A stale entry therefore costs one
-//! wasted read, never a wrong answer: storage never serves a sample index under an older
-//! generation than the one it holds (docs/architecture.md, "Data model (tq-core)"), and a cleared or reused sample shows up
-//! as different metadata. Writes never trust the cache.
+//! wasted read, never a wrong answer: storage never serves a sample index under an older generation
+//! than the one it holds (docs/architecture.md, "Data model (tq-core)"), and a cleared or reused
+//! sample shows up as different metadata. Writes never trust the cache.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -5,9 +5,10 @@
 //! of the KV API. It never touches payloads and never depends on a storage backend.
 //!
 //! Clients use it through the [`ControlPlane`] trait; [`Controller`] is the in-process
-//! implementation. The rules that keep data safe (docs/architecture.md, "The rules that keep data safe") are enforced here:
-//! production notices for samples being cleared or not owned are rejected, clears go
-//! mark → storage clear → release, every request gets an answer and waiting never blocks others.
+//! implementation. The rules that keep data safe (docs/architecture.md, "The rules that keep data
+//! safe") are enforced here: production notices for samples being cleared or not owned are
+//! rejected, clears go mark → storage clear → release, every request gets an answer and waiting
+//! never blocks others.
 
 mod allocator;
 mod api;

@@ -1,4 +1,5 @@
-//! The one public error type of tq (docs/architecture.md, "Data model (tq-core)"; retry status: decision 0007).
+//! The one public error type of tq (docs/architecture.md, "Data model (tq-core)"; retry status:
+//! decision 0007).
 //!
 //! Every crate reports failures as [`Error`]: a coarse, matchable [`ErrorKind`] plus a message that
 //! names the partition, key, field, sample or storage unit involved.

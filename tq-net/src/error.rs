@@ -2,8 +2,9 @@
 //!
 //! A remote failure must reach the caller as the same [`ErrorKind`] it had on the server, so that
 //! callers can match on it exactly as they would in an embedded deployment (one code path,
-//! docs/architecture.md, "Remote deployment"). The kind travels as a stable numeric code rather than as serde's enum
-//! encoding, so that adding an `ErrorKind` variant later does not shift the codes of the others.
+//! docs/architecture.md, "Remote deployment"). The kind travels as a stable numeric code rather
+//! than as serde's enum encoding, so that adding an `ErrorKind` variant later does not shift the
+//! codes of the others.
 //! The error's `source` chain does not travel: it is process-local (an `io::Error`, ...), and the
 //! message is what the caller needs.
 
