@@ -14,32 +14,25 @@ impl Partition {
         let fids: Vec<usize> = (0..self.fields.len()).collect();
         let meta = self.build_meta(slots, &fids, Production::Computed);
         for &s in slots {
-            self.clearing.set(slot_u(s), true);
+            self.slots.set_clearing(s);
         }
         meta
     }
 
     /// The samples a clear of `ids` (or of everything) would touch.
     pub fn selected_samples(&self, ids: Option<&[SampleId]>) -> Vec<SampleId> {
-        self.select(ids)
-            .iter()
-            .map(|&s| self.ids[slot_u(s)])
-            .collect()
+        self.select(ids).iter().map(|&s| self.slots.id(s)).collect()
     }
 
     /// The slots a clear of `ids` (all live samples when `None`) touches. Samples already being
     /// cleared are included again, so a retried clear finds them; samples not owned are ignored.
     pub fn select(&self, ids: Option<&[SampleId]>) -> Vec<u32> {
         match ids {
-            None => {
-                let mut s: Vec<u32> = self.live.ones().map(|s| s as u32).collect();
-                s.sort_unstable_by_key(|&s| self.seq[slot_u(s)]);
-                s
-            }
+            None => self.slots.live_in_order(),
             Some(ids) => {
                 let mut seen = HashSet::new();
                 ids.iter()
-                    .filter_map(|&id| self.slot_for(id))
+                    .filter_map(|&id| self.slots.slot_for(id))
                     .filter(|s| seen.insert(*s))
                     .collect()
             }
@@ -50,41 +43,26 @@ impl Partition {
     pub fn release(&mut self, alloc: &mut IndexAllocator, ids: &[SampleId]) -> Released {
         let mut released = Released::default();
         for &id in ids {
-            let Some(slot) = self.slot_for(id) else {
+            let Some(slot) = self.slots.slot_for(id) else {
                 continue;
             };
-            let su = slot_u(slot);
-            if !self.clearing.get(su) {
+            if !self.slots.is_clearing(slot) {
                 tracing::warn!(partition = %self.name, sample = %id, "release of a sample that was not marked clearing; ignored");
                 continue;
             }
-            if let Some(links) = self.links.remove(&slot) {
+            if let Some(links) = self.links.take_slot(slot) {
                 for (f, src) in links {
-                    released.links.push((id, self.fields[f].name.clone(), src));
+                    released.links.push((id, self.fields.name(f).clone(), src));
                 }
             }
-            self.ever_linked.set(su, false);
-            for f in &mut self.fields {
-                f.remove(slot);
-            }
-            for t in self.tasks.values_mut() {
-                t.forget(slot);
-            }
-            self.clearing_cells.retain(|&(s, _)| s != slot);
-            self.tags[su].clear();
-            self.backend_meta[su].clear();
-            if let Some(k) = self.slot_key[su].take() {
-                self.keys.remove(&k);
-            }
-            self.live.set(su, false);
-            self.clearing.set(su, false);
-            self.slot_of.remove(&id.index);
-            self.free_slots.push(slot);
-            alloc.release(id, &mut self.unit_counts);
+            self.fields.forget_slot(slot);
+            self.tasks.forget_slot(slot);
+            self.keys.unbind_slot(slot);
+            self.slots.release(alloc, slot, id);
             released.samples.push(id);
         }
         if !released.samples.is_empty() {
-            self.fields.iter_mut().for_each(FieldState::normalize);
+            self.fields.normalize_all();
         }
         released
     }
@@ -97,19 +75,15 @@ impl Partition {
         ids: &[SampleId],
         names: &[FieldName],
     ) -> (BatchMeta, Vec<LinkRecord>) {
-        let fids: Vec<usize> = names
-            .iter()
-            .filter_map(|n| self.field_ids.get(n).copied())
-            .collect();
+        let fids = self.fields.ids_of(names);
         let mut seen = HashSet::new();
         let slots: Vec<u32> = ids
             .iter()
-            .filter_map(|&id| self.slot_for(id))
-            .filter(|&s| self.visible(s) && seen.insert(s))
+            .filter_map(|&id| self.slots.slot_for(id))
+            .filter(|&s| self.slots.visible(s) && seen.insert(s))
             .filter(|&s| {
-                fids.iter().any(|&f| {
-                    self.fields[f].produced.get(slot_u(s)) || self.clearing_cells.contains(&(s, f))
-                })
+                fids.iter()
+                    .any(|&f| self.fields.produced(f, s) || self.fields.is_clearing_cell(s, f))
             })
             .collect();
         let meta = self.build_meta(&slots, &fids, Production::Computed);
@@ -117,28 +91,26 @@ impl Partition {
         for &s in &slots {
             for &f in &fids {
                 if let Some(src) = self.unlink(s, f) {
-                    dropped.push((self.ids[slot_u(s)], self.fields[f].name.clone(), src));
-                } else if self.fields[f].remove(s) || self.clearing_cells.contains(&(s, f)) {
-                    self.clearing_cells.insert((s, f));
-                    self.backend_meta[slot_u(s)].remove(&self.fields[f].name);
+                    dropped.push((self.slots.id(s), self.fields.name(f).clone(), src));
+                } else if self.fields.get_mut(f).remove(s) || self.fields.is_clearing_cell(s, f) {
+                    self.fields.begin_clearing_cell(s, f);
+                    let name = self.fields.name(f).clone();
+                    self.slots.backend_meta_mut(s).remove(&name);
                 }
             }
         }
         for &f in &fids {
-            self.fields[f].normalize();
+            self.fields.get_mut(f).normalize();
         }
         (meta, dropped)
     }
 
     pub fn finish_clear_fields(&mut self, ids: &[SampleId], names: &[FieldName]) {
-        let fids: Vec<usize> = names
-            .iter()
-            .filter_map(|n| self.field_ids.get(n).copied())
-            .collect();
+        let fids = self.fields.ids_of(names);
         for &id in ids {
-            if let Some(s) = self.slot_for(id) {
+            if let Some(s) = self.slots.slot_for(id) {
                 for &f in &fids {
-                    self.clearing_cells.remove(&(s, f));
+                    self.fields.end_clearing_cell(s, f);
                 }
             }
         }

@@ -14,7 +14,7 @@ impl Partition {
         let mut missing = Vec::new();
         for k in keys {
             match self.keys.get(k) {
-                Some(&s) if self.visible(s) => slots.push(Some(s)),
+                Some(s) if self.slots.visible(s) => slots.push(Some(s)),
                 Some(_) if create => {
                     return Err(Error::conflict(format!(
                         "partition `{}`: key `{k}` is being cleared",
@@ -67,18 +67,17 @@ impl Partition {
     pub fn key_sample(&self, key: &str) -> Result<Option<SampleId>> {
         match self.keys.get(key) {
             None => Ok(None),
-            Some(&s) if self.visible(s) => Ok(Some(self.ids[slot_u(s)])),
-            Some(&s) => Err(Error::conflict(format!(
+            Some(s) if self.slots.visible(s) => Ok(Some(self.slots.id(s))),
+            Some(s) => Err(Error::conflict(format!(
                 "partition `{}`: key `{key}` (sample {}) is being cleared",
                 self.name,
-                self.ids[slot_u(s)]
+                self.slots.id(s)
             ))),
         }
     }
 
     pub fn bind_key(&mut self, key: &str, slot: u32) {
-        self.keys.insert(key.to_string(), slot);
-        self.slot_key[slot_u(slot)] = Some(key.to_string());
+        self.keys.bind(key, slot);
     }
 
     /// Visible keys with their tags, in allocation order.
@@ -86,8 +85,8 @@ impl Partition {
         let mut entries: Vec<(u64, String, Tags)> = self
             .keys
             .iter()
-            .filter(|(_, &s)| self.visible(s))
-            .map(|(k, &s)| (self.seq[slot_u(s)], k.clone(), self.tags[slot_u(s)].clone()))
+            .filter(|&(_, s)| self.slots.visible(s))
+            .map(|(k, s)| (self.slots.seq(s), k.clone(), self.slots.tags(s).clone()))
             .collect();
         entries.sort_unstable_by_key(|e| e.0);
         entries.into_iter().map(|(_, k, t)| (k, t)).collect()

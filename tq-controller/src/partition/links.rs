@@ -10,25 +10,22 @@ impl Partition {
 
     /// Drops the link of field `name` of `id`, if any (the cell reads as never written).
     pub fn unlink_by_id(&mut self, id: SampleId, name: &str) -> Option<SampleId> {
-        let slot = self.slot_for(id)?;
-        let &f = self.field_ids.get(name)?;
+        let slot = self.slots.slot_for(id)?;
+        let f = self.fields.id(name)?;
         self.unlink(slot, f)
     }
 
     /// The public sample `slot`'s field `f` reads, if it is a link.
     pub fn link_of(&self, slot: u32, f: usize) -> Option<SampleId> {
-        self.links.get(&slot).and_then(|l| l.get(&f)).copied()
+        self.links.get(slot, f)
     }
 
     /// Drops a link: the cell reads as never written. Returns the source it pointed to.
     pub fn unlink(&mut self, slot: u32, f: usize) -> Option<SampleId> {
-        let links = self.links.get_mut(&slot)?;
-        let src = links.remove(&f)?;
-        if links.is_empty() {
-            self.links.remove(&slot);
-        }
-        self.fields[f].remove(slot);
-        self.fields[f].normalize();
+        let src = self.links.remove(slot, f)?;
+        let field = self.fields.get_mut(f);
+        field.remove(slot);
+        field.normalize();
         Some(src)
     }
 
@@ -41,43 +38,43 @@ impl Partition {
         source: SampleId,
         schema: &FieldMeta,
     ) -> Option<SampleId> {
-        let f = self.field_id(name);
+        let f = self.fields.register(name);
         let previous = self.unlink(slot, f);
-        self.fields[f].add(&[slot], schema);
-        self.links.entry(slot).or_default().insert(f, source);
+        self.fields.get_mut(f).add(&[slot], schema);
+        self.links.insert(slot, f, source);
         previous
     }
 
     /// The one-row schema of field `name` of `id`, when produced (not counting links).
     pub fn produced_schema(&self, id: SampleId, name: &str) -> Option<FieldMeta> {
-        let slot = self.slot_for(id)?;
-        let &f = self.field_ids.get(name)?;
-        if !self.visible(slot) || !self.fields[f].produced.get(slot_u(slot)) {
+        let slot = self.slots.slot_for(id)?;
+        let f = self.fields.id(name)?;
+        if !self.slots.visible(slot) || !self.fields.produced(f, slot) {
             return None;
         }
-        Some(self.fields[f].schema(&[slot]))
+        Some(self.fields.get(f).schema(&[slot]))
     }
 
     /// Checks that `schema` may be stored in field `name` of this partition (dtype and kind).
     pub fn check_field(&self, name: &str, schema: &FieldMeta) -> Result<()> {
-        match self.field_ids.get(name) {
-            Some(&f) => self.fields[f].check(schema),
+        match self.fields.id(name) {
+            Some(f) => self.fields.get(f).check(schema),
             None => Ok(()),
         }
     }
 
     /// True when field `name` of `id` holds a private (written, not linked) payload.
     pub fn has_private(&self, id: SampleId, name: &str) -> bool {
-        let (Some(slot), Some(&f)) = (self.slot_for(id), self.field_ids.get(name)) else {
+        let (Some(slot), Some(f)) = (self.slots.slot_for(id), self.fields.id(name)) else {
             return false;
         };
-        self.fields[f].produced.get(slot_u(slot)) && self.link_of(slot, f).is_none()
+        self.fields.produced(f, slot) && self.link_of(slot, f).is_none()
     }
 
     /// Records that public sample `id` was linked (it may be swept once unlinked again).
     pub fn mark_ever_linked(&mut self, id: SampleId) {
-        if let Some(s) = self.slot_for(id) {
-            self.ever_linked.set(slot_u(s), true);
+        if let Some(s) = self.slots.slot_for(id) {
+            self.links.mark_ever_linked(s);
         }
     }
 
@@ -86,10 +83,10 @@ impl Partition {
         let mut out: Vec<(u64, String, SampleId)> = self
             .keys
             .iter()
-            .filter(|(k, &s)| {
-                k.starts_with(prefix) && self.visible(s) && self.ever_linked.get(slot_u(s))
+            .filter(|&(k, s)| {
+                k.starts_with(prefix) && self.slots.visible(s) && self.links.ever_linked(s)
             })
-            .map(|(k, &s)| (self.seq[slot_u(s)], k.clone(), self.ids[slot_u(s)]))
+            .map(|(k, s)| (self.slots.seq(s), k.clone(), self.slots.id(s)))
             .collect();
         out.sort_unstable_by_key(|e| e.0);
         out.into_iter().map(|(_, k, id)| (k, id)).collect()

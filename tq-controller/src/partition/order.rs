@@ -20,15 +20,10 @@ pub(crate) struct AllocationOrder {
 }
 
 impl Partition {
-    /// Whether `(seq, slot)` still names the sample allocated then.
-    fn still_allocated(&self, (seq, slot): (u64, u32)) -> bool {
-        self.live.get(slot_u(slot)) && self.seq[slot_u(slot)] == seq
-    }
-
     /// Records a slot just allocated (after its allocation number was set).
     pub(super) fn order_allocated(&mut self, slot: u32) {
         if self.order.built {
-            self.order.entries.push_back((self.seq[slot_u(slot)], slot));
+            self.order.entries.push_back((self.slots.seq(slot), slot));
         }
     }
 
@@ -38,39 +33,38 @@ impl Partition {
     pub fn prepare_scan(&mut self, task: &str) {
         if !self.order.built {
             let mut entries: Vec<(u64, u32)> = self
-                .slot_of
-                .values()
-                .map(|&s| (self.seq[slot_u(s)], s))
+                .slots
+                .live_slots()
+                .map(|s| (self.slots.seq(s), s))
                 .collect();
             entries.sort_unstable();
             self.order.entries = entries.into();
             self.order.built = true;
         }
         while let Some(&front) = self.order.entries.front() {
-            if self.still_allocated(front) {
+            if self.slots.still_allocated(front) {
                 break;
             }
             self.order.entries.pop_front();
         }
-        if self.order.entries.len() > 2 * self.slot_of.len() + 1024 {
+        if self.order.entries.len() > 2 * self.slots.len() + 1024 {
             let entries = std::mem::take(&mut self.order.entries);
             self.order.entries = entries
                 .into_iter()
-                .filter(|&e| self.still_allocated(e))
+                .filter(|&e| self.slots.still_allocated(e))
                 .collect();
         }
         let Some(t) = self.tasks.get_mut(task) else {
             return;
         };
         let entries = &self.order.entries;
-        let start = entries.partition_point(|&(seq, _)| seq < t.scan_from);
+        let start = entries.partition_point(|&(seq, _)| seq < t.scan_from());
         for &(seq, slot) in entries.range(start..) {
-            let s = slot_u(slot);
-            let gone = !(self.live.get(s) && self.seq[s] == seq);
-            if !gone && !t.consumed.get(s) {
+            let gone = !self.slots.still_allocated((seq, slot));
+            if !gone && !t.is_consumed(slot) {
                 break;
             }
-            t.scan_from = seq + 1;
+            t.scanned_past(seq);
         }
     }
 
@@ -86,27 +80,26 @@ impl Partition {
         let t = self.tasks.get(task);
         let entries = &self.order.entries;
         let start = t.map_or(0, |t| {
-            entries.partition_point(|&(seq, _)| seq < t.scan_from)
+            entries.partition_point(|&(seq, _)| seq < t.scan_from())
         });
         let mut out = Vec::with_capacity(limit.min(1024));
         for &(seq, slot) in entries.range(start..) {
-            let s = slot_u(slot);
-            if !self.live.get(s) || self.seq[s] != seq || self.clearing.get(s) {
+            if !self.slots.still_allocated((seq, slot)) || self.slots.is_clearing(slot) {
                 continue;
             }
-            if t.is_some_and(|t| t.consumed.get(s) || t.leased.get(s)) {
+            if t.is_some_and(|t| t.is_consumed(slot) || t.is_leased(slot)) {
                 continue;
             }
-            if !fids.iter().all(|&f| self.fields[f].produced.get(s)) {
+            if !fids.iter().all(|&f| self.fields.produced(f, slot)) {
                 continue;
             }
             if out.len() == limit {
                 return (out, false);
             }
             out.push(Candidate {
-                id: self.ids[s],
+                id: self.slots.id(slot),
                 seq,
-                tags: &self.tags[s],
+                tags: self.slots.tags(slot),
             });
         }
         (out, true)
@@ -116,14 +109,14 @@ impl Partition {
     /// word of 64 slots at a time (no list is built).
     pub fn ready_count(&self, fids: &[usize], task: &str) -> usize {
         let t = self.tasks.get(task);
-        (0..self.live.num_words())
+        (0..self.slots.num_words())
             .map(|w| {
-                let mut word = self.live.word(w) & !self.clearing.word(w);
+                let mut word = self.slots.visible_word(w);
                 if let Some(t) = t {
-                    word &= !(t.consumed.word(w) | t.leased.word(w));
+                    word &= !(t.consumed_word(w) | t.leased_word(w));
                 }
                 for &f in fids {
-                    word &= self.fields[f].produced.word(w);
+                    word &= self.fields.get(f).produced_word(w);
                 }
                 word.count_ones() as usize
             })

@@ -9,7 +9,15 @@
 //! ([`Partition::record`], [`Partition::from_record`]), and what it derives (the allocation
 //! order) is rebuilt after loading.
 
+use super::components::fields::{FieldState, FieldTable};
+use super::components::keys::KeyTable;
+use super::components::links::LinkTable;
+use super::components::slots::{SlotParts, SlotTable};
+use super::components::tasks::TaskTable;
 use super::*;
+use crate::bitmap::Bitmap;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 
 /// A partition as saved. The borrowed form ([`PartitionRecordRef`]) writes the same bytes
 /// without copying the partition.
@@ -26,7 +34,7 @@ pub(super) struct PartitionRecord {
     unit_counts: Vec<u32>,
     fields: Vec<FieldState>,
     field_ids: HashMap<FieldName, usize>,
-    tasks: HashMap<String, TaskState>,
+    tasks: TaskTable,
     complete: bool,
     tags: Vec<Tags>,
     backend_meta: Vec<BackendMeta>,
@@ -37,7 +45,7 @@ pub(super) struct PartitionRecord {
     ever_linked: Bitmap,
 }
 
-/// [`PartitionRecord`] borrowing a live partition's fields, in the same order and types.
+/// [`PartitionRecord`] borrowing a live partition's components, in the same order and types.
 #[derive(Serialize)]
 pub(super) struct PartitionRecordRef<'a> {
     name: &'a String,
@@ -51,7 +59,7 @@ pub(super) struct PartitionRecordRef<'a> {
     unit_counts: &'a Vec<u32>,
     fields: &'a Vec<FieldState>,
     field_ids: &'a HashMap<FieldName, usize>,
-    tasks: &'a HashMap<String, TaskState>,
+    tasks: &'a TaskTable,
     complete: bool,
     tags: &'a Vec<Tags>,
     backend_meta: &'a Vec<BackendMeta>,
@@ -65,27 +73,31 @@ pub(super) struct PartitionRecordRef<'a> {
 impl Partition {
     /// This partition as saved.
     pub(super) fn record(&self) -> PartitionRecordRef<'_> {
+        let slots = self.slots.parts();
+        let (fields, field_ids, clearing_cells) = self.fields.parts();
+        let (keys, slot_key) = self.keys.parts();
+        let (links, ever_linked) = self.links.parts();
         PartitionRecordRef {
             name: &self.name,
-            ids: &self.ids,
-            seq: &self.seq,
-            next_seq: self.next_seq,
-            live: &self.live,
-            clearing: &self.clearing,
-            slot_of: &self.slot_of,
-            free_slots: &self.free_slots,
-            unit_counts: &self.unit_counts,
-            fields: &self.fields,
-            field_ids: &self.field_ids,
+            ids: slots.ids,
+            seq: slots.seq,
+            next_seq: slots.next_seq,
+            live: slots.live,
+            clearing: slots.clearing,
+            slot_of: slots.slot_of,
+            free_slots: slots.free_slots,
+            unit_counts: slots.unit_counts,
+            fields,
+            field_ids,
             tasks: &self.tasks,
             complete: self.complete,
-            tags: &self.tags,
-            backend_meta: &self.backend_meta,
-            keys: &self.keys,
-            slot_key: &self.slot_key,
-            clearing_cells: &self.clearing_cells,
-            links: &self.links,
-            ever_linked: &self.ever_linked,
+            tags: slots.tags,
+            backend_meta: slots.backend_meta,
+            keys,
+            slot_key,
+            clearing_cells,
+            links,
+            ever_linked,
         }
     }
 
@@ -93,72 +105,45 @@ impl Partition {
     pub(super) fn from_record(r: PartitionRecord) -> Partition {
         Partition {
             name: r.name,
-            ids: r.ids,
-            seq: r.seq,
-            next_seq: r.next_seq,
-            live: r.live,
-            clearing: r.clearing,
-            slot_of: r.slot_of,
-            free_slots: r.free_slots,
-            unit_counts: r.unit_counts,
-            fields: r.fields,
-            field_ids: r.field_ids,
-            tasks: r.tasks,
             complete: r.complete,
-            tags: r.tags,
-            backend_meta: r.backend_meta,
-            keys: r.keys,
-            slot_key: r.slot_key,
-            clearing_cells: r.clearing_cells,
-            links: r.links,
-            ever_linked: r.ever_linked,
+            slots: SlotTable::from_parts(SlotParts {
+                ids: r.ids,
+                seq: r.seq,
+                next_seq: r.next_seq,
+                live: r.live,
+                clearing: r.clearing,
+                slot_of: r.slot_of,
+                free_slots: r.free_slots,
+                unit_counts: r.unit_counts,
+                tags: r.tags,
+                backend_meta: r.backend_meta,
+            }),
+            fields: FieldTable::from_parts(r.fields, r.field_ids, r.clearing_cells),
+            tasks: r.tasks,
+            keys: KeyTable::from_parts(r.keys, r.slot_key),
+            links: LinkTable::from_parts(r.links, r.ever_linked),
             order: AllocationOrder::default(),
         }
     }
-}
 
-impl Partition {
     /// Checks what a decoded record must hold for the partition's logic to work on it, so
     /// that a snapshot or state-dir record that decodes (its checksum matched) but describes
-    /// an impossible partition is refused by name instead of failing later: one row count per
-    /// storage unit, per-slot tables of the same length, every slot's field and task
-    /// bitmaps within it.
+    /// an impossible partition is refused by name instead of failing later: each component's
+    /// invariants (one row count per storage unit, per-slot tables of the same length, a
+    /// field index that matches the fields, keys and free slots within the table).
     pub(crate) fn check_restored(&self, units: u32) -> Result<()> {
-        let bad = |why: String| {
-            Err(Error::corrupted(format!(
+        let problem = self
+            .slots
+            .check(units)
+            .or_else(|| self.keys.check(self.slots.capacity()))
+            .or_else(|| self.fields.check());
+        match problem {
+            None => Ok(()),
+            Some(why) => Err(Error::corrupted(format!(
                 "controller state: partition `{}`: {why}",
                 self.name
-            )))
-        };
-        if self.unit_counts.len() != units as usize {
-            return bad(format!(
-                "{} row counts for {units} storage units",
-                self.unit_counts.len()
-            ));
+            ))),
         }
-        let slots = self.ids.len();
-        for (what, len) in [
-            ("allocation numbers", self.seq.len()),
-            ("tag sets", self.tags.len()),
-            ("backend metas", self.backend_meta.len()),
-            ("key slots", self.slot_key.len()),
-        ] {
-            if len != slots {
-                return bad(format!("{len} {what} for {slots} slots"));
-            }
-        }
-        if self.field_ids.len() != self.fields.len()
-            || self.field_ids.values().any(|&f| f >= self.fields.len())
-        {
-            return bad("its field index does not match its fields".into());
-        }
-        if self.slot_of.values().any(|&s| s as usize >= slots)
-            || self.free_slots.iter().any(|&s| s as usize >= slots)
-            || self.keys.values().any(|&s| s as usize >= slots)
-        {
-            return bad("a sample, free slot or key names a slot it does not have".into());
-        }
-        Ok(())
     }
 }
 
@@ -194,27 +179,29 @@ mod tests {
         let bytes = postcard::to_allocvec(&p).unwrap();
         let back: Partition = postcard::from_bytes(&bytes).unwrap();
         back.check_restored(2).unwrap();
-        // (Map order in the bytes follows each map's hasher: compare the fields instead.)
+        // (Map order in the bytes follows each map's hasher: compare the parts instead.)
+        let (a, b) = (p.slots.parts(), back.slots.parts());
         assert_eq!(
-            (
-                &back.ids,
-                &back.seq,
-                &back.unit_counts,
-                &back.slot_of,
-                &back.free_slots
-            ),
-            (&p.ids, &p.seq, &p.unit_counts, &p.slot_of, &p.free_slots)
+            (a.ids, a.seq, a.unit_counts, a.slot_of, a.free_slots),
+            (b.ids, b.seq, b.unit_counts, b.slot_of, b.free_slots)
         );
 
         let e = p.check_restored(3).unwrap_err();
         assert_eq!(e.kind(), &tq_core::ErrorKind::Corrupted);
         assert!(e.message().contains("partition `p`"), "{e}");
-        let mut short = two_samples();
+
+        let record = |p: &Partition| -> PartitionRecord {
+            postcard::from_bytes(&postcard::to_allocvec(p).unwrap()).unwrap()
+        };
+        let mut short = record(&two_samples());
         short.slot_key.pop();
-        let e = short.check_restored(2).unwrap_err();
+        let e = Partition::from_record(short).check_restored(2).unwrap_err();
         assert!(e.message().contains("1 key slots for 2 slots"), "{e}");
-        let mut stray = two_samples();
+        let mut stray = record(&two_samples());
         stray.free_slots.push(7);
-        assert!(stray.check_restored(2).is_err());
+        assert!(Partition::from_record(stray).check_restored(2).is_err());
+        let mut renamed = record(&two_samples());
+        renamed.field_ids.insert("ghost".into(), 0);
+        assert!(Partition::from_record(renamed).check_restored(2).is_err());
     }
 }

@@ -8,16 +8,16 @@ impl Partition {
     /// Visible samples, how many hold every field that has members, and per task what it
     /// consumed and holds leased (visible samples only, like every other query).
     pub fn status(&self) -> PartitionStatus {
-        let words = self.live.num_words();
-        let visible = |w: usize| self.live.word(w) & !self.clearing.word(w);
-        let fields: Vec<_> = self.fields.iter().filter(|f| f.members > 0).collect();
+        let words = self.slots.num_words();
+        let visible = |w: usize| self.slots.visible_word(w);
+        let fields: Vec<_> = self.fields.populated().map(|(_, f)| f).collect();
         let mut samples = 0u64;
         let mut produced = 0u64;
         for w in 0..words {
             let v = visible(w);
             samples += u64::from(v.count_ones());
             if !fields.is_empty() {
-                let all = fields.iter().fold(v, |acc, f| acc & f.produced.word(w));
+                let all = fields.iter().fold(v, |acc, f| acc & f.produced_word(w));
                 produced += u64::from(all.count_ones());
             }
         }
@@ -25,16 +25,16 @@ impl Partition {
             .tasks
             .iter()
             .map(|(name, t)| {
-                let count = |b: &crate::bitmap::Bitmap| -> u64 {
+                let count = |word: &dyn Fn(usize) -> u64| -> u64 {
                     (0..words)
-                        .map(|w| u64::from((visible(w) & b.word(w)).count_ones()))
+                        .map(|w| u64::from((visible(w) & word(w)).count_ones()))
                         .sum()
                 };
                 TaskStatus {
                     name: name.clone(),
-                    consumed: count(&t.consumed),
-                    leased: count(&t.leased),
-                    leases: t.leases.len() as u64,
+                    consumed: count(&|w| t.consumed_word(w)),
+                    leased: count(&|w| t.leased_word(w)),
+                    leases: t.lease_count() as u64,
                 }
             })
             .collect();

@@ -1,7 +1,7 @@
 //! The cells storage holds for a partition, as its backend meta names them: what an overwrite
 //! replaces, and what a checkpoint that copies payloads reads.
 
-use super::{slot_u, Partition};
+use super::Partition;
 use crate::api::ProductionNotice;
 use tq_core::{BackendMeta, SampleId};
 
@@ -13,8 +13,8 @@ impl Partition {
             return false;
         };
         n.samples.iter().zip(rows).any(|(&id, row)| {
-            self.slot_for(id).is_some_and(|s| {
-                let stored = &self.backend_meta[slot_u(s)];
+            self.slots.slot_for(id).is_some_and(|s| {
+                let stored = self.slots.backend_meta(s);
                 row.iter()
                     .any(|(k, v)| stored.get(k).is_some_and(|old| old != v))
             })
@@ -25,10 +25,11 @@ impl Partition {
     /// cell; linked fields store none), in slot order. Samples being cleared are left out:
     /// their cells may be half deleted, and nothing reads them.
     pub fn stored_cells(&self) -> Vec<(SampleId, BackendMeta)> {
-        self.visible_slots()
+        self.slots
+            .visible_in_order()
             .into_iter()
-            .filter(|&s| !self.backend_meta[slot_u(s)].is_empty())
-            .map(|s| (self.ids[slot_u(s)], self.backend_meta[slot_u(s)].clone()))
+            .filter(|&s| !self.slots.backend_meta(s).is_empty())
+            .map(|s| (self.slots.id(s), self.slots.backend_meta(s).clone()))
             .collect()
     }
 }

@@ -7,7 +7,7 @@
 //! the metadata still describes the old value. The production notice checks the same things
 //! again under the lock, which catches what changed in between.
 
-use super::{check_unique_ids, slot_u, Partition, Production};
+use super::{check_unique_ids, Partition, Production};
 use std::collections::{BTreeMap, HashSet};
 use tq_core::{BatchMeta, Error, FieldMeta, FieldName, Result, SampleId};
 
@@ -34,7 +34,7 @@ impl Partition {
         fields: &BTreeMap<FieldName, FieldMeta>,
     ) -> Result<()> {
         for (name, schema) in fields {
-            let Some(&f) = self.field_ids.get(name) else {
+            let Some(f) = self.fields.id(name) else {
                 continue;
             };
             if let Some(&s) = slots.iter().find(|&&s| self.link_of(s, f).is_some()) {
@@ -42,20 +42,18 @@ impl Partition {
                     "partition `{}`: field `{name}` of sample {} is linked to a shared payload; \
                      unlink it before writing it",
                     self.name,
-                    self.ids[slot_u(s)]
+                    self.slots.id(s)
                 )));
             }
-            self.fields[f]
+            self.fields
+                .get(f)
                 .check(schema)
                 .map_err(|e| e.context(format!("partition `{}`", self.name)))?;
-            if let Some(&s) = slots
-                .iter()
-                .find(|&&s| self.clearing_cells.contains(&(s, f)))
-            {
+            if let Some(&s) = slots.iter().find(|&&s| self.fields.is_clearing_cell(s, f)) {
                 return Err(Error::conflict(format!(
                     "partition `{}`: field `{name}` of sample {} is being cleared",
                     self.name,
-                    self.ids[slot_u(s)]
+                    self.slots.id(s)
                 )));
             }
         }
@@ -70,7 +68,7 @@ impl Partition {
         let fids = self.common_fields(slots);
         let full = slots
             .iter()
-            .map(|&s| self.backend_meta[slot_u(s)].clone())
+            .map(|&s| self.slots.backend_meta(s).clone())
             .collect();
         self.build_meta(slots, &fids, Production::Computed)
             .with_backend_meta(full)
@@ -83,7 +81,7 @@ impl Partition {
             .filter(|k| {
                 self.keys
                     .get(k.as_str())
-                    .is_some_and(|&s| self.clearing.get(slot_u(s)))
+                    .is_some_and(|s| self.slots.is_clearing(s))
             })
             .cloned()
             .collect()
@@ -95,7 +93,7 @@ impl Partition {
     pub fn key_slots_for_clear(&self, keys: &[String]) -> Vec<u32> {
         let mut seen = HashSet::new();
         keys.iter()
-            .filter_map(|k| self.keys.get(k.as_str()).copied())
+            .filter_map(|k| self.keys.get(k.as_str()))
             .filter(|s| seen.insert(*s))
             .collect()
     }
@@ -103,19 +101,16 @@ impl Partition {
     /// Per sample of `ids`: owned at that generation, not being cleared, and holding every
     /// one of `names` (produced or linked).
     pub fn holds(&self, ids: &[SampleId], names: &[FieldName]) -> Vec<bool> {
-        let fids: Option<Vec<usize>> = names
-            .iter()
-            .map(|n| self.field_ids.get(n).copied())
-            .collect();
+        let fids = self.fields.known(names);
         ids.iter()
             .map(|&id| {
-                let (Some(slot), Some(fids)) = (self.slot_for(id), fids.as_ref()) else {
+                let (Some(slot), Some(fids)) = (self.slots.slot_for(id), fids.as_ref()) else {
                     return false;
                 };
-                self.visible(slot)
-                    && fids.iter().all(|&f| {
-                        self.fields[f].produced.get(slot_u(slot)) || self.link_of(slot, f).is_some()
-                    })
+                self.slots.visible(slot)
+                    && fids
+                        .iter()
+                        .all(|&f| self.fields.produced(f, slot) || self.link_of(slot, f).is_some())
             })
             .collect()
     }

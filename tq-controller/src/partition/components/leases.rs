@@ -2,8 +2,9 @@
 //! taking them from the front of the deadline order, instead of looking at every lease (with a
 //! thousand consumers each holding a batch, that was thousands of entries per fetch).
 
-use super::*;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
+use tq_core::LeaseId;
 
 /// Outstanding leases: slot → (lease, deadline), with the deadlines kept in order.
 #[derive(Debug, Default)]
