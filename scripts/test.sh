@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 
-FEATURES="tq/ssd,tq/redis,tq/object-store,tq/testkit,tq-cli/bench,tq-cli/soak,tq-cli/redis,tq-cli/object-store"
+FEATURES="tq/ssd,tq/redis,tq/object-store,tq/testkit,tq/metrics,tq-cli/bench,tq-cli/soak,tq-cli/redis,tq-cli/object-store"
 echo "== Rust: cargo test --workspace --features $FEATURES"
 cargo test --workspace --features "$FEATURES" "$@"
 

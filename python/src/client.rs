@@ -8,6 +8,8 @@ use crate::{config, raise, runtime};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::{Arc, Mutex};
+use tq::checkpoint::Checkpoints;
+use tq::telemetry::Metrics;
 use tq::{Error, GetMetaMode, GetMetaRequest};
 
 /// What a client needs to run: the facade client and the runtime its calls run on.

@@ -22,6 +22,7 @@ use common::runtime;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use std::io::Write;
 use std::time::Duration;
+use tq::checkpoint::Checkpoints;
 use tq::{Client, Config};
 use tq_bench::workloads;
 
@@ -171,7 +172,7 @@ fn bench_copied(c: &mut Criterion) {
     let ckpt_url = ckpt.to_str().unwrap().to_string();
     let raw_dir = root.join("raw");
     std::fs::create_dir_all(&raw_dir).unwrap();
-    let copy = tq::CheckpointOptions {
+    let copy = tq::checkpoint::CheckpointOptions {
         copy_payloads: true,
     };
 

@@ -3,7 +3,8 @@
 //! their store or, with `--copy-payloads`, copied too (see `tq_client`'s checkpoint module).
 
 use clap::{Args, Subcommand};
-use tq_client::{CheckpointManifest, CheckpointOptions, Client};
+use tq::checkpoint::{CheckpointManifest, CheckpointOptions, Checkpoints};
+use tq_client::Client;
 use tq_core::Result;
 
 #[derive(Args, Debug)]

@@ -349,14 +349,14 @@ impl Probe for ServerProbe {
         Box::pin(async move {
             let units = self.unit_status().await?;
             Ok(match &self.controller {
-                Some(c) => tq_client::telemetry::render_status(&DeploymentStatus {
+                Some(c) => tq::telemetry::render_status(&DeploymentStatus {
                     storage_backend: String::new(),
                     controller: c.status(),
                     units,
                 }),
                 None => {
                     let mut out = String::new();
-                    tq_client::telemetry::render_units(&mut out, &units);
+                    tq::telemetry::render_units(&mut out, &units);
                     out
                 }
             })

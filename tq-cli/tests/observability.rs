@@ -10,7 +10,8 @@ use common::Tq;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
-use tq_client::{Client, Config, MetricsSnapshot};
+use tq::telemetry::MetricsSnapshot;
+use tq_client::{Client, Config};
 use tq_core::{Batch, Column, Tensor};
 
 fn config() -> Config {

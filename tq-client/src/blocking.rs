@@ -87,6 +87,12 @@ impl BlockingClient {
         &self.client
     }
 
+    /// Runs `work` (an async call on [`BlockingClient::client`]) to completion on this
+    /// client's runtime: how crates that extend [`Client`] give their calls a blocking form.
+    pub fn block_on<F: std::future::Future>(&self, work: F) -> F::Output {
+        self.runtime.block_on(work)
+    }
+
     /// A blocking handle to partition `name`.
     pub fn partition(&self, name: impl Into<String>) -> BlockingPartition {
         BlockingPartition {
@@ -112,52 +118,6 @@ impl BlockingClient {
     }
     pub fn set_tags(&self, meta: &BatchMeta) -> Result<()> {
         self.runtime.block_on(self.client.set_tags(meta))
-    }
-    pub fn save_checkpoint(
-        &self,
-        dir: impl AsRef<std::path::Path>,
-    ) -> Result<crate::CheckpointManifest> {
-        self.runtime.block_on(self.client.save_checkpoint(dir))
-    }
-    pub fn load_checkpoint(
-        &self,
-        dir: impl AsRef<std::path::Path>,
-    ) -> Result<crate::CheckpointManifest> {
-        self.runtime.block_on(self.client.load_checkpoint(dir))
-    }
-    pub fn save_checkpoint_to_url(&self, url: &str) -> Result<crate::CheckpointManifest> {
-        self.runtime
-            .block_on(self.client.save_checkpoint_to_url(url))
-    }
-    pub fn save_checkpoint_with(
-        &self,
-        url: &str,
-        options: crate::CheckpointOptions,
-    ) -> Result<crate::CheckpointManifest> {
-        self.runtime
-            .block_on(self.client.save_checkpoint_with(url, options))
-    }
-    pub fn load_checkpoint_from_url(&self, url: &str) -> Result<crate::CheckpointManifest> {
-        self.runtime
-            .block_on(self.client.load_checkpoint_from_url(url))
-    }
-    #[cfg(feature = "object-store")]
-    pub fn save_checkpoint_to_store(
-        &self,
-        store: Arc<dyn object_store::ObjectStore>,
-        prefix: &str,
-    ) -> Result<crate::CheckpointManifest> {
-        self.runtime
-            .block_on(self.client.save_checkpoint_to_store(store, prefix))
-    }
-    #[cfg(feature = "object-store")]
-    pub fn load_checkpoint_from_store(
-        &self,
-        store: Arc<dyn object_store::ObjectStore>,
-        prefix: &str,
-    ) -> Result<crate::CheckpointManifest> {
-        self.runtime
-            .block_on(self.client.load_checkpoint_from_store(store, prefix))
     }
     pub fn kv_list_all(&self) -> Result<Vec<KeyListing>> {
         self.runtime.block_on(self.client.kv_list_all())
@@ -192,6 +152,17 @@ impl std::fmt::Debug for BlockingPartition {
 impl BlockingPartition {
     pub fn name(&self) -> &str {
         self.partition.name()
+    }
+
+    /// The async handle this one wraps.
+    pub fn handle(&self) -> &Partition {
+        &self.partition
+    }
+
+    /// Runs `work` (an async call on [`BlockingPartition::handle`]) to completion on this
+    /// partition's runtime, like [`BlockingClient::block_on`].
+    pub fn block_on<F: std::future::Future>(&self, work: F) -> F::Output {
+        self.runtime.block_on(work)
     }
 
     /// A blocking iterator over ready batches ([`Partition::stream`]).
@@ -304,18 +275,6 @@ impl BlockingPartition {
     ) -> Result<KvBatchMeta> {
         self.runtime
             .block_on(self.partition.kv_link(keys, public_keys, fields, options))
-    }
-    pub fn kv_dump(
-        &self,
-        url: &str,
-        keys: Option<&[&str]>,
-        options: &crate::DumpOptions,
-    ) -> Result<crate::DumpManifest> {
-        self.runtime
-            .block_on(self.partition.kv_dump(url, keys, options))
-    }
-    pub fn kv_load(&self, url: &str) -> Result<crate::DumpManifest> {
-        self.runtime.block_on(self.partition.kv_load(url))
     }
     pub fn kv_unlink<K: AsRef<str>>(&self, keys: &[K], fields: &[&str]) -> Result<usize> {
         self.runtime

@@ -113,7 +113,7 @@ impl ClientBuilder {
 
     /// Installs this process's Prometheus exporter ([`crate::MetricsExporter`]) before the
     /// client is built, so that its controller (embedded) and storage record into it; read it
-    /// with [`Client::metrics`] or [`crate::MetricsExporter::render`]. Installing twice is
+    /// with `tq::telemetry::Metrics::metrics` or [`crate::MetricsExporter::render`]. Installing twice is
     /// fine (the first exporter is kept); another recorder installed by the application is an
     /// error at build.
     #[cfg(feature = "metrics")]

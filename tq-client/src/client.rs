@@ -146,7 +146,9 @@ impl Client {
         self.key_cache.as_ref().map(|c| c.stats())
     }
 
-    pub(crate) fn control(&self) -> &Arc<dyn ControlPlane> {
+    /// The controller this client talks to (what [`Client::from_parts`] was given): for
+    /// crates that extend the client, such as tq-checkpoint.
+    pub fn control(&self) -> &Arc<dyn ControlPlane> {
         &self.control
     }
     pub fn storage(&self) -> &Arc<dyn StorageManager> {

@@ -285,6 +285,24 @@ impl Default for StorageSection {
     }
 }
 
+impl StorageSection {
+    /// The URL of a KV store of this configuration that keeps its data in this process's
+    /// memory (`memory:`, `object-memory:`), if any: its payloads end with the process, so a
+    /// checkpoint that leaves payloads in their store would lose them.
+    pub fn in_process_kv_store(&self) -> Option<&str> {
+        #[cfg(feature = "kv")]
+        {
+            self.kv
+                .stores
+                .iter()
+                .map(|s| s.url.as_str())
+                .find(|u| u.starts_with("memory:") || u.starts_with("object-memory:"))
+        }
+        #[cfg(not(feature = "kv"))]
+        None
+    }
+}
+
 /// The top-level sections environment variables can address (`TQ_<SECTION>_...`).
 pub(crate) const ENV_SECTIONS: [&str; 3] = ["controller", "storage", "net"];
 

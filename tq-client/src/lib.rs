@@ -34,11 +34,9 @@
 mod backends;
 mod blocking;
 mod builder;
-mod checkpoint;
 mod clear;
 mod client;
 mod config;
-mod dump;
 mod key_cache;
 mod kv;
 mod partition;
@@ -51,9 +49,6 @@ pub mod telemetry;
 pub use backends::BackendFactory;
 pub use blocking::{BlockingBatchStream, BlockingClient, BlockingPartition};
 pub use builder::ClientBuilder;
-pub use checkpoint::{
-    CheckpointFile, CheckpointManifest, CheckpointOptions, UnitCells, CHECKPOINT_FORMAT,
-};
 pub use client::{Client, KvBatchMeta};
 pub use config::reference::{
     reference_markdown as configuration_reference, KeyDoc, KEYS as CONFIGURATION_KEYS,
@@ -61,16 +56,15 @@ pub use config::reference::{
 pub use config::{
     Backend, Config, ControllerSection, KvSection, NetSection, NotBuilt, SsdSection, StorageSection,
 };
-pub use dump::{DumpManifest, DumpOptions, DUMP_FORMAT};
 pub use key_cache::KeyCacheStats;
 pub use partition::Partition;
 #[cfg(feature = "remote")]
 pub use remote::pool_config;
 pub use shared::LinkOptions;
 pub use stream::{BatchStream, Delivery, StreamConfig, StreamItem, StreamProgress};
+pub use telemetry::DeploymentStatus;
 #[cfg(feature = "metrics")]
 pub use telemetry::MetricsExporter;
-pub use telemetry::{DeploymentStatus, MetricsSnapshot};
 pub use tq_controller::{
     ConsumptionStatus, GetMetaMode, GetMetaRequest, KeyListing, ProductionStatus, SnapshotCounts,
     Wait,

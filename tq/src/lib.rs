@@ -40,12 +40,20 @@
 pub use tq_client::Partition;
 pub use tq_client::{
     Backend, BackendFactory, BatchStream, BlockingBatchStream, BlockingClient, BlockingPartition,
-    CheckpointFile, CheckpointManifest, CheckpointOptions, Client, ClientBuilder, Config,
-    ConsumptionStatus, ControllerSection, Delivery, DumpManifest, DumpOptions, GetMetaMode,
+    Client, ClientBuilder, Config, ConsumptionStatus, ControllerSection, Delivery, GetMetaMode,
     GetMetaRequest, KeyCacheStats, KeyListing, KvBatchMeta, KvSection, LinkOptions, NetSection,
     NotBuilt, ProductionStatus, SnapshotCounts, SsdSection, StorageSection, StreamConfig,
-    StreamItem, StreamProgress, UnitCells, Wait,
+    StreamItem, StreamProgress, Wait,
 };
+
+/// Checkpoints of a whole deployment and dumps of a partition's keys, the two file formats:
+/// `use tq::checkpoint::{Checkpoints, Dumps}` and call `client.save_checkpoint(dir)`,
+/// `client.load_checkpoint(dir)`, `partition.kv_dump(url, None, &options)`,
+/// `partition.kv_load(url)` (or the `Blocking` traits on the blocking handles). Object-store
+/// and S3 places come with the features of those names.
+pub mod checkpoint {
+    pub use tq_checkpoint::*;
+}
 pub use tq_core::{
     numel, Batch, BatchMeta, Bytes, Column, DType, Element, Error, ErrorKind, FieldKind, FieldMeta,
     FieldName, LeaseId, MergeFn, MergeOp, MergeRegistry, Result, Retry, SampleId, Subject,
@@ -73,19 +81,7 @@ pub mod buffer {
 #[cfg(feature = "remote")]
 pub mod server;
 
-/// Seeing inside a deployment: [`Client::status`] and [`Client::metrics`] (what `tq stats` and
-/// a scrape of `tq serve --metrics-listen` show), request ids that correlate one operation's
-/// log lines across processes, and (feature `metrics`) the Prometheus exporter.
-/// `docs/operations.md` lists every metric.
-pub mod telemetry {
-    #[cfg(feature = "metrics")]
-    pub use tq_client::MetricsExporter;
-    pub use tq_client::{DeploymentStatus, MetricsSnapshot};
-    pub use tq_controller::{ControllerStatus, PartitionStatus, TaskStatus};
-    pub use tq_core::telemetry::{
-        current_trace_id, format_trace_id, new_trace_id, with_trace_id, UnitStatus,
-    };
-}
+pub mod telemetry;
 
 /// Samplers: how a fetch picks ready samples. Built-in ones by [`sampler::SamplerSpec`] (the strings
 /// configuration uses); custom ones implement [`sampler::Sampler`] and are registered with

@@ -1,6 +1,7 @@
 //! The facade's features cannot drift from tq-client's: every feature of tq-client is a
 //! feature of `tq` with the same name that turns it on (`"tq-client/<name>"`), so a backend
-//! added to the client is reachable from the one crate downstream projects depend on.
+//! added to the client is reachable from the one crate downstream projects depend on; the same
+//! for tq-checkpoint (checkpoints and dumps in object stores).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 
 use std::collections::BTreeMap;
@@ -56,4 +57,20 @@ fn every_client_feature_is_a_facade_feature_that_enables_it() {
         facade["default"], client["default"],
         "the default features differ"
     );
+}
+
+#[test]
+fn every_checkpoint_feature_is_a_facade_feature_that_enables_it() {
+    let facade = features("Cargo.toml");
+    let checkpoint = features("../tq-checkpoint/Cargo.toml");
+    for name in checkpoint.keys().filter(|n| *n != "default") {
+        let forward = format!("tq-checkpoint/{name}");
+        let entries = facade.get(name).unwrap_or_else(|| {
+            panic!("tq-checkpoint has feature `{name}` and the `tq` facade does not")
+        });
+        assert!(
+            entries.contains(&forward),
+            "the facade's feature `{name}` does not enable `{forward}`: {entries:?}"
+        );
+    }
 }

@@ -9,6 +9,7 @@
 mod common;
 
 use common::{redis_available, RedisServer, TempDir};
+use tq_checkpoint::*;
 use tq_client::*;
 use tq_core::{Batch, Column, ErrorKind, Tensor};
 

@@ -5,8 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use tq_client::{Client, Config, MetricsExporter};
-use tq_core::{Batch, Column, Tensor};
+use tq::telemetry::{Metrics, MetricsExporter};
+use tq::{Batch, Column, Tensor};
+use tq::{Client, Config};
 
 /// `n` rows of `width` i64.
 fn rows(n: usize, width: usize) -> Batch {

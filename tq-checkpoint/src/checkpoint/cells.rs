@@ -10,8 +10,8 @@
 //! The file's size and CRC-32 are in the manifest, so the header needs no checksum of its own.
 //! Loaded cells are slices of the file's one buffer (no copy per cell).
 
-use super::place::Place;
 use super::{CheckpointFile, UnitCells};
+use crate::place::Place;
 use serde::{Deserialize, Serialize};
 use tq_core::cells::{CaptureInfo, FieldCells, PayloadCheckpoint};
 use tq_core::{Bytes, DType, Error, FieldName, Result, SampleId, Tensor, Value};

@@ -32,11 +32,12 @@
 //! overwrites from the snapshot until every cell it names is read (see `kv_copy`). Stores that
 //! keep data in this process's memory are refused unless their payloads are copied.
 
-use crate::config::Backend;
-use crate::Client;
+use crate::On;
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
+use std::future::Future;
 use std::path::Path;
+use tq_client::{Backend, Client};
 use tq_controller::SnapshotCounts;
 use tq_core::{Bytes, Error, Result};
 
@@ -100,9 +101,8 @@ pub struct UnitCells {
 
 pub(crate) mod cells;
 mod kv_copy;
-pub(crate) mod place;
 
-use place::Place;
+use crate::place::Place;
 
 pub(crate) fn crc_hex(bytes: &[u8]) -> String {
     format!("{:08x}", crc32fast::hash(bytes))
@@ -168,40 +168,97 @@ impl CheckpointManifest {
     }
 }
 
-impl Client {
+/// Checkpoints of a deployment, saved and loaded through one of its clients (`use
+/// tq::checkpoint::Checkpoints` to call them on a [`Client`]).
+pub trait Checkpoints {
     /// Saves the controller's whole state to the directory `dir` (created if missing) as a
-    /// checkpoint that [`Client::load_checkpoint`] restores, in this or another deployment
+    /// checkpoint that [`Checkpoints::load_checkpoint`] restores, in this or another deployment
     /// like this one. The state is taken in one step under the controller's lock. Storage
     /// units (in memory, SSD, in other processes) have their cells copied, consistently with
     /// that state while writers run (see the module docs: writes pause from the hold to the
     /// capture); KV payloads stay in their store. Refused for storage whose payloads would be
     /// lost (a KV store in this process's memory, a custom backend that copies nothing).
-    pub async fn save_checkpoint(&self, dir: impl AsRef<Path>) -> Result<CheckpointManifest> {
-        let place = Place::Dir(dir.as_ref().to_path_buf());
-        self.save_checkpoint_in(place, CheckpointOptions::default())
-            .await
-    }
+    fn save_checkpoint(
+        &self,
+        dir: impl AsRef<Path> + Send,
+    ) -> impl Future<Output = Result<CheckpointManifest>> + Send;
 
-    /// [`Client::save_checkpoint`] to a URL: a directory (`DIR` or `file://DIR`) or, with
+    /// [`Checkpoints::save_checkpoint`] to a URL: a directory (`DIR` or `file://DIR`) or, with
     /// feature `s3`, `s3://bucket/prefix` (credentials from the `AWS_*` environment).
-    pub async fn save_checkpoint_to_url(&self, url: &str) -> Result<CheckpointManifest> {
-        self.save_checkpoint_in(Place::parse(url)?, CheckpointOptions::default())
+    fn save_checkpoint_to_url(
+        &self,
+        url: &str,
+    ) -> impl Future<Output = Result<CheckpointManifest>> + Send;
+
+    /// [`Checkpoints::save_checkpoint_to_url`] with options: `copy_payloads` copies KV payloads
+    /// into the checkpoint.
+    fn save_checkpoint_with(
+        &self,
+        url: &str,
+        options: CheckpointOptions,
+    ) -> impl Future<Output = Result<CheckpointManifest>> + Send;
+
+    /// [`Checkpoints::save_checkpoint`] under `prefix` of any object store (feature `object-store`).
+    #[cfg(feature = "object-store")]
+    fn save_checkpoint_to_store(
+        &self,
+        store: std::sync::Arc<dyn object_store::ObjectStore>,
+        prefix: &str,
+    ) -> impl Future<Output = Result<CheckpointManifest>> + Send;
+
+    /// Restores the checkpoint in `dir` into this client's controller, which must hold no
+    /// partition yet. Every file is checked (manifest checksum and format, each file's size
+    /// and CRC-32, then the snapshot's own header and decoding) before anything changes; an
+    /// error names the file at fault. Afterwards the controller is in the checkpoint's epoch
+    /// (in a fresh one when the checkpoint copied KV payloads, which are written back under
+    /// it): clients connected before are refused, new ones (and this one) see the restored
+    /// state.
+    fn load_checkpoint(
+        &self,
+        dir: impl AsRef<Path> + Send,
+    ) -> impl Future<Output = Result<CheckpointManifest>> + Send;
+
+    /// [`Checkpoints::load_checkpoint`] from a URL (see [`Checkpoints::save_checkpoint_to_url`]).
+    fn load_checkpoint_from_url(
+        &self,
+        url: &str,
+    ) -> impl Future<Output = Result<CheckpointManifest>> + Send;
+
+    /// [`Checkpoints::load_checkpoint`] from `prefix` of any object store (feature `object-store`).
+    #[cfg(feature = "object-store")]
+    fn load_checkpoint_from_store(
+        &self,
+        store: std::sync::Arc<dyn object_store::ObjectStore>,
+        prefix: &str,
+    ) -> impl Future<Output = Result<CheckpointManifest>> + Send;
+}
+
+impl Checkpoints for Client {
+    async fn save_checkpoint(&self, dir: impl AsRef<Path> + Send) -> Result<CheckpointManifest> {
+        let place = Place::Dir(dir.as_ref().to_path_buf());
+        On(self)
+            .save_checkpoint_in(place, CheckpointOptions::default())
             .await
     }
 
-    /// [`Client::save_checkpoint_to_url`] with options: `copy_payloads` copies KV payloads
-    /// into the checkpoint.
-    pub async fn save_checkpoint_with(
+    async fn save_checkpoint_to_url(&self, url: &str) -> Result<CheckpointManifest> {
+        On(self)
+            .save_checkpoint_in(Place::parse(url)?, CheckpointOptions::default())
+            .await
+    }
+
+    async fn save_checkpoint_with(
         &self,
         url: &str,
         options: CheckpointOptions,
     ) -> Result<CheckpointManifest> {
-        self.save_checkpoint_in(Place::parse(url)?, options).await
+        On(self)
+            .save_checkpoint_in(Place::parse(url)?, options)
+            .await
     }
 
-    /// [`Client::save_checkpoint`] under `prefix` of any object store (feature `object-store`).
     #[cfg(feature = "object-store")]
-    pub async fn save_checkpoint_to_store(
+    async fn save_checkpoint_to_store(
         &self,
         store: std::sync::Arc<dyn object_store::ObjectStore>,
         prefix: &str,
@@ -212,10 +269,39 @@ impl Client {
             prefix: prefix.trim_end_matches('/').to_string(),
             label,
         };
-        self.save_checkpoint_in(place, CheckpointOptions::default())
+        On(self)
+            .save_checkpoint_in(place, CheckpointOptions::default())
             .await
     }
 
+    async fn load_checkpoint(&self, dir: impl AsRef<Path> + Send) -> Result<CheckpointManifest> {
+        On(self)
+            .load_checkpoint_in(Place::Dir(dir.as_ref().to_path_buf()))
+            .await
+    }
+
+    async fn load_checkpoint_from_url(&self, url: &str) -> Result<CheckpointManifest> {
+        On(self).load_checkpoint_in(Place::parse(url)?).await
+    }
+
+    #[cfg(feature = "object-store")]
+    async fn load_checkpoint_from_store(
+        &self,
+        store: std::sync::Arc<dyn object_store::ObjectStore>,
+        prefix: &str,
+    ) -> Result<CheckpointManifest> {
+        let label = format!("object store {store}");
+        On(self)
+            .load_checkpoint_in(Place::Store {
+                store,
+                prefix: prefix.trim_end_matches('/').to_string(),
+                label,
+            })
+            .await
+    }
+}
+
+impl On<'_, Client> {
     async fn save_checkpoint_in(
         &self,
         place: Place,
@@ -318,39 +404,6 @@ impl Client {
         }
         tracing::info!(at = %place.describe(MANIFEST), samples = counts.samples, "checkpoint saved");
         Ok(manifest)
-    }
-
-    /// Restores the checkpoint in `dir` into this client's controller, which must hold no
-    /// partition yet. Every file is checked (manifest checksum and format, each file's size
-    /// and CRC-32, then the snapshot's own header and decoding) before anything changes; an
-    /// error names the file at fault. Afterwards the controller is in the checkpoint's epoch
-    /// (in a fresh one when the checkpoint copied KV payloads, which are written back under
-    /// it): clients connected before are refused, new ones (and this one) see the restored
-    /// state.
-    pub async fn load_checkpoint(&self, dir: impl AsRef<Path>) -> Result<CheckpointManifest> {
-        self.load_checkpoint_in(Place::Dir(dir.as_ref().to_path_buf()))
-            .await
-    }
-
-    /// [`Client::load_checkpoint`] from a URL (see [`Client::save_checkpoint_to_url`]).
-    pub async fn load_checkpoint_from_url(&self, url: &str) -> Result<CheckpointManifest> {
-        self.load_checkpoint_in(Place::parse(url)?).await
-    }
-
-    /// [`Client::load_checkpoint`] from `prefix` of any object store (feature `object-store`).
-    #[cfg(feature = "object-store")]
-    pub async fn load_checkpoint_from_store(
-        &self,
-        store: std::sync::Arc<dyn object_store::ObjectStore>,
-        prefix: &str,
-    ) -> Result<CheckpointManifest> {
-        let label = format!("object store {store}");
-        self.load_checkpoint_in(Place::Store {
-            store,
-            prefix: prefix.trim_end_matches('/').to_string(),
-            label,
-        })
-        .await
     }
 
     async fn load_checkpoint_in(&self, place: Place) -> Result<CheckpointManifest> {
@@ -549,18 +602,11 @@ impl Client {
                 self.storage().name(),
             ));
         }
-        #[cfg(feature = "kv")]
-        if let Some(s) = storage
-            .kv
-            .stores
-            .iter()
-            .find(|s| s.url.starts_with("memory:") || s.url.starts_with("object-memory:"))
-        {
+        if let Some(url) = storage.in_process_kv_store() {
             return Err(Error::unsupported(
                 format!(
-                    "checkpoint (store `{}` keeps its data in this process's memory; save with \
-                     its payloads copied, `copy_payloads` / `--copy-payloads`)",
-                    s.url
+                    "checkpoint (store `{url}` keeps its data in this process's memory; save with \
+                     its payloads copied, `copy_payloads` / `--copy-payloads`)"
                 ),
                 self.storage().name(),
             ));

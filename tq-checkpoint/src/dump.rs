@@ -1,5 +1,5 @@
 //! Dump and load of one partition's keys, with their links (the original system's
-//! `dump_data_by_key` / `load_data_by_key`): [`Partition::kv_dump`] and [`Partition::kv_load`].
+//! `dump_data_by_key` / `load_data_by_key`): [`Dumps::kv_dump`] and [`Dumps::kv_load`].
 //!
 //! ```text
 //! DIR/rows-<unix ms>.bin           magic "TQROWS01" | postcard: per key, its tags, the fields
@@ -20,11 +20,13 @@
 //! [`DumpOptions::dereference_links`] stores the public bytes as the keys' own cells instead,
 //! so it loads whatever happened to the public key since.
 
-use crate::checkpoint::place::Place;
 use crate::checkpoint::{cells, crc_hex, read_checked, seal, unseal, CheckpointFile};
-use crate::{LinkOptions, Partition};
+use crate::place::Place;
+use crate::On;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use tq_client::{LinkOptions, Partition};
 use tq_core::cells::{page_of, FieldCells};
 use tq_core::{Batch, Bytes, Column, DType, Error, FieldName, Result, SampleId, Tags, Value};
 
@@ -35,7 +37,7 @@ const MANIFEST: &str = "DUMP.toml";
 const ROWS_MAGIC: &[u8; 8] = b"TQROWS01";
 const WHAT: &str = "dump";
 
-/// How [`Partition::kv_dump`] treats linked fields.
+/// How [`Dumps::kv_dump`] treats linked fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DumpOptions {
     /// Store the bytes a linked field reads as the key's own cell (the load then does not
@@ -106,14 +108,51 @@ fn is_dump_file(name: &str) -> bool {
         || (name.starts_with("dump-") && name.ends_with(".cells"))
 }
 
-impl Partition {
+/// Dumps of a partition's keys, written and loaded through a partition handle (`use
+/// tq::checkpoint::Dumps` to call them on a [`Partition`]).
+pub trait Dumps {
     /// Dumps `keys` of this partition (`None`: every key) to `url` (a directory, `file://DIR`,
     /// or `s3://bucket/prefix` with feature `s3`): tags, the cells each key holds, and its
     /// links with a fingerprint of the public cell each reads (or, with
     /// [`DumpOptions::dereference_links`], the public bytes as its own cells). Fields not
     /// produced are not dumped. The dump is whole once `DUMP.toml` is written (last); a
     /// previous dump in the same place stays loadable until then.
-    pub async fn kv_dump(
+    fn kv_dump(
+        &self,
+        url: &str,
+        keys: Option<&[&str]>,
+        options: &DumpOptions,
+    ) -> impl Future<Output = Result<DumpManifest>> + Send;
+
+    /// Loads a dump written by [`Dumps::kv_dump`] (of any partition) into this partition.
+    /// Everything is checked before anything is written: the manifest and every file (format,
+    /// sizes, CRC-32), that none of the keys exists here, and that every linked public cell
+    /// still has the bytes it had at dump time (else the load is refused, naming the key, the
+    /// field and the public key: dump again, or dump with dereferenced links). Links are made
+    /// first (one atomic step per public partition and field, which checks the destination's
+    /// schemas before it changes anything), then the keys' own cells are written; if a later
+    /// step fails, the keys this load created are cleared again.
+    fn kv_load(&self, url: &str) -> impl Future<Output = Result<DumpManifest>> + Send;
+}
+
+impl Dumps for Partition {
+    async fn kv_dump(
+        &self,
+        url: &str,
+        keys: Option<&[&str]>,
+        options: &DumpOptions,
+    ) -> Result<DumpManifest> {
+        On(self).dump(url, keys, options).await
+    }
+
+    async fn kv_load(&self, url: &str) -> Result<DumpManifest> {
+        On(self).load(url).await
+    }
+}
+
+impl On<'_, Partition> {
+    /// [`Dumps::kv_dump`].
+    async fn dump(
         &self,
         url: &str,
         keys: Option<&[&str]>,
@@ -314,15 +353,8 @@ impl Partition {
         Ok(manifest)
     }
 
-    /// Loads a dump written by [`Partition::kv_dump`] (of any partition) into this partition.
-    /// Everything is checked before anything is written: the manifest and every file (format,
-    /// sizes, CRC-32), that none of the keys exists here, and that every linked public cell
-    /// still has the bytes it had at dump time (else the load is refused, naming the key, the
-    /// field and the public key: dump again, or dump with dereferenced links). Links are made
-    /// first (one atomic step per public partition and field, which checks the destination's
-    /// schemas before it changes anything), then the keys' own cells are written; if a later
-    /// step fails, the keys this load created are cleared again.
-    pub async fn kv_load(&self, url: &str) -> Result<DumpManifest> {
+    /// [`Dumps::kv_load`].
+    async fn load(&self, url: &str) -> Result<DumpManifest> {
         let place = Place::parse(url)?;
         let text = place.get(MANIFEST).await?;
         let text = String::from_utf8(text).map_err(|_| {

@@ -21,6 +21,7 @@ mod writers;
 use common::{redis_available, RedisServer, TempDir};
 use futures::StreamExt;
 use std::time::Duration;
+use tq_checkpoint::*;
 use tq_client::*;
 use tq_core::{Batch, ErrorKind, TagValue, Tags};
 use writers::{assert_listed_keys_whole, Writers};

@@ -1,4 +1,4 @@
-//! Dump and load of a partition's keys with links (`Partition::kv_dump` / `kv_load`): a round
+//! Dump and load of a partition's keys with links (`Dumps::kv_dump` / `kv_load` (`use tq::checkpoint::Dumps`)): a round
 //! trip with every column kind, tags and links that stay links; the stale-link case of
 //! upstream PR #200 (link keys to a public row, dump, clear and re-put the public row, load)
 //! refused, and loaded with its original values from a dereferenced dump; damage and newer
@@ -6,6 +6,7 @@
 //! link, refused with nothing written.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
 
+use tq_checkpoint::*;
 use tq_client::*;
 use tq_core::{Batch, Bytes, Column, ErrorKind, TagValue, Tags, Tensor};
 

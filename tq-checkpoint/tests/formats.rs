@@ -1,4 +1,4 @@
-//! The file formats tq-client writes, pinned by committed files (`tests/data/`): a checkpoint
+//! The file formats tq-checkpoint writes, pinned by committed files (`tests/data/`): a checkpoint
 //! of in-memory storage units (`CHECKPOINT_FORMAT`: the manifest, the controller state and the
 //! units' cells files; and, with feature `kv`, one of the in-memory KV store with its payloads
 //! copied: the pages of encoded cells) and a dump of a partition (`DUMP_FORMAT`: `DUMP.toml`, the rows file
@@ -13,6 +13,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tq_checkpoint::*;
 use tq_client::*;
 use tq_controller::PUBLIC_PARTITION;
 use tq_core::{Batch, Column, TagValue, Tags, Tensor, Value};
@@ -202,14 +203,12 @@ async fn committed_dumps_of_every_format_load() {
     }
 }
 
-#[cfg(feature = "kv")]
 fn kv_copy_dir(format: u32) -> PathBuf {
     data_dir().join(format!("checkpoint-format{format}-kv-copy"))
 }
 
 /// A deployment on the in-memory KV store (no units), which only a checkpoint that copies the
 /// payloads can bring back.
-#[cfg(feature = "kv")]
 fn in_memory_kv() -> Client {
     let config = Config::from_toml(
         "[storage]\nbackend = \"kv\"\n[storage.kv]\nstores = [{ url = \"memory://\" }]\n",
@@ -220,7 +219,6 @@ fn in_memory_kv() -> Client {
 
 /// What the KV deployment holds: every column kind, tags, a key overwritten (its cells under a
 /// write version), two leased. (KV storage resolves no links.)
-#[cfg(feature = "kv")]
 async fn fill_kv(tq: &Client) {
     let p = tq.partition("train");
     p.kv_batch_put(&KEYS, &every_kind(KEYS.len(), 3), None)
@@ -240,7 +238,6 @@ async fn fill_kv(tq: &Client) {
     .unwrap();
 }
 
-#[cfg(feature = "kv")]
 #[tokio::test]
 async fn committed_kv_copy_checkpoints_of_every_format_load() {
     for format in committed(CHECKPOINT_FORMAT, 3, kv_copy_dir) {
@@ -297,7 +294,6 @@ async fn write_format_files() {
         .unwrap();
     std::fs::write(dir.with_extension("view"), view(&tq, &["train"]).await).unwrap();
 
-    #[cfg(feature = "kv")]
     {
         let tq = in_memory_kv();
         fill_kv(&tq).await;

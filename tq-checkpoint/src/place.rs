@@ -52,9 +52,9 @@ impl Place {
             #[cfg(not(feature = "s3"))]
             {
                 let _ = rest;
-                return Err(crate::config::feature_off(
-                    &format!("checkpoint URL `{url}`"),
-                    "s3",
+                return Err(Error::unsupported(
+                    format!("checkpoint URL `{url}`"),
+                    "this build of tq (enable the `s3` feature of the `tq` crate)",
                 ));
             }
         }

@@ -7,6 +7,7 @@
 
 use futures::StreamExt;
 use std::time::Duration;
+use tq_checkpoint::*;
 use tq_client::*;
 use tq_controller::PUBLIC_PARTITION;
 use tq_core::{Batch, Column, ErrorKind, TagValue, Tags, Tensor};
@@ -200,7 +201,6 @@ async fn damaged_cells_and_other_deployments_are_refused_before_anything_changes
     assert_filled(&fresh).await;
 }
 
-#[cfg(feature = "ssd")]
 #[tokio::test]
 async fn ssd_units_round_trip_through_a_checkpoint() {
     let disk = TempDir::new();

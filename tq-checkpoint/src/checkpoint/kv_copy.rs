@@ -14,8 +14,8 @@
 //! controller (so no key a store already holds is in the way).
 
 use super::cells::PAGE_BYTES;
-use super::place::Place;
 use super::{CheckpointFile, UnitCells};
+use crate::place::Place;
 use futures::{StreamExt, TryStreamExt};
 use tq_core::cells::{CopiedCells, PayloadCopy};
 use tq_core::{BatchMeta, Bytes, Error, Result};
@@ -60,8 +60,11 @@ pub(super) async fn save(
     };
     let mut file: Vec<Bytes> = Vec::new();
     let mut file_bytes = 0u64;
-    let mut pages = futures::stream::iter(chunks.iter().map(|meta| copy.export(meta)))
-        .buffered(PAGES_IN_FLIGHT);
+    // The export futures are made up front (they do nothing until polled): a closure in the
+    // stream itself would keep the save's future from being provably `Send`, which the
+    // `Checkpoints` trait promises (rustc's higher-ranked lifetime limitation, #102211).
+    let exports: Vec<_> = chunks.iter().map(|meta| copy.export(meta)).collect();
+    let mut pages = futures::stream::iter(exports).buffered(PAGES_IN_FLIGHT);
     while let Some((page, counts)) = pages.try_next().await? {
         out.cells += counts.cells;
         out.bytes += counts.bytes;
