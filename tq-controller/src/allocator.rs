@@ -8,10 +8,22 @@
 //! one partition on one unit when two partitions alternate single-row puts, so each allocation
 //! targets the unit where the partition currently owns the fewest rows (reference §11.1).
 
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-use tq_core::SampleId;
+use tq_core::{Error, Result, SampleId};
 
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// The allocator as snapshots and state-dir records hold it. The field order and types are the
+/// format (postcard writes no names): never reorder, retype or remove one; a change is a new
+/// snapshot format. [`IndexAllocator`] converts to and from it.
+#[derive(Serialize, Deserialize)]
+struct AllocatorRecord<Free = Vec<VecDeque<u32>>, Generation = Vec<u32>> {
+    units: u32,
+    next: u32,
+    free: Free,
+    generation: Generation,
+}
+
+#[derive(Debug)]
 pub(crate) struct IndexAllocator {
     units: u32,
     /// Next never-used index.
@@ -35,6 +47,42 @@ impl IndexAllocator {
 
     pub fn units(&self) -> u32 {
         self.units
+    }
+
+    /// Checks what a decoded allocator must hold for allocation to work on it, so that a
+    /// snapshot that decodes but describes an impossible allocator is refused by name instead
+    /// of failing in a later allocation: `units` storage units, one free list per unit holding
+    /// only indexes of that unit that were handed out, and a generation for every index handed
+    /// out.
+    pub fn check_restored(&self, units: u32) -> Result<()> {
+        let bad = |why: String| {
+            Err(Error::corrupted(format!(
+                "controller state: index allocator: {why}"
+            )))
+        };
+        if self.units != units.max(1) || self.free.len() != self.units as usize {
+            return bad(format!(
+                "{} units and {} free lists for {units} storage units",
+                self.units,
+                self.free.len()
+            ));
+        }
+        if self.generation.len() != self.next as usize {
+            return bad(format!(
+                "{} generations for {} indexes handed out",
+                self.generation.len(),
+                self.next
+            ));
+        }
+        for (u, free) in self.free.iter().enumerate() {
+            if let Some(i) = free
+                .iter()
+                .find(|&&i| i >= self.next || self.unit_of(i) != u)
+            {
+                return bad(format!("free list {u} holds index {i}, which it cannot"));
+            }
+        }
+        Ok(())
     }
 
     /// How many more indexes can be handed out, keeping one unit's worth in reserve for the
@@ -110,9 +158,53 @@ impl IndexAllocator {
     }
 }
 
+impl Serialize for IndexAllocator {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        AllocatorRecord {
+            units: self.units,
+            next: self.next,
+            free: &self.free,
+            generation: &self.generation,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for IndexAllocator {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let r = AllocatorRecord::<Vec<VecDeque<u32>>, Vec<u32>>::deserialize(d)?;
+        Ok(IndexAllocator {
+            units: r.units,
+            next: r.next,
+            free: r.free,
+            generation: r.generation,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_saved_allocator_loads_and_an_impossible_one_is_refused_by_name() {
+        let mut a = IndexAllocator::new(2);
+        let mut owned = vec![0u32; 2];
+        let ids: Vec<_> = (0..5).map(|_| a.allocate(&mut owned)).collect();
+        a.release(ids[1], &mut owned);
+        let bytes = postcard::to_allocvec(&a).unwrap();
+        let back: IndexAllocator = postcard::from_bytes(&bytes).unwrap();
+        back.check_restored(2).unwrap();
+        assert_eq!((back.next, back.reusable(), back.in_use()), (5, 1, 4));
+        assert!(back.check_restored(3).is_err());
+        let mut stray = postcard::from_bytes::<IndexAllocator>(&bytes).unwrap();
+        stray.free[0].push_back(1); // an index of unit 1 in unit 0's list
+        let e = stray.check_restored(2).unwrap_err();
+        assert!(e.message().contains("free list 0 holds index 1"), "{e}");
+        let mut short = postcard::from_bytes::<IndexAllocator>(&bytes).unwrap();
+        short.generation.pop();
+        assert!(short.check_restored(2).is_err());
+    }
 
     #[test]
     fn alternating_partitions_spread_over_units() {

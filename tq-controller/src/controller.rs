@@ -22,6 +22,7 @@ mod hold;
 mod once;
 mod partitions;
 mod plane;
+mod record;
 mod snapshot;
 pub use answers::{ANSWER_MEMORY, MAX_ANSWERS_PER_CLIENT};
 use partitions::Partitions;
@@ -72,7 +73,8 @@ fn present<'a>(partitions: &'a mut Partitions, name: &str) -> Result<&'a mut Par
         .ok_or_else(|| Error::internal(format!("partition `{name}` vanished under the lock")))
 }
 
-#[derive(Serialize, Deserialize)]
+/// The controller-wide state. Saved as a `record::StateRecord` (its field order is the format;
+/// this struct's is not).
 struct State {
     partitions: Partitions,
     /// Partition names in creation order.
@@ -90,7 +92,6 @@ struct State {
     /// Snapshots carry them beside the state (format 4 on), so formats 1-3 decode as before.
     /// Their own lock, taken after a partition's (a fetch remembers its answer while it holds
     /// the partition).
-    #[serde(skip)]
     answers: Mutex<answers::Answers>,
 }
 

@@ -130,6 +130,7 @@ impl Controller {
                 record.alloc.units()
             )));
         }
+        record.alloc.check_restored(units)?;
         for p in record.partitions.iter().filter_map(|(_, p)| p.as_ref()) {
             p.check_restored(units)?;
         }

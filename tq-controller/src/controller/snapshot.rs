@@ -71,6 +71,7 @@ fn decode(snapshot: &[u8]) -> Result<Body> {
             "controller snapshot: the state does not decode: {e}"
         ))
     })?;
+    body.state.alloc().check_restored(body.units)?;
     for (_, p) in body.state.partitions.iter() {
         p.check_restored(body.units)?;
     }
