@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | `simple` | in-memory storage units in this process (`storage.backend = "simple"`) | yes |
 //! | `remote` | [`Client::connect`]: a controller and storage units in other processes | yes |
+//! | `server` | `tq::server`: host a deployment (controller, storage units) in this process | no |
 //! | `ssd` | `[storage.ssd]`: large cells on local disk (io_uring, pread/pwrite fallback) | no |
 //! | `kv` | `storage.backend = "kv"` on the in-memory KV store; the [`storage::KvStore`] trait | no |
 //! | `redis` | ... on Redis and Redis Cluster | no |
@@ -78,7 +79,7 @@ pub mod buffer {
     };
 }
 
-#[cfg(feature = "remote")]
+#[cfg(feature = "server")]
 pub mod server;
 
 pub mod telemetry;

@@ -1,5 +1,5 @@
 //! Hosting a deployment in this process: a controller and storage units serving over TCP, as
-//! `tq serve` does (feature `remote`). Clients elsewhere reach it with [`crate::Client::connect`]
+//! `tq serve` does (feature `server`). Clients elsewhere reach it with [`crate::Client::connect`]
 //! at [`Deployment::url`]. `tq serve`, the benchmarks and the Python package's `tq.serve` all
 //! start their servers here.
 //!
