@@ -176,6 +176,7 @@ fn kv_section() {
 }
 
 /// Leaf keys of a TOML table, as dotted paths (`[]` after a list of tables).
+#[cfg(all(feature = "kv", feature = "ssd"))]
 fn leaves(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
     for (k, v) in table {
         let path = if prefix.is_empty() {
