@@ -20,14 +20,15 @@ pub type UnitCall<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 /// What a wrapper adds to the unit below it.
 pub trait UnitLayer: Send + Sync + 'static {
     /// Runs `call`, the operation `op` of the unit `unit` naming `rows` samples, with what this
-    /// layer adds around it (a wait, a measurement). The default runs it as it is.
+    /// layer adds around it (a wait, a measurement). The default runs it as it is. (`call` is
+    /// the unit's own boxed future; what a layer adds is not boxed again.)
     fn around<'a, T: Send + 'a>(
         &'a self,
         unit: &'a str,
         op: UnitOp,
         rows: u64,
         call: UnitCall<'a, T>,
-    ) -> UnitCall<'a, T> {
+    ) -> impl Future<Output = Result<T>> + Send + 'a {
         let _ = (unit, op, rows);
         call
     }
@@ -80,7 +81,7 @@ impl<L: UnitLayer> Layered<L> {
         op: UnitOp,
         rows: u64,
         call: UnitCall<'a, T>,
-    ) -> UnitCall<'a, T> {
+    ) -> impl Future<Output = Result<T>> + Send + 'a {
         self.layer.around(self.inner.id(), op, rows, call)
     }
 }

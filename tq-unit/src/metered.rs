@@ -36,16 +36,16 @@ pub struct RequestMetering {
 }
 
 impl UnitLayer for RequestMetering {
-    fn around<'a, T: Send + 'a>(
+    async fn around<'a, T: Send + 'a>(
         &'a self,
         _unit: &'a str,
         op: UnitOp,
         rows: u64,
         call: UnitCall<'a, T>,
-    ) -> UnitCall<'a, T> {
+    ) -> tq_core::Result<T> {
         match op.meter_slot() {
-            Some(slot) => Box::pin(self.meter.measure(slot, move |_| rows, call)),
-            None => call,
+            Some(slot) => self.meter.measure(slot, move |_| rows, call).await,
+            None => call.await,
         }
     }
 

@@ -25,7 +25,7 @@ impl UnitLayer for Recorder {
         op: UnitOp,
         rows: u64,
         call: UnitCall<'a, T>,
-    ) -> UnitCall<'a, T> {
+    ) -> impl std::future::Future<Output = tq_core::Result<T>> + Send + 'a {
         assert_eq!(unit, "u");
         self.seen.lock().unwrap().push((op, rows));
         call
