@@ -1,11 +1,12 @@
 //! Criterion: the embedded deployment (controller and in-memory storage units in this
 //! process): put, get and clear of the simple workloads next to a memcpy of the same bytes,
-//! and the read-buffer pool that packed columns come from, on and off.
+//! the clear-28 workload (`embedded/clear-28`), and the read-buffer pool that packed columns
+//! come from, on and off.
 //! Run: `cargo bench -p tq-bench --bench embedded [-- simple-small]`
 
 mod common;
 
-use common::{criterion, memcpy, put_get_clear, runtime, Workload};
+use common::{clear_28, criterion, memcpy, put_get_clear, runtime, Workload};
 use criterion::{BenchmarkGroup, Throughput};
 use std::hint::black_box;
 use tq_core::buffer::BufferPool;
@@ -27,6 +28,7 @@ fn main() {
         put_get_clear(&mut g, &rt, &tq, &w);
         g.finish();
     }
+    clear_28(&mut c, "embedded", &rt, &tq);
     let mut g = c.benchmark_group("read-buffers");
     g.throughput(Throughput::Bytes((COLUMNS * ROWS * ROW_BYTES) as u64));
     read_buffers(&mut g);

@@ -1,12 +1,13 @@
 //! Criterion: the remote deployment: a controller and two storage-unit processes on loopback
 //! (started by this benchmark, stopped at its end), put, get and clear of the simple workloads
-//! next to raw loopback TCP carrying the same bytes.
+//! next to raw loopback TCP carrying the same bytes, and the clear-28 workload
+//! (`remote/clear-28`).
 //! Run: `cargo bench -p tq-bench --bench remote [-- simple-small]`
 
 mod common;
 
 use common::{
-    criterion, put_get_clear, runtime, serve_if_child, tcp_baseline, Deployment, Workload,
+    clear_28, criterion, put_get_clear, runtime, serve_if_child, tcp_baseline, Deployment, Workload,
 };
 
 fn main() {
@@ -24,6 +25,7 @@ fn main() {
         put_get_clear(&mut g, &rt, &tq, &w);
         g.finish();
     }
+    clear_28(&mut c, "remote", &rt, &tq);
     drop(tq);
     drop(deployment);
     c.final_summary();

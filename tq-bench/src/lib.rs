@@ -4,6 +4,7 @@
 //! Criterion benches under `benches/` use the same workloads for regression tracking.
 
 pub mod baseline;
+pub mod clears;
 pub mod controller;
 pub mod kv;
 pub mod kv_raw;

@@ -27,7 +27,8 @@ fn filled(len: usize, seed: u64) -> Bytes {
     Bytes::from(out)
 }
 
-fn dense(dtype: DType, rows: usize, row_elems: usize, seed: u64) -> Column {
+/// A dense `dtype[rows, row_elems]` column of [`filled`] bytes.
+pub(crate) fn dense(dtype: DType, rows: usize, row_elems: usize, seed: u64) -> Column {
     let bytes = filled(rows * row_elems * dtype.size(), seed);
     Column::Dense(Tensor::new(dtype, vec![rows, row_elems], bytes).expect("sized"))
 }

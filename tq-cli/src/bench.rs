@@ -8,7 +8,7 @@ use crate::servers::{spawn_server, Servers};
 mod scale;
 use clap::{Args, ValueEnum};
 use std::time::Duration;
-use tq_bench::{baseline, controller, kv, latency, links, workloads};
+use tq_bench::{baseline, clears, controller, kv, latency, links, workloads};
 use tq_client::{Client, Config};
 use tq_core::{Error, Result};
 
@@ -259,6 +259,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 println!("- {m}");
             }
         }
+        let clears = clears::run(&runtime, &tq, args.reps)?;
+        println!();
+        println!(
+            "Clears of many small cells (clear-28: kv_clear of 512 and 1024 keys × {} fields of {} B, each after a put and a get):",
+            clears::FIELDS,
+            clears::CELL_BYTES
+        );
+        println!();
+        println!("{}", clears::TABLE_HEADER);
+        println!("{}", clears.rows(deployment));
         // Latency is measured from a single-threaded client runtime, as a thread issuing
         // one request after another would use, so no reply needs a cross-thread wake-up.
         let rounds = args.latency_rounds.max(1);

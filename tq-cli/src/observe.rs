@@ -315,8 +315,8 @@ pub fn tables(status: &DeploymentStatus) -> String {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "{:<16} {:>9} {:>9} {:>12} {:>10} {:>12}",
-            "UNIT", "SAMPLES", "CELLS", "BYTES", "CAPACITY", "ON SSD"
+            "{:<16} {:>9} {:>9} {:>12} {:>10} {:>12} {:>12}",
+            "UNIT", "SAMPLES", "CELLS", "BYTES", "CAPACITY", "ON SSD", "FREEING"
         );
         for u in &status.units {
             if let Some(why) = &u.down {
@@ -324,15 +324,22 @@ pub fn tables(status: &DeploymentStatus) -> String {
                 continue;
             }
             let capacity = u.capacity.map_or("-".to_string(), |c| c.to_string());
+            // Bytes cleared but not yet given back (the memory unit frees them behind its
+            // clears, see tq::storage::reclaim).
+            let freeing = u
+                .counters
+                .get(tq::storage::reclaim::RECLAIM_PENDING)
+                .map_or("-".to_string(), |&b| mib(b));
             let _ = writeln!(
                 out,
-                "{:<16} {:>9} {:>9} {:>12} {:>10} {:>12}",
+                "{:<16} {:>9} {:>9} {:>12} {:>10} {:>12} {:>12}",
                 u.id,
                 u.rows,
                 u.cells,
                 mib(u.bytes),
                 capacity,
-                mib(u.offloaded_bytes)
+                mib(u.offloaded_bytes),
+                freeing
             );
         }
     }

@@ -120,6 +120,7 @@ fn a_production_build_has_no_bench_command() {
 }
 
 /// The number just before the first `suffix` in `text`.
+#[cfg(feature = "soak")]
 fn number_before(text: &str, suffix: &str) -> Option<u64> {
     let (before, _) = text.split_once(suffix)?;
     before.rsplit(' ').next()?.parse().ok()

@@ -198,8 +198,17 @@ async fn a_scrape_after_a_known_workload_shows_its_counts_and_the_state() {
         .unwrap();
     let table = String::from_utf8(table.stdout).unwrap();
     assert!(
-        table.contains("actor") && table.contains("unit-1"),
+        table.contains("actor") && table.contains("unit-1") && table.contains("FREEING"),
         "{table}"
+    );
+    // Served units report what their clears freed, and what is still being freed.
+    assert!(
+        status
+            .units
+            .iter()
+            .all(|u| u.counters.contains_key("memory_free_pending_bytes")),
+        "{:?}",
+        status.units
     );
     let health = std::process::Command::new(env!("CARGO_BIN_EXE_tq"))
         .args(["health", &url])

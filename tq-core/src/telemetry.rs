@@ -153,8 +153,9 @@ pub struct UnitStatus {
     pub capacity: Option<u64>,
     /// Payload bytes kept outside memory (the SSD unit: on disk); included in `bytes`.
     pub offloaded_bytes: u64,
-    /// Counters particular to one kind of unit, by metric name without the `tq_storage_`
-    /// prefix (the SSD unit reports `ssd_fallback_values_total`).
+    /// Figures particular to one kind of unit (counters end in `_total`, the rest are gauges),
+    /// by metric name without the `tq_storage_` prefix (the SSD unit reports
+    /// `ssd_fallback_values_total`, a memory unit `memory_free_pending_bytes` and more).
     pub counters: BTreeMap<String, u64>,
     /// Resident memory of the process the unit runs in, where known.
     pub memory_rss_bytes: Option<u64>,

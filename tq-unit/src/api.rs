@@ -119,8 +119,9 @@ pub struct UnitStats {
     /// `live_bytes`.
     #[serde(default)]
     pub offloaded_bytes: u64,
-    /// Counters particular to one kind of unit, by metric name (the SSD unit reports
-    /// `ssd_fallback_values_total` here). The generic fields above mean the same for every
+    /// Figures particular to one kind of unit, by metric name (the SSD unit reports
+    /// `ssd_fallback_values_total` here, a memory unit the bytes its clears freed, see
+    /// [`crate::reclaim`]). The generic fields above mean the same for every
     /// unit; these let a unit report more without this type knowing about it.
     #[serde(default)]
     pub counters: BTreeMap<String, u64>,

@@ -56,6 +56,9 @@
 //!
 //! [`UnitStats`] reports the live bytes, the bytes retained by shared blocks and the compaction
 //! counters, so that tests and benchmarks can see memory come back.
+//!
+//! A clear answers once its cells are out of the unit's maps; their buffers are freed behind
+//! it by one thread per process, bounded ([`reclaim`]).
 
 mod api;
 mod block;
@@ -75,7 +78,7 @@ pub use api::{
 pub use gate::{CheckpointGate, GatedUnit};
 pub use index::{IndexHasher, IndexMap, IndexSet};
 pub use layer::{CheckpointSteps, Layered, UnitCall, UnitLayer};
-pub use memory::MemoryUnit;
+pub use memory::{reclaim, MemoryUnit};
 pub use metered::{MeteredUnit, RequestMetering};
 #[cfg(feature = "net")]
 pub use net::{RemoteUnit, UnitFactory, UnitServer};

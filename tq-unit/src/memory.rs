@@ -4,12 +4,14 @@ use crate::api::{
     check_threshold, CellShape, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats, UnitUpdate,
     UnitUpdateReply,
 };
-use crate::block::{BlockId, BlockTable};
+use crate::block::BlockTable;
 use crate::index::{IndexMap, IndexSet};
 use async_trait::async_trait;
 use bytes::Bytes;
+use reclaim::{free_behind, ReclaimCounters};
+use state::{Cell, State};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use tq_core::{
     apply_merge, Error, FieldFilter, FieldName, MergeOp, MergeRegistry, Result, SampleId, Tensor,
     Value,
@@ -19,181 +21,8 @@ use tq_core::{
 /// while the merge ran outside the lock, before giving up with `Conflict`.
 const UPDATE_ATTEMPTS: usize = 4;
 
-#[derive(Debug)]
-struct Cell {
-    generation: u32,
-    value: Value,
-    /// The shared allocation this value is a slice of, if tracked.
-    block: Option<BlockId>,
-    /// Identifies the write that produced this value (unique per request); lets an update
-    /// detect that a cell changed while its merge ran outside the lock.
-    stamp: u64,
-}
-
 /// The members (sample index, bytes) and total bytes of a block a put is about to open.
 type BlockMembers = (Vec<(u32, u64)>, u64);
-
-#[derive(Debug, Clone, Copy)]
-struct Row {
-    /// Every cell of the row has this generation.
-    generation: u32,
-    cells: usize,
-}
-
-/// Everything a [`MemoryUnit`] holds, behind its one lock.
-#[derive(Debug)]
-struct State {
-    /// field → sample index → cell.
-    fields: HashMap<FieldName, IndexMap<Cell>>,
-    /// Emptied field maps kept for the next new field (see [`SPARE_FIELD_MAPS`]).
-    spare_maps: Vec<IndexMap<Cell>>,
-    /// sample index → generation and number of cells. An index is present iff it has cells.
-    rows: IndexMap<Row>,
-    blocks: BlockTable,
-    cells: usize,
-    live_bytes: u64,
-    next_stamp: u64,
-}
-
-/// How many emptied field maps a unit keeps for reuse. A batch's field map is large (a
-/// thousand cells make a table of 100+ KiB); dropping it on every clear and allocating it again
-/// on the next put makes each put fault fresh pages in whenever malloc serves tables of that size
-/// with mmap (its default below an adaptive threshold), so the cost of a put would depend on
-/// the process's allocation history. Keeping a few emptied maps makes it independent of that.
-const SPARE_FIELD_MAPS: usize = 32;
-
-/// Emptied maps with room for more cells than this are freed, not kept: a one-off huge batch
-/// should not pin its tables.
-const SPARE_MAP_MAX_CELLS: usize = 16 << 10;
-
-/// Keeps an emptied field map for reuse, unless enough are kept already or it is too large.
-fn keep_spare(spare_maps: &mut Vec<IndexMap<Cell>>, map: IndexMap<Cell>) {
-    debug_assert!(map.is_empty());
-    if spare_maps.len() < SPARE_FIELD_MAPS && map.capacity() <= SPARE_MAP_MAX_CELLS {
-        spare_maps.push(map);
-    }
-}
-
-/// Undoes the accounting of a cell that left the unit (or was replaced).
-fn forget(blocks: &mut BlockTable, live_bytes: &mut u64, cell: &Cell) {
-    let n = cell.value.nbytes() as u64;
-    *live_bytes -= n;
-    if let Some(b) = cell.block {
-        blocks.release(b, n);
-    }
-}
-
-impl State {
-    fn stamp(&mut self) -> u64 {
-        self.next_stamp += 1;
-        self.next_stamp
-    }
-
-    /// Stores one field's cells, replacing same-generation cells. The field's map is looked up
-    /// once for all cells (not per cell) and, when new, sized for them up front.
-    fn insert_field(
-        &mut self,
-        field: &str,
-        new_cells: impl ExactSizeIterator<Item = (SampleId, Cell)>,
-    ) {
-        let State {
-            fields,
-            spare_maps,
-            rows,
-            blocks,
-            cells,
-            live_bytes,
-            ..
-        } = self;
-        let map = match fields.get_mut(field) {
-            Some(m) => m,
-            None => fields.entry(field.to_string()).or_insert_with(|| {
-                let wanted = new_cells.len();
-                match spare_maps.iter().position(|m| m.capacity() >= wanted) {
-                    Some(i) => spare_maps.swap_remove(i),
-                    None => IndexMap::with_capacity_and_hasher(wanted, Default::default()),
-                }
-            }),
-        };
-        for (sample, cell) in new_cells {
-            *live_bytes += cell.value.nbytes() as u64;
-            match map.insert(sample.index, cell) {
-                Some(old) => forget(blocks, live_bytes, &old),
-                None => {
-                    *cells += 1;
-                    let row = rows.entry(sample.index).or_insert(Row {
-                        generation: sample.generation,
-                        cells: 0,
-                    });
-                    debug_assert_eq!(row.generation, sample.generation, "older row not purged");
-                    row.cells += 1;
-                }
-            }
-        }
-    }
-
-    /// Removes one cell, if stored.
-    fn remove(&mut self, field: &str, index: u32) {
-        let State {
-            fields,
-            spare_maps,
-            rows,
-            blocks,
-            cells,
-            live_bytes,
-            ..
-        } = self;
-        let Some(map) = fields.get_mut(field) else {
-            return;
-        };
-        let Some(cell) = map.remove(&index) else {
-            return;
-        };
-        if map.is_empty() {
-            if let Some(emptied) = fields.remove(field) {
-                keep_spare(spare_maps, emptied);
-            }
-        }
-        forget(blocks, live_bytes, &cell);
-        *cells -= 1;
-        if let Some(row) = rows.get_mut(&index) {
-            row.cells -= 1;
-            if row.cells == 0 {
-                rows.remove(&index);
-            }
-        }
-    }
-
-    /// Removes every cell of `index`, whatever the field.
-    fn purge(&mut self, index: u32) {
-        let State {
-            fields,
-            spare_maps,
-            rows,
-            blocks,
-            cells,
-            live_bytes,
-            ..
-        } = self;
-        for map in fields.values_mut() {
-            if let Some(cell) = map.remove(&index) {
-                forget(blocks, live_bytes, &cell);
-                *cells -= 1;
-            }
-        }
-        let emptied: Vec<FieldName> = fields
-            .iter()
-            .filter(|(_, map)| map.is_empty())
-            .map(|(field, _)| field.clone())
-            .collect();
-        for field in emptied {
-            if let Some(map) = fields.remove(&field) {
-                keep_spare(spare_maps, map);
-            }
-        }
-        rows.remove(&index);
-    }
-}
 
 /// Copies a value into a buffer of its own, so that it no longer pins a shared allocation.
 fn owned_copy(value: &Value) -> Value {
@@ -236,6 +65,10 @@ pub struct MemoryUnit {
     capacity: Option<usize>,
     registry: MergeRegistry,
     state: Mutex<State>,
+    /// Whether large clears free their buffers behind the answer ([`reclaim`]).
+    free_behind: bool,
+    /// This unit's share of the bytes freed, behind its clears or inline.
+    reclaimed: Arc<ReclaimCounters>,
 }
 
 impl MemoryUnit {
@@ -263,12 +96,36 @@ impl MemoryUnit {
                 live_bytes: 0,
                 next_stamp: 0,
             }),
+            free_behind: false,
+            reclaimed: Arc::default(),
         })
+    }
+
+    /// Whether clears of 32 MiB or more answer once their cells are unreachable and free the
+    /// buffers behind the answer (see [`reclaim`]); off by default. Worth it where the unit
+    /// owns its buffers, as a unit served over the network does (its cells are slices of the
+    /// frames it received): not for a unit storing slices of its caller's batches.
+    pub fn free_cleared_behind(mut self, on: bool) -> Self {
+        self.free_behind = on;
+        self
     }
 
     /// The capacity in samples, if limited.
     pub fn capacity(&self) -> Option<usize> {
         self.capacity
+    }
+
+    /// The reclaimer's counters of this unit, by their [`UnitStats::counters`] names.
+    fn reclaim_counters(&self) -> BTreeMap<String, u64> {
+        let (pending, behind, inline) = self.reclaimed.read();
+        [
+            (reclaim::RECLAIM_PENDING, pending),
+            (reclaim::RECLAIMED_BEHIND, behind),
+            (reclaim::RECLAIMED_INLINE, inline),
+        ]
+        .into_iter()
+        .map(|(name, v)| (name.to_string(), v))
+        .collect()
     }
 
     fn name(&self) -> String {
@@ -427,6 +284,7 @@ impl MemoryUnit {
         st: &mut State,
         req: UnitPut,
         block_members: Vec<Option<BlockMembers>>,
+        freed: &mut Vec<Value>,
     ) -> Result<()> {
         // Validate everything before touching anything.
         for s in &req.samples {
@@ -462,14 +320,18 @@ impl MemoryUnit {
             }
         }
         // A newer generation takes the index over: nothing of the old sample may stay readable.
-        for s in &req.samples {
-            if st
-                .rows
-                .get(&s.index)
-                .is_some_and(|r| r.generation < s.generation)
-            {
-                st.purge(s.index);
-            }
+        let older: Vec<u32> = req
+            .samples
+            .iter()
+            .filter(|s| {
+                st.rows
+                    .get(&s.index)
+                    .is_some_and(|r| r.generation < s.generation)
+            })
+            .map(|s| s.index)
+            .collect();
+        if !older.is_empty() {
+            st.purge(&older, freed);
         }
         let stamp = st.stamp();
         for ((field, rows), members) in req.fields.into_iter().zip(block_members) {
@@ -602,72 +464,6 @@ fn unit_name(id: &str) -> String {
     format!("storage unit `{id}`")
 }
 
+pub mod reclaim;
+mod state;
 mod unit_impl;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn state() -> State {
-        State {
-            fields: HashMap::new(),
-            spare_maps: Vec::new(),
-            rows: IndexMap::default(),
-            blocks: BlockTable::new(0.5),
-            cells: 0,
-            live_bytes: 0,
-            next_stamp: 0,
-        }
-    }
-
-    fn cells(n: u32) -> impl ExactSizeIterator<Item = (SampleId, Cell)> {
-        (0..n).map(|index| {
-            let sample = SampleId {
-                index,
-                generation: 0,
-            };
-            let value = Value::Object(bytes::Bytes::from(vec![index as u8; 8]));
-            let cell = Cell {
-                generation: 0,
-                value,
-                block: None,
-                stamp: 0,
-            };
-            (sample, cell)
-        })
-    }
-
-    #[test]
-    fn an_emptied_field_map_is_kept_and_reused_by_the_next_new_field() {
-        let mut st = state();
-        st.insert_field("a", cells(1000));
-        let capacity = st.fields["a"].capacity();
-        for index in 0..1000 {
-            st.remove("a", index);
-        }
-        assert!(st.fields.is_empty() && st.cells == 0 && st.live_bytes == 0);
-        assert_eq!(st.spare_maps.len(), 1);
-        st.insert_field("b", cells(1000));
-        assert!(st.spare_maps.is_empty(), "the kept map was taken");
-        assert_eq!(st.fields["b"].capacity(), capacity);
-        assert_eq!(st.cells, 1000);
-        // Purging every index empties the field map the same way.
-        for index in 0..1000 {
-            st.purge(index);
-        }
-        assert!(st.fields.is_empty() && st.rows.is_empty());
-        assert_eq!(st.spare_maps.len(), 1);
-    }
-
-    #[test]
-    fn kept_maps_are_bounded_in_number_and_size() {
-        let mut st = state();
-        let huge = IndexMap::with_capacity_and_hasher(SPARE_MAP_MAX_CELLS * 2, Default::default());
-        keep_spare(&mut st.spare_maps, huge);
-        assert!(st.spare_maps.is_empty(), "a huge map is freed");
-        for _ in 0..SPARE_FIELD_MAPS + 5 {
-            keep_spare(&mut st.spare_maps, IndexMap::default());
-        }
-        assert_eq!(st.spare_maps.len(), SPARE_FIELD_MAPS);
-    }
-}

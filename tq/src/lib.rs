@@ -107,7 +107,7 @@ pub mod storage {
     pub use tq_backend_simple::{SimpleConfig, SimpleStorage};
     #[cfg(feature = "simple")]
     pub use tq_unit::{
-        MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats, UnitUpdate,
+        reclaim, MemoryUnit, StorageUnit, UnitConfig, UnitPut, UnitRows, UnitStats, UnitUpdate,
         UnitUpdateReply,
     };
 

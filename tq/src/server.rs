@@ -184,10 +184,12 @@ pub async fn start_unit(
         }
         #[cfg(not(feature = "ssd"))]
         let _ = &offload;
-        Ok(Arc::new(MemoryUnit::with_config(
-            unit_id.clone(),
-            unit_config.clone(),
-        )?))
+        // Its cells are slices of the frames it received, which only it holds: large clears
+        // free them behind the answer.
+        Ok(Arc::new(
+            MemoryUnit::with_config(unit_id.clone(), unit_config.clone())?
+                .free_cleared_behind(true),
+        ))
     };
     let handler = Arc::new(UnitServer::new(make()?).with_factory(Box::new(make)));
     let server = Server::bind(listen, server_config(config, id), handler.clone()).await?;

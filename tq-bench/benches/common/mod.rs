@@ -316,3 +316,39 @@ fn spawn_server(role: &str, controller: Option<&str>) -> (Child, String) {
         .to_string();
     (child, endpoint)
 }
+
+/// The clear-28 workload (`tq_bench::clears`): a group `<deployment>/clear-28` with one
+/// function per size, each iteration a put and a get (untimed) and the timed `kv_clear` of
+/// `n` keys × 28 fields of 1 KiB; throughput in cells.
+pub fn clear_28(
+    c: &mut Criterion,
+    deployment: &str,
+    rt: &tokio::runtime::Runtime,
+    client: &Client,
+) {
+    let mut g = c.benchmark_group(format!("{deployment}/clear-28"));
+    let p = client.partition("bench-clear-28");
+    for n in tq_bench::clears::SIZES {
+        let batch = tq_bench::clears::batch(n);
+        let keys = tq_bench::workloads::keys(n);
+        g.throughput(Throughput::Elements((n * tq_bench::clears::FIELDS) as u64));
+        g.bench_function(format!("{n}"), |b| {
+            b.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    timed += rt.block_on(async {
+                        p.kv_batch_put(&keys, &batch, None).await.expect("put");
+                        let got = p.kv_batch_get(&keys, None).await.expect("get");
+                        assert_eq!(got.len(), n);
+                        drop(got);
+                        let t = Instant::now();
+                        p.kv_clear(&keys).await.expect("clear");
+                        t.elapsed()
+                    });
+                }
+                timed
+            })
+        });
+    }
+    g.finish();
+}

@@ -16,10 +16,13 @@ impl StorageUnit for MemoryUnit {
             return Ok(());
         }
         let block_members = Self::block_members(&req);
+        let mut freed = Vec::new();
         {
             let mut st = self.lock()?;
-            self.put_locked(&mut st, req, block_members)?;
+            self.put_locked(&mut st, req, block_members, &mut freed)?;
         }
+        // The cells of older samples the put took the index from: freed outside the lock.
+        drop(freed);
         self.after_mutation();
         Ok(())
     }
@@ -74,25 +77,39 @@ impl StorageUnit for MemoryUnit {
         )))
     }
 
+    /// Takes the cells out of the maps under the lock (from then on no get finds them), then
+    /// frees their buffers outside it: behind the reply, if the unit is set to (see
+    /// [`super::reclaim`]).
     async fn clear(&self, samples: &[SampleId], fields: &FieldFilter) -> Result<()> {
-        {
+        let mut freed = Vec::new();
+        let freed_bytes = {
             let mut st = self.lock()?;
-            for s in samples {
-                match st.rows.get(&s.index) {
-                    // Only cells of this generation or older: a stale clear never deletes the
-                    // sample that took the index over.
-                    Some(row) if row.generation <= s.generation => match fields {
-                        FieldFilter::All => st.purge(s.index),
-                        FieldFilter::Only(names) => {
-                            for name in names {
-                                st.remove(name, s.index);
-                            }
+            let before = st.live_bytes;
+            // Only cells of this generation or older: a stale clear never deletes the sample
+            // that took the index over.
+            let indexes: Vec<u32> = samples
+                .iter()
+                .filter(|s| {
+                    st.rows
+                        .get(&s.index)
+                        .is_some_and(|row| row.generation <= s.generation)
+                })
+                .map(|s| s.index)
+                .collect();
+            match fields {
+                FieldFilter::All => st.purge(&indexes, &mut freed),
+                // Field by field, for the reason `purge` gives.
+                FieldFilter::Only(names) => {
+                    for name in names {
+                        for &index in &indexes {
+                            freed.extend(st.remove(name, index));
                         }
-                    },
-                    _ => {}
+                    }
                 }
             }
-        }
+            before - st.live_bytes
+        };
+        free_behind(freed, freed_bytes, self.free_behind, &self.reclaimed);
         self.after_mutation();
         Ok(())
     }
@@ -138,6 +155,7 @@ impl StorageUnit for MemoryUnit {
             compactions: b.compactions,
             compacted_bytes: b.compacted_bytes,
             capacity: self.capacity,
+            counters: self.reclaim_counters(),
             ..UnitStats::default()
         })
     }

@@ -234,11 +234,18 @@ pub fn render_units(out: &mut String, units: &[UnitStatus]) {
         if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             continue;
         }
+        // By Prometheus convention a counter's name ends in `_total`; the rest are gauges
+        // (the memory unit's bytes waiting to be freed).
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
         family(
             out,
             &format!("tq_storage_{name}"),
-            "counter",
-            "A counter particular to one kind of storage unit.",
+            kind,
+            "A figure particular to one kind of storage unit.",
             &per_unit(&|u| u.counters.get(name).map(|&v| v as f64)),
         );
     }

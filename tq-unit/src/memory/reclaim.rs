@@ -1,0 +1,212 @@
+//! Freeing cleared payloads behind the request: a clear takes the cells out of the unit's maps
+//! (from then on nothing can read them) and hands their buffers to a thread that drops them.
+//!
+//! Why: dropping the last reference to a large buffer returns its pages to the kernel, and for
+//! a remote unit, whose cells are slices of the frames it received, that is most of a clear's
+//! time (a 1 GiB clear spent 20–80 ms in `munmap`, where hiding the cells takes 2 ms). The
+//! caller only needs the cells to be unreachable, not the memory to be back.
+//!
+//! Only where it pays: a unit frees behind when asked to
+//! ([`crate::MemoryUnit::free_cleared_behind`]; units served over the network are), and only
+//! clears of at least [`INLINE_BYTES`]. Measured on 2 cores (docs/benchmarks.md, "Clears"):
+//! handing over a clear whose buffers the caller still holds (an embedded unit storing slices
+//! of the caller's batch) or whose buffers the allocator takes back cheaply (below glibc's
+//! largest mmap threshold, 32 MiB) made the clear up to 1.8 × slower, the reclaiming thread
+//! competing for the cores and for the buffers' reference counts.
+//!
+//! Bounded: at most [`MAX_PENDING_BYTES`] wait to be freed in a process. A clear that would go
+//! over the bound frees its own buffers before it answers, as every clear did before, so a
+//! burst of clears slows to the speed the memory can be given back instead of piling up.
+//!
+//! One thread serves every unit of the process; it starts with the first hand-over. Each unit
+//! counts its own bytes (pending, freed behind, freed inline), reported in its stats
+//! ([`RECLAIM_PENDING`] and the other counter names) and so in `tq stats`.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use tq_core::Value;
+
+/// Payload bytes that may wait to be freed, over every unit of the process.
+pub const MAX_PENDING_BYTES: u64 = 4 << 30;
+/// Clears freeing fewer bytes than this do it themselves (glibc serves allocations up to
+/// 32 MiB from its heap once its mmap threshold has adapted, and takes them back cheaply).
+pub const INLINE_BYTES: u64 = 32 << 20;
+
+/// Counter names in [`crate::UnitStats::counters`].
+pub const RECLAIM_PENDING: &str = "memory_free_pending_bytes";
+pub const RECLAIMED_BEHIND: &str = "memory_freed_behind_bytes_total";
+pub const RECLAIMED_INLINE: &str = "memory_freed_inline_bytes_total";
+
+/// One unit's share of the reclaimer's work.
+#[derive(Debug, Default)]
+pub(crate) struct ReclaimCounters {
+    pending: AtomicU64,
+    behind: AtomicU64,
+    inline: AtomicU64,
+}
+
+impl ReclaimCounters {
+    /// (pending, freed behind, freed inline) bytes.
+    pub fn read(&self) -> (u64, u64, u64) {
+        (
+            self.pending.load(Ordering::Acquire),
+            self.behind.load(Ordering::Relaxed),
+            self.inline.load(Ordering::Relaxed),
+        )
+    }
+}
+
+struct Job {
+    values: Vec<Value>,
+    bytes: u64,
+    counters: Arc<ReclaimCounters>,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Bytes of `jobs` plus the job being freed.
+    pending: u64,
+}
+
+struct Reclaimer {
+    queue: Mutex<Queue>,
+    /// Signalled when a job arrives (the thread waits on it) and when one is done (drains wait).
+    changed: Condvar,
+}
+
+impl Reclaimer {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // Nothing that runs under this lock can panic; recover the queue if it ever did.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn run(&self) {
+        let mut q = self.lock();
+        loop {
+            let Some(job) = q.jobs.pop_front() else {
+                q = self.changed.wait(q).unwrap_or_else(|p| p.into_inner());
+                continue;
+            };
+            drop(q);
+            let Job {
+                values,
+                bytes,
+                counters,
+            } = job;
+            drop(values);
+            counters.behind.fetch_add(bytes, Ordering::Relaxed);
+            counters.pending.fetch_sub(bytes, Ordering::AcqRel);
+            q = self.lock();
+            q.pending -= bytes;
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// The process's reclaimer, its thread started on first use; `None` if the thread cannot be
+/// started (then every clear frees inline).
+fn reclaimer() -> Option<&'static Reclaimer> {
+    static RECLAIMER: OnceLock<Option<&'static Reclaimer>> = OnceLock::new();
+    *RECLAIMER.get_or_init(|| {
+        let r: &'static Reclaimer = Box::leak(Box::new(Reclaimer {
+            queue: Mutex::new(Queue::default()),
+            changed: Condvar::new(),
+        }));
+        match std::thread::Builder::new()
+            .name("tq-unit-reclaim".into())
+            .spawn(move || r.run())
+        {
+            Ok(_) => Some(r),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the thread that frees cleared payloads; clears free them inline");
+                None
+            }
+        }
+    })
+}
+
+/// Frees `values` (cells a clear took out of a unit, `bytes` payload bytes) behind the caller
+/// when `behind` is set and they are many, else now; now too when the bound is reached.
+pub(crate) fn free_behind(
+    values: Vec<Value>,
+    bytes: u64,
+    behind: bool,
+    counters: &Arc<ReclaimCounters>,
+) {
+    if values.is_empty() {
+        return;
+    }
+    if behind && bytes >= INLINE_BYTES {
+        if let Some(r) = reclaimer() {
+            let mut q = r.lock();
+            if q.pending + bytes <= MAX_PENDING_BYTES {
+                q.pending += bytes;
+                counters.pending.fetch_add(bytes, Ordering::AcqRel);
+                q.jobs.push_back(Job {
+                    values,
+                    bytes,
+                    counters: counters.clone(),
+                });
+                r.changed.notify_all();
+                return;
+            }
+            drop(q);
+            tracing::debug!(
+                bytes,
+                "cleared payloads waiting to be freed reached the bound; this clear frees its own"
+            );
+        }
+    }
+    drop(values);
+    counters.inline.fetch_add(bytes, Ordering::Relaxed);
+}
+
+/// Blocks until every payload handed over so far, by any unit, is freed.
+pub fn wait_freed() {
+    let Some(r) = reclaimer() else { return };
+    let mut q = r.lock();
+    while q.pending > 0 {
+        q = r.changed.wait(q).unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn object(len: usize) -> Value {
+        Value::Object(Bytes::from(vec![7u8; len]))
+    }
+
+    #[test]
+    fn small_clears_free_inline_and_large_ones_behind() {
+        let c = Arc::new(ReclaimCounters::default());
+        free_behind(vec![object(10)], 10, true, &c);
+        assert_eq!(c.read(), (0, 0, 10));
+        let big = INLINE_BYTES as usize;
+        free_behind(vec![object(big)], big as u64, true, &c);
+        assert_eq!(c.read().2, 10, "not inline");
+        free_behind(vec![object(big)], big as u64, false, &c);
+        assert_eq!(
+            c.read().2,
+            10 + big as u64,
+            "inline when not asked to free behind"
+        );
+        wait_freed();
+        assert_eq!(c.read(), (0, big as u64, 10 + big as u64));
+    }
+
+    #[test]
+    fn a_buffer_handed_over_is_really_dropped() {
+        let c = Arc::new(ReclaimCounters::default());
+        let payload = Bytes::from(vec![1u8; INLINE_BYTES as usize]);
+        let weak_probe = payload.clone();
+        free_behind(vec![Value::Object(payload)], INLINE_BYTES, true, &c);
+        wait_freed();
+        // Only the probe is left: the reclaimer dropped its reference.
+        assert!(weak_probe.is_unique());
+    }
+}
