@@ -122,6 +122,21 @@ impl MemoryKvStore {
             .len()
     }
 
+    /// The keys a read would find now (not past their deadline), sorted: what a test or a
+    /// leak hunt lists.
+    pub fn live_keys(&self) -> Vec<String> {
+        let now = Instant::now();
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut keys: Vec<String> = inner
+            .map
+            .iter()
+            .filter(|(_, e)| e.deadline.is_none_or(|d| d > now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
     /// Reclaims expired keys now; returns how many.
     pub fn sweep(&self) -> usize {
         self.inner

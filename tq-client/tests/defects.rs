@@ -356,3 +356,40 @@ async fn a_writer_killed_between_write_and_notice_leaves_nothing_after_a_clear()
         assert_eq!(controller.samples_in_use(), 0);
     }
 }
+
+/// `tq soak --storage redis` left overwritten cells in Redis for good: a field clear whose
+/// first attempt reached the controller but whose answer was lost (a controller kill) was
+/// repeated, the repeat named the field's cells without their write version, and storage
+/// deleted a key that did not exist instead of the overwritten cell.
+#[tokio::test]
+async fn a_field_clear_repeated_after_a_lost_answer_deletes_the_overwritten_cells() {
+    let (tq, controller, store) = kv_client_with(|s, _| s);
+    let p = tq.partition("p");
+    p.kv_put("k", &ints(1, 1), None).await.unwrap();
+    p.kv_put("k", &ints(1, 2), None).await.unwrap();
+    let written = store.live_keys();
+    let beside = written
+        .iter()
+        .find(|k| k.contains("%v"))
+        .unwrap_or_else(|| panic!("the overwrite is written beside the first cell: {written:?}"))
+        .clone();
+    // The first attempt's controller step, whose answer never came back.
+    let kv = controller
+        .kv_retrieve_meta("p", &["k".to_string()], false)
+        .await
+        .unwrap();
+    controller
+        .begin_clear_fields("p", kv.meta.samples(), &["x".to_string()])
+        .await
+        .unwrap();
+    p.kv_clear_fields(&["k"], &["x"]).await.unwrap();
+    let left = store.live_keys();
+    assert!(
+        !left.contains(&beside),
+        "{beside} left in the store: {left:?}"
+    );
+    // The key stays, without the field, and takes it again.
+    assert_eq!(p.kv_list().await.unwrap().entries.len(), 1);
+    p.kv_put("k", &ints(1, 3), None).await.unwrap();
+    assert_eq!(p.kv_batch_get(&["k"], None).await.unwrap(), ints(1, 3));
+}

@@ -596,6 +596,43 @@ async fn field_level_clear_blocks_writes_until_finished() {
     assert!(c.begin_clear_fields("p", &ids, &[]).await.is_err());
 }
 
+/// `tq soak --storage redis` left overwritten cells (`<field>%v<version>`) in Redis: a field
+/// clear whose answer was lost in a controller kill was repeated, and the repeat named the
+/// cells without their version, so storage deleted the wrong keys.
+#[tokio::test]
+async fn a_repeated_field_clear_names_the_cells_the_first_one_did() {
+    let c = controller(1);
+    let ids = insert(&c, "p", 2).await;
+    let mut n = notice("p", &ids, &[("a", f32s(vec![1])), ("b", f32s(vec![1]))]);
+    let at = |i: usize, f: &str| Bytes::from(format!("{f}{i}-v7"));
+    n.backend_meta = Some(
+        (0..2)
+            .map(|i| BTreeMap::from([("a".into(), at(i, "a")), ("b".into(), at(i, "b"))]))
+            .collect(),
+    );
+    c.notify_production(n).await.unwrap();
+    let fields = vec!["b".to_string()];
+    let first = c.begin_clear_fields("p", &ids, &fields).await.unwrap();
+    let again = c.begin_clear_fields("p", &ids, &fields).await.unwrap();
+    assert_eq!(first.backend_meta()[1]["b"], at(1, "b"));
+    assert_eq!(again.samples(), first.samples());
+    assert_eq!(again.backend_meta(), first.backend_meta());
+    // A whole-sample clear meanwhile names them too (the field clear's storage step may
+    // never have run).
+    let marked = c.mark_clearing("p", Some(&ids[..1])).await.unwrap();
+    assert_eq!(marked.backend_meta()[0]["b"], at(0, "b"));
+    c.finish_clear_fields("p", &ids, &fields).await.unwrap();
+    // Once finished, the cells of `b` are gone from the metadata: a repeat finds none, and
+    // the sample names only the cells that stay.
+    let late = c.begin_clear_fields("p", &ids[1..], &fields).await.unwrap();
+    let marked = c.mark_clearing("p", Some(&ids[1..])).await.unwrap();
+    assert_eq!(
+        marked.backend_meta()[0],
+        BTreeMap::from([("a".into(), at(1, "a"))])
+    );
+    assert!(late.is_empty(), "{late:?}");
+}
+
 #[tokio::test]
 async fn growth_keeps_production_and_consumption() {
     let c = controller(2);

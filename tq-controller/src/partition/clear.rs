@@ -93,9 +93,10 @@ impl Partition {
                 if let Some(src) = self.unlink(s, f) {
                     dropped.push((self.slots.id(s), self.fields.name(f).clone(), src));
                 } else if self.fields.get_mut(f).remove(s) || self.fields.is_clearing_cell(s, f) {
+                    // The cell's backend meta (where storage put it, e.g. a KV write version)
+                    // stays until the clear finishes: a clear repeated because this answer was
+                    // lost must name the same cells, or an overwritten cell leaks in storage.
                     self.fields.begin_clearing_cell(s, f);
-                    let name = self.fields.name(f).clone();
-                    self.slots.backend_meta_mut(s).remove(&name);
                 }
             }
         }
@@ -105,12 +106,17 @@ impl Partition {
         (meta, dropped)
     }
 
+    /// Step 3 of a field-level clear: the cells are gone from storage, so their backend meta
+    /// goes too and they may be written again.
     pub fn finish_clear_fields(&mut self, ids: &[SampleId], names: &[FieldName]) {
         let fids = self.fields.ids_of(names);
         for &id in ids {
             if let Some(s) = self.slots.slot_for(id) {
                 for &f in &fids {
-                    self.fields.end_clearing_cell(s, f);
+                    if self.fields.end_clearing_cell(s, f) {
+                        let name = self.fields.name(f).clone();
+                        self.slots.backend_meta_mut(s).remove(&name);
+                    }
                 }
             }
         }

@@ -23,13 +23,30 @@ impl Partition {
 
     /// Every visible sample that stores cells, with their backend meta (one entry per stored
     /// cell; linked fields store none), in slot order. Samples being cleared are left out:
-    /// their cells may be half deleted, and nothing reads them.
+    /// their cells may be half deleted, and nothing reads them; so are the cells a field-level
+    /// clear is deleting.
     pub fn stored_cells(&self) -> Vec<(SampleId, BackendMeta)> {
         self.slots
             .visible_in_order()
             .into_iter()
-            .filter(|&s| !self.slots.backend_meta(s).is_empty())
-            .map(|s| (self.slots.id(s), self.slots.backend_meta(s).clone()))
+            .map(|s| (self.slots.id(s), self.settled_backend_meta(s)))
+            .filter(|(_, meta)| !meta.is_empty())
             .collect()
+    }
+
+    /// `slot`'s backend meta without the cells a field-level clear is deleting (their entries
+    /// stay until the clear finishes, so that a repeated clear names the same cells).
+    pub(super) fn settled_backend_meta(&self, slot: u32) -> BackendMeta {
+        let mut meta = self.slots.backend_meta(slot).clone();
+        if !self.fields.any_clearing_cell() {
+            return meta;
+        }
+        meta.retain(|name, _| {
+            !self
+                .fields
+                .id(name)
+                .is_some_and(|f| self.fields.is_clearing_cell(slot, f))
+        });
+        meta
     }
 }

@@ -68,7 +68,7 @@ impl Partition {
         let fids = self.common_fields(slots);
         let full = slots
             .iter()
-            .map(|&s| self.slots.backend_meta(s).clone())
+            .map(|&s| self.settled_backend_meta(s))
             .collect();
         self.build_meta(slots, &fids, Production::Computed)
             .with_backend_meta(full)

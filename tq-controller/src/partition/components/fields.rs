@@ -124,6 +124,11 @@ impl FieldTable {
         self.fields.iter_mut().for_each(FieldState::normalize);
     }
 
+    /// Whether any cell is under a field-level clear.
+    pub fn any_clearing_cell(&self) -> bool {
+        !self.clearing_cells.is_empty()
+    }
+
     pub fn is_clearing_cell(&self, slot: u32, f: usize) -> bool {
         self.clearing_cells.contains(&(slot, f))
     }
@@ -133,8 +138,9 @@ impl FieldTable {
         self.clearing_cells.insert((slot, f));
     }
 
-    pub fn end_clearing_cell(&mut self, slot: u32, f: usize) {
-        self.clearing_cells.remove(&(slot, f));
+    /// Unblocks cell (`slot`, `f`); whether it was being cleared.
+    pub fn end_clearing_cell(&mut self, slot: u32, f: usize) -> bool {
+        self.clearing_cells.remove(&(slot, f))
     }
 }
 
