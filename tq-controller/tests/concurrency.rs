@@ -168,6 +168,7 @@ fn many_threads_on_many_partitions_consume_every_sample_exactly_once() {
                 let (c2, p2, cleared) = (c.clone(), p.clone(), cleared.clone());
                 consumers.push(tokio::spawn(async move {
                     let mut got = Vec::new();
+                    let mut batches = 0usize;
                     loop {
                         let mut req = GetMetaRequest::fetch(
                             p2.as_str(),
@@ -188,8 +189,13 @@ fn many_threads_on_many_partitions_consume_every_sample_exactly_once() {
                                     c2.ack(&p2, "t", lease, meta.samples()).await.unwrap();
                                 }
                                 got.extend_from_slice(meta.samples());
-                                // One consumer of three clears what it consumed.
-                                if k == 1 {
+                                batches += 1;
+                                // Every consumer clears every second batch it consumed, so
+                                // clears run alongside fetches however the batches are
+                                // shared out (600 samples per partition in batches of at
+                                // most 8: some consumer gets two). Before, one consumer in
+                                // three cleared, and under load it could get none.
+                                if batches % 2 == 0 {
                                     let marked =
                                         c2.mark_clearing(&p2, Some(meta.samples())).await.unwrap();
                                     assert_eq!(marked.len(), meta.len());
