@@ -195,7 +195,7 @@ fn many_threads_on_many_partitions_consume_every_sample_exactly_once() {
                                 // shared out (600 samples per partition in batches of at
                                 // most 8: some consumer gets two). Before, one consumer in
                                 // three cleared, and under load it could get none.
-                                if batches % 2 == 0 {
+                                if batches.is_multiple_of(2) {
                                     let marked =
                                         c2.mark_clearing(&p2, Some(meta.samples())).await.unwrap();
                                     assert_eq!(marked.len(), meta.len());
