@@ -40,6 +40,28 @@ pub const MAX_IO_SLICES: usize = 1024;
 /// nothing costs at most this much.
 const INITIAL_RECEIVE_CAPACITY: usize = 1 << 20;
 
+/// Answers whose body is at most this large are read into one buffer of the process's
+/// [`tq_core::buffer::BufferPool`] taken at once, instead of a growing `Vec` (see
+/// [`BodyBuffer::Pooled`]). A peer that claims this much and then stalls holds at most this
+/// per connection (a connection reads one message at a time).
+pub(crate) const POOLED_BODY_MAX: usize = 16 << 20;
+
+/// Where the body of a message that is not placed in the caller's buffers is read to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyBuffer {
+    /// A fresh `Vec` grown as bytes arrive ([`read_growing`]). For requests: a storage unit
+    /// keeps the cells of a put as slices of it, so it should be exactly as large as the
+    /// message, and the pages it faults in are the stored data's own.
+    Fresh,
+    /// For answers whose frames the caller copies out and drops (a get of small cells is
+    /// assembled into its columns): a buffer from the process's pool, warm memory recycled
+    /// from the previous answer, when the body is between [`tq_core::buffer::POOL_MIN_BYTES`]
+    /// and [`POOLED_BODY_MAX`]. A fresh `Vec` of a few MiB is new pages from the kernel every
+    /// time, and faulting them in cost a tenth of a remote get's client time (profile in
+    /// docs/benchmarks.md, "Where a remote request's time goes").
+    Pooled,
+}
+
 /// Upper bounds on what a peer may send in one message, checked as soon as the prefix and the
 /// frame-length table are read and before anything is allocated for the header or the body.
 /// A message over a limit closes its connection (other connections are unaffected).
@@ -284,7 +306,7 @@ pub async fn read_message<R: AsyncRead + Unpin + ?Sized>(
     let Some(head) = read_head(reader, limits).await? else {
         return Ok(None);
     };
-    let message = read_body(reader, &head, &mut []).await?;
+    let message = read_body(reader, &head, &mut [], BodyBuffer::Fresh).await?;
     Ok(Some((head.request_id, head.kind, message)))
 }
 
@@ -296,7 +318,7 @@ pub(crate) async fn read_traced<R: AsyncRead + Unpin + ?Sized>(
     let Some(head) = read_head(reader, limits).await? else {
         return Ok(None);
     };
-    let message = read_body(reader, &head, &mut []).await?;
+    let message = read_body(reader, &head, &mut [], BodyBuffer::Fresh).await?;
     Ok(Some((head.request_id, head.kind, head.trace_id, message)))
 }
 
@@ -387,11 +409,12 @@ pub(crate) async fn read_head<R: AsyncRead + Unpin + ?Sized>(
 /// straight from the socket (the caller's final buffer, so no copy follows); the frame is then
 /// empty in the returned message and `place[i]` stays `Some`. A buffer of another length is
 /// replaced by `None` and its frame read as usual. Everything else lands in one buffer whose
-/// header and frames are `Bytes` slices of it.
+/// header and frames are `Bytes` slices of it, allocated as `body` says.
 pub(crate) async fn read_body<R: AsyncRead + Unpin + ?Sized>(
     reader: &mut R,
     head: &Head,
     place: &mut [Option<BytesMut>],
+    body: BodyBuffer,
 ) -> std::result::Result<Message, FrameError> {
     // A buffer that does not fit its frame exactly (or has no frame) comes back unused; from
     // here on, `Some` in `place` means "this frame goes there".
@@ -407,8 +430,14 @@ pub(crate) async fn read_body<R: AsyncRead + Unpin + ?Sized>(
     if !place.iter().any(Option::is_some) {
         // Nothing is placed: one read of the whole body.
         let total = head.header_len + head.frame_lens.iter().sum::<u64>() as usize;
+        let pooled = body == BodyBuffer::Pooled
+            && (tq_core::buffer::POOL_MIN_BYTES..=POOLED_BODY_MAX).contains(&total);
         let buf = if total == 0 {
             Bytes::new()
+        } else if pooled {
+            let mut buf = tq_core::buffer::BufferPool::global().buffer(total);
+            read_into(reader, &mut buf, "body").await?;
+            buf.freeze()
         } else {
             Bytes::from(read_growing(reader, total, "body").await?)
         };
@@ -438,18 +467,7 @@ pub(crate) async fn read_body<R: AsyncRead + Unpin + ?Sized>(
     append_growing(reader, &mut own, head.header_len, own_total, "body").await?;
     for (i, &len) in head.frame_lens.iter().enumerate() {
         if let Some(Some(buf)) = place.get_mut(i) {
-            let mut got = 0;
-            while got < buf.len() {
-                let n = reader.read(&mut buf[got..]).await?;
-                if n == 0 {
-                    return Err(FrameError::Truncated {
-                        part: "body",
-                        expected: len,
-                        received: got as u64,
-                    });
-                }
-                got += n;
-            }
+            read_into(reader, buf, "body").await?;
             spans.push(None);
         } else {
             let at = own.len();
@@ -464,6 +482,27 @@ pub(crate) async fn read_body<R: AsyncRead + Unpin + ?Sized>(
         .map(|s| s.map_or_else(Bytes::new, |r| buf.slice(r)))
         .collect();
     Ok(Message { header, frames })
+}
+
+/// Fills `buf` from `reader` (every byte of it, or a `Truncated` error naming `part`).
+async fn read_into<R: AsyncRead + Unpin + ?Sized>(
+    reader: &mut R,
+    buf: &mut [u8],
+    part: &'static str,
+) -> std::result::Result<(), FrameError> {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = reader.read(&mut buf[got..]).await?;
+        if n == 0 {
+            return Err(FrameError::Truncated {
+                part,
+                expected: buf.len() as u64,
+                received: got as u64,
+            });
+        }
+        got += n;
+    }
+    Ok(())
 }
 
 /// Reads exactly `total` bytes into a new `Vec` whose capacity starts at `min(total, 1 MiB)` and

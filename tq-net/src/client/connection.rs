@@ -3,7 +3,7 @@
 //! once when the connection breaks.
 
 use crate::error::WireError;
-use crate::frame::{read_body, read_head, Encoded, Limits, Message, MessageKind};
+use crate::frame::{read_body, read_head, BodyBuffer, Encoded, Limits, Message, MessageKind};
 use crate::stream::{BoxRead, Outgoing, Writer};
 use crate::Endpoint;
 use bytes::BytesMut;
@@ -295,7 +295,14 @@ pub(super) async fn reader_loop(
             _ => None,
         };
         let mut placed = sinks.as_ref().and_then(|s| s.take());
-        let read = read_body(&mut reader, &head, placed.as_deref_mut().unwrap_or(&mut [])).await;
+        // Answers are read into pooled memory: callers copy small cells out and drop them.
+        let read = read_body(
+            &mut reader,
+            &head,
+            placed.as_deref_mut().unwrap_or(&mut []),
+            BodyBuffer::Pooled,
+        )
+        .await;
         let message = match read {
             Ok(m) => m,
             Err(e) => {

@@ -35,7 +35,9 @@ async fn frames_land_in_the_buffers_that_fit_them() {
         Some(BytesMut::zeroed(99_999)),
         Some(BytesMut::zeroed(3)),
     ];
-    let msg = read_body(&mut r, &head, &mut place).await.expect("body");
+    let msg = read_body(&mut r, &head, &mut place, BodyBuffer::Fresh)
+        .await
+        .expect("body");
     assert!(r.is_empty(), "the whole message was consumed");
     assert_eq!(place[0].as_deref().expect("placed"), b"one");
     assert!(place[1].is_none() && place[2].is_none() && place[3].is_none());
@@ -57,9 +59,59 @@ async fn a_message_cut_inside_a_placed_frame_is_truncated() {
         .expect("head")
         .expect("message");
     let mut place = vec![None, None, Some(BytesMut::zeroed(100_000))];
-    let err = read_body(&mut r, &head, &mut place).await.unwrap_err();
+    let err = read_body(&mut r, &head, &mut place, BodyBuffer::Fresh)
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, FrameError::Truncated { part: "body", .. }),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_answer_read_into_pooled_memory_keeps_every_frame_and_reuses_the_buffer() {
+    // Over POOL_MIN_BYTES, so the body comes from the pool; each round gives it back.
+    let message = || {
+        Message::new(
+            Bytes::from_static(b"hdr"),
+            (0..80u8).map(|i| Bytes::from(vec![i; 1024])).collect(),
+        )
+    };
+    let wire = wire_of(message()).await;
+    let pool = tq_core::buffer::BufferPool::global();
+    for round in 0..2 {
+        let mut r = &wire[..];
+        let head = read_head(&mut r, &Limits::default())
+            .await
+            .expect("head")
+            .expect("message");
+        let msg = read_body(&mut r, &head, &mut [], BodyBuffer::Pooled)
+            .await
+            .expect("body");
+        assert!(
+            r.is_empty(),
+            "round {round}: the whole message was consumed"
+        );
+        assert_eq!(msg.header, Bytes::from_static(b"hdr"));
+        assert_eq!(msg.frames, message().frames, "round {round}");
+        drop(msg);
+        assert!(
+            pool.held_bytes() >= 80 * 1024,
+            "round {round}: the body's buffer went back to the pool"
+        );
+    }
+    // A pooled body cut short is an error that says how much arrived, as a growing one is.
+    let cut = &wire[..wire.len() - 10];
+    let mut r = cut;
+    let head = read_head(&mut r, &Limits::default())
+        .await
+        .expect("head")
+        .expect("message");
+    let err = read_body(&mut r, &head, &mut [], BodyBuffer::Pooled)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, FrameError::Truncated { part: "body", expected, received } if expected == received + 10),
         "{err}"
     );
 }
