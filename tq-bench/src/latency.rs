@@ -24,14 +24,19 @@ impl Percentiles {
     }
 }
 
+/// One sample of one 4 KiB field `x`: the payload of the latency rounds.
+pub fn sample_4k() -> Result<Batch> {
+    let bytes = tq_core::Bytes::from(vec![7u8; 4096]);
+    Batch::from_columns([(
+        "x",
+        Column::Dense(Tensor::new(DType::U8, vec![1, 4096], bytes)?),
+    )])
+}
+
 /// `rounds` times: put one 4 KiB sample under one key, then read it back. Returns each pair's
 /// duration (after 50 untimed warm-up rounds).
 pub async fn put_get(tq: &Client, rounds: usize) -> Result<Vec<Duration>> {
-    let bytes = tq_core::Bytes::from(vec![7u8; 4096]);
-    let one = Batch::from_columns([(
-        "x",
-        Column::Dense(Tensor::new(DType::U8, vec![1, 4096], bytes)?),
-    )])?;
+    let one = sample_4k()?;
     let mut times = Vec::with_capacity(rounds);
     for i in 0..rounds + 50 {
         let t = Instant::now();

@@ -14,6 +14,7 @@ pub mod measure;
 pub mod scale;
 pub mod servers;
 pub mod ssd;
+pub mod steps;
 pub mod workloads;
 
 pub use measure::{measure, Stats};

@@ -8,7 +8,7 @@ use crate::servers::{spawn_server, Servers};
 mod scale;
 use clap::{Args, ValueEnum};
 use std::time::Duration;
-use tq_bench::{baseline, clears, controller, kv, latency, links, workloads};
+use tq_bench::{baseline, clears, controller, kv, latency, links, steps, workloads};
 use tq_client::{Client, Config};
 use tq_core::{Error, Result};
 
@@ -257,6 +257,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
             println!();
             for m in memory {
                 println!("- {m}");
+            }
+        }
+        {
+            // Where a put's and a get's wall time goes: the same calls one at a time.
+            println!();
+            println!(
+                "A put and a get step by step (the calls kv_batch_put and kv_batch_get make, each timed alone; the floor is a controller round trip of one key):"
+            );
+            println!();
+            println!("{}", steps::TABLE_HEADER);
+            for name in &names {
+                let batch = workloads::by_name(name, args.samples).expect("checked above");
+                println!(
+                    "{}",
+                    steps::run(&runtime, &tq, name, &batch, args.reps)?.rows()
+                );
             }
         }
         let clears = clears::run(&runtime, &tq, args.reps)?;

@@ -69,6 +69,31 @@ fn bench_reports_figures_next_to_memcpy() {
         );
     }
     assert!(stdout.contains("allocate + notify + fetch"), "{stdout}");
+    // The step table, once per deployment (embedded and remote), every step with a time.
+    for step in [
+        "put 1/3: kv_prepare_put (controller)",
+        "put 2/3: storage put (units)",
+        "put 3/3: notify_production (controller)",
+        "get 1/2: kv_retrieve_meta (controller)",
+        "get 2/2: storage get (units)",
+        "floor, called from a task of the runtime",
+        "kv_put of 4 KiB as a task, awaited by block_on",
+    ] {
+        let rows: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.starts_with(&format!("| simple-small | {step} | ")))
+            .collect();
+        assert_eq!(rows.len(), 2, "`{step}` once per deployment: {stdout}");
+        for row in rows {
+            let ms: f64 = row
+                .split('|')
+                .nth(3)
+                .and_then(|c| c.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no time in `{row}`"));
+            assert!(ms > 0.0, "{row}");
+        }
+    }
 }
 
 #[cfg(feature = "bench")]
