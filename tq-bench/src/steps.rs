@@ -11,8 +11,10 @@
 //! The last rows are what a caller outside the runtime pays (a thread calling `block_on`, as
 //! `BlockingClient` and the Python package do): the floor again from a task of the runtime, and
 //! a one-sample `kv_put` awaited by `block_on` directly or run as a task whose end `block_on`
-//! awaits (how those two call now). The gap is the wake-up of the parked calling thread, once
-//! per answer when it awaits the call itself, once per call when the call is a task.
+//! awaits. The gap is the wake-up of the parked calling thread, once per answer when it awaits
+//! the call itself, once per call when the call is a task. Blocking calls stay `block_on`: as
+//! tasks, calls that complete without waiting (in process) got far slower (docs/benchmarks.md,
+//! "A put and a get step by step").
 
 use crate::measure::Stats;
 use crate::workloads;
@@ -45,6 +47,7 @@ pub fn run(
     let keys = workloads::keys(batch.len());
     let one_key = vec![keys[0].clone()];
     let types = batch.type_schemas();
+    let small = crate::latency::sample_4k()?;
     let mut times: [Vec<Duration>; 9] = Default::default();
     for rep in 0..=reps.max(1) {
         let round = runtime.block_on(async {
@@ -92,35 +95,29 @@ pub fn run(
         })?;
         // The floor again from a task of the runtime instead of `block_on`: the answer then
         // wakes its caller on the worker that read it, not a thread parked outside the runtime.
-        let spawned = {
+        let floor_in_task = {
             let (tq, one_key) = (tq.clone(), one_key.clone());
-            runtime.spawn(async move {
+            in_task(runtime, async move {
                 let t = Instant::now();
                 tq.control()
                     .kv_retrieve_meta(PARTITION, &one_key, false)
                     .await?;
-                Ok::<_, Error>(t.elapsed())
-            })
+                Ok(t.elapsed())
+            })?
         };
-        let floor_in_task = runtime
-            .block_on(spawned)
-            .map_err(|e| Error::internal("the step task failed").with_source(e))??;
         // One small kv_put from outside the runtime: awaited by block_on directly, or run as
         // a task of the runtime whose end block_on awaits (one wake-up of the caller instead of
         // one per round trip).
-        let small = crate::latency::sample_4k()?;
         let t = Instant::now();
         runtime.block_on(tq.partition(PARTITION).kv_put("small", &small, None))?;
         let small_direct = t.elapsed();
         let t = Instant::now();
-        let spawned = {
+        {
             let (tq, small) = (tq.clone(), small.clone());
-            runtime
-                .spawn(async move { tq.partition(PARTITION).kv_put("small", &small, None).await })
-        };
-        runtime
-            .block_on(spawned)
-            .map_err(|e| Error::internal("the step task failed").with_source(e))??;
+            in_task(runtime, async move {
+                tq.partition(PARTITION).kv_put("small", &small, None).await
+            })?;
+        }
         let small_task = t.elapsed();
         runtime.block_on(tq.partition(PARTITION).kv_clear(&["small"]))?;
         if rep > 0 {
@@ -147,6 +144,16 @@ pub fn run(
             ("kv_put of 4 KiB as a task, awaited by block_on", small_task),
         ],
     })
+}
+
+/// Runs `work` as a task of `runtime` and waits for it from outside the runtime.
+fn in_task<T: Send + 'static>(
+    runtime: &tokio::runtime::Runtime,
+    work: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    runtime
+        .block_on(runtime.spawn(work))
+        .map_err(|e| Error::internal("a step task failed").with_source(e))?
 }
 
 /// Markdown table header for [`StepReport::rows`].

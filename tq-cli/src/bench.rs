@@ -259,21 +259,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 println!("- {m}");
             }
         }
-        {
-            // Where a put's and a get's wall time goes: the same calls one at a time.
-            println!();
+        // Where a put's and a get's wall time goes: the same calls one at a time.
+        println!();
+        println!(
+            "A put and a get step by step (the calls kv_batch_put and kv_batch_get make, each timed alone; the floor is a controller round trip of one key):"
+        );
+        println!();
+        println!("{}", steps::TABLE_HEADER);
+        for name in &names {
+            let batch = workloads::by_name(name, args.samples).expect("checked above");
             println!(
-                "A put and a get step by step (the calls kv_batch_put and kv_batch_get make, each timed alone; the floor is a controller round trip of one key):"
+                "{}",
+                steps::run(&runtime, &tq, name, &batch, args.reps)?.rows()
             );
-            println!();
-            println!("{}", steps::TABLE_HEADER);
-            for name in &names {
-                let batch = workloads::by_name(name, args.samples).expect("checked above");
-                println!(
-                    "{}",
-                    steps::run(&runtime, &tq, name, &batch, args.reps)?.rows()
-                );
-            }
         }
         let clears = clears::run(&runtime, &tq, args.reps)?;
         println!();
