@@ -33,6 +33,7 @@
 //! connect_timeout_ms = 5000
 //! key_cache_entries = 16384        # remote clients: overlap small gets with the key lookup
 //! retry_max_elapsed_ms = 10000     # keep retrying what is safe to repeat through a restart
+//! shared_memory = false            # same-host units: large payloads through shared memory
 //! ```
 //!
 //! # Environment overrides
@@ -94,6 +95,11 @@ pub struct NetSection {
     /// request's own deadline): rides out a controller or storage-unit restart. `0`: only the
     /// one retry an idempotent request always gets. Counted in `tq_net_retries_total`.
     pub retry_max_elapsed_ms: u64,
+    /// Move large payloads (from 256 KiB) through shared memory when a storage unit runs on
+    /// the same machine and offers it: sealed memfd segments handed over a Unix socket, read
+    /// by mapping them instead of through TCP. Falls back to TCP, with one log line saying
+    /// why, when the unit is elsewhere or refuses. Off by default (Linux only).
+    pub shared_memory: bool,
 }
 
 impl std::fmt::Debug for NetSection {
@@ -104,6 +110,7 @@ impl std::fmt::Debug for NetSection {
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("key_cache_entries", &self.key_cache_entries)
             .field("retry_max_elapsed_ms", &self.retry_max_elapsed_ms)
+            .field("shared_memory", &self.shared_memory)
             .finish()
     }
 }
@@ -116,6 +123,7 @@ impl Default for NetSection {
             connect_timeout_ms: 5_000,
             key_cache_entries: 16_384,
             retry_max_elapsed_ms: 10_000,
+            shared_memory: false,
         }
     }
 }

@@ -89,7 +89,8 @@ pub(crate) async fn connect(
                 Ok(Arc::new(
                     RemoteUnit::new(u.id.clone(), ep, pool.clone())
                         .with_epoch(topology.epoch)
-                        .with_registration(u.registration),
+                        .with_registration(u.registration)
+                        .with_shared_memory(config.net.shared_memory),
                 ) as Arc<dyn tq_unit::StorageUnit>)
             })
             .collect::<Result<Vec<_>>>()?;

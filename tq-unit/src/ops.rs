@@ -41,6 +41,9 @@ pub enum UnitOp {
     Release,
     /// Adopts a controller epoch (`enter_epoch`).
     EnterEpoch,
+    /// Where a unit server's shared-memory channel listens: answered by the server itself
+    /// (`net/shm`), not by the unit.
+    SharedMemory,
 }
 
 /// What the table says about one operation.
@@ -72,6 +75,7 @@ impl UnitOp {
         UnitOp::Page,
         UnitOp::Release,
         UnitOp::EnterEpoch,
+        UnitOp::SharedMemory,
     ];
 
     /// The table: one row per operation.
@@ -94,6 +98,7 @@ impl UnitOp {
             UnitOp::Page => ("CHECKPOINT_PAGE", Freely, false, false),
             UnitOp::Release => ("CHECKPOINT_RELEASE", Freely, false, false),
             UnitOp::EnterEpoch => ("ENTER_EPOCH", Freely, false, false),
+            UnitOp::SharedMemory => ("SHARED_MEMORY", Freely, false, false),
         };
         UnitOpSpec {
             label,

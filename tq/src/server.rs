@@ -192,6 +192,11 @@ pub async fn start_unit(
         ))
     };
     let handler = Arc::new(UnitServer::new(make()?).with_factory(Box::new(make)));
+    // Same-host clients that turn `net.shared_memory` on move large payloads through it; a
+    // unit that cannot offer it still serves everything over the network.
+    if let Err(e) = handler.offer_shared_memory() {
+        tracing::info!(unit = %id, error = %e, "storage unit offers no shared memory");
+    }
     let server = Server::bind(listen, server_config(config, id), handler.clone()).await?;
     Ok((server, handler))
 }

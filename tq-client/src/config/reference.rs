@@ -226,6 +226,14 @@ pub const KEYS: &[KeyDoc] = &[
               controller or unit restart. `0`: only the one retry an idempotent request \
               always gets. Counted in `tq_net_retries_total`.",
     },
+    KeyDoc {
+        key: "net.shared_memory",
+        example: "[net]\nshared_memory = true",
+        doc: "Remote clients: move payloads of 256 KiB and more through shared memory when a \
+              storage unit runs on the same machine and offers it (sealed memfd segments \
+              passed over a Unix socket; a get maps them instead of reading TCP). Falls back \
+              to TCP with one log line saying why. Linux only.",
+    },
 ];
 
 /// The environment variable of `key` (the rule of `env.rs`), or `None` for keys inside a

@@ -10,6 +10,8 @@
 
 mod remote;
 mod server;
+#[cfg(target_os = "linux")]
+mod shm;
 mod wire;
 
 pub use remote::RemoteUnit;

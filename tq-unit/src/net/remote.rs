@@ -20,6 +20,12 @@ pub struct RemoteUnit {
     epoch: AtomicU64,
     /// The registration of the unit process this stub routes to (0: none), from the topology.
     registration: u64,
+    /// Same-host shared memory: `None` when not wanted; else the link, made on first use
+    /// (`None` inside when the unit cannot share memory with this process).
+    #[cfg(target_os = "linux")]
+    shm: Option<tokio::sync::OnceCell<Option<super::shm::ShmLink>>>,
+    /// Set when the link failed in transport: payloads go over the network from then on.
+    shm_off: std::sync::atomic::AtomicBool,
 }
 
 impl RemoteUnit {
@@ -31,7 +37,238 @@ impl RemoteUnit {
             pool,
             epoch: AtomicU64::new(0),
             registration: 0,
+            #[cfg(target_os = "linux")]
+            shm: None,
+            shm_off: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Moves payloads through shared memory when the unit runs on this host and offers it
+    /// (see [`super::UnitServer::offer_shared_memory`]); otherwise, and off Linux, they go
+    /// over the network as without it. The first put or get asks the unit; a log line says
+    /// when shared memory is not used and why.
+    pub fn with_shared_memory(mut self, on: bool) -> Self {
+        #[cfg(target_os = "linux")]
+        {
+            self.shm = on.then(tokio::sync::OnceCell::new);
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = on;
+        self
+    }
+
+    /// Whether payloads to this unit go through shared memory (after the first put or get).
+    pub fn uses_shared_memory(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            !self.shm_off.load(Ordering::Relaxed)
+                && matches!(self.shm.as_ref().and_then(|c| c.get()), Some(Some(_)))
+        }
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+
+    /// The shared-memory link, asking the unit for it on first use.
+    #[cfg(target_os = "linux")]
+    async fn link(&self) -> Option<&super::shm::ShmLink> {
+        let cell = self.shm.as_ref()?;
+        if self.shm_off.load(Ordering::Relaxed) {
+            return None;
+        }
+        cell.get_or_init(|| async {
+            match self.negotiate().await {
+                Ok(link) => {
+                    tracing::info!(unit = %self.id, "payloads go through shared memory");
+                    Some(link)
+                }
+                Err(e) => {
+                    tracing::info!(unit = %self.id, reason = %e, "not using shared memory with this unit; payloads go over the network");
+                    None
+                }
+            }
+        })
+        .await
+        .as_ref()
+    }
+
+    #[cfg(target_os = "linux")]
+    async fn negotiate(&self) -> Result<super::shm::ShmLink> {
+        match self.call(&UnitRequest::SharedMemory, Vec::new()).await?.0 {
+            UnitResponse::SharedMemory(Some(offer)) => {
+                super::shm::ShmLink::connect(&self.id, offer).await
+            }
+            UnitResponse::SharedMemory(None) => Err(Error::unavailable(
+                "the unit offers no shared-memory channel",
+            )),
+            other => Err(self.unexpected("shared-memory offer", &other)),
+        }
+    }
+
+    /// After a transport error on the link: the network from now on.
+    #[cfg(target_os = "linux")]
+    fn give_up_shared_memory(&self, e: &Error) {
+        if !self.shm_off.swap(true, Ordering::Relaxed) {
+            tracing::warn!(unit = %self.id, reason = %e, "shared memory failed; payloads go over the network from now on");
+        }
+    }
+
+    /// A put through a segment. `Err` is the link's (fall back); the inner result the unit's.
+    #[cfg(target_os = "linux")]
+    async fn put_shared(&self, link: &super::shm::ShmLink, req: &UnitPut) -> Result<Result<()>> {
+        use std::os::fd::AsRawFd;
+        let values = req.fields.values().flat_map(|r| r.values.iter());
+        let parts: Vec<&[u8]> = values.map(|v| &v.bytes()[..]).collect();
+        let (offsets, len) = super::shm::layout(parts.iter().map(|p| p.len()));
+        let fd = super::shm::write_sealed(&parts, &offsets, len)?;
+        let spans = offsets
+            .iter()
+            .zip(&parts)
+            .map(|(o, p)| (*o, p.len() as u64))
+            .collect();
+        let fields = req
+            .fields
+            .iter()
+            .map(|(field, rows)| WireRows {
+                field: field.clone(),
+                shared: rows.shared_allocation,
+                cells: rows.values.iter().map(desc_of).collect(),
+            })
+            .collect();
+        let wire = UnitRequest::PutShared {
+            samples: req.samples.clone(),
+            fields,
+            spans,
+        };
+        let msg = Message::encode(&self.envelope(&wire), Vec::new())?;
+        let answer = link
+            .call(msg, &[fd.as_raw_fd()], self.pool.config().request_timeout)
+            .await?;
+        Ok(
+            answer.and_then(|(reply, _)| match reply.decode::<UnitResponse>()? {
+                UnitResponse::Done => Ok(()),
+                other => Err(self.unexpected("put", &other)),
+            }),
+        )
+    }
+
+    /// A get through the link. `Err` is the link's (fall back, `offered` untouched); the
+    /// inner result the unit's.
+    #[cfg(target_os = "linux")]
+    async fn get_shared(
+        &self,
+        link: &super::shm::ShmLink,
+        fields: &[FieldName],
+        samples: &[SampleId],
+        offered: &mut [Option<BytesMut>],
+    ) -> Result<Result<Vec<Vec<Fetched>>>> {
+        let req = UnitRequest::GetShared {
+            fields: fields.to_vec(),
+            samples: samples.to_vec(),
+        };
+        let msg = Message::encode(&self.envelope(&req), Vec::new())?;
+        let (reply, fds) = match link
+            .call(msg, &[], self.pool.config().request_timeout)
+            .await?
+        {
+            Ok(answer) => answer,
+            Err(e) => return Ok(Err(e.context(format!("storage unit `{}`", self.id)))),
+        };
+        Ok(self.read_shared(reply, fds, fields.len(), samples.len(), offered))
+    }
+
+    #[cfg(target_os = "linux")]
+    fn read_shared(
+        &self,
+        reply: Message,
+        fds: Vec<std::os::fd::OwnedFd>,
+        fields: usize,
+        samples: usize,
+        offered: &mut [Option<BytesMut>],
+    ) -> Result<Vec<Vec<Fetched>>> {
+        use super::shm::Segment;
+        let resp: UnitResponse = reply.decode()?;
+        let UnitResponse::GotShared { cells, places } = resp else {
+            return Err(self.unexpected("shared-memory get", &resp));
+        };
+        self.check_got(&cells, fields, samples)?;
+        if places.len() != fields * samples {
+            return Err(Error::corrupted(format!(
+                "storage unit `{}` placed {} cells of a get of {}",
+                self.id,
+                places.len(),
+                fields * samples
+            )));
+        }
+        let segments = fds
+            .into_iter()
+            .map(Segment::map)
+            .collect::<Result<Vec<_>>>()?;
+        // Map each segment's pages in one call rather than a fault per page.
+        let mut spans = vec![(u64::MAX, 0u64); segments.len()];
+        for place in &places {
+            if let Place::Segment {
+                segment,
+                offset,
+                len,
+            } = place
+            {
+                if let Some(span) = spans.get_mut(*segment as usize) {
+                    span.0 = span.0.min(*offset);
+                    span.1 = span.1.max(offset.saturating_add(*len));
+                }
+            }
+        }
+        for (segment, (start, end)) in segments.iter().zip(&spans) {
+            if start < end {
+                segment.populate(*start, end - start);
+            }
+        }
+        let peer = format!("shared-memory reply of unit `{}`", self.id);
+        let mut reader = FrameReader {
+            frames: reply.frames.iter(),
+            peer: &peer,
+        };
+        let mut places = places.into_iter();
+        let mut offered = offered.iter_mut();
+        let mut out = Vec::with_capacity(cells.len());
+        for column in cells {
+            let mut fetched = Vec::with_capacity(column.len());
+            for desc in column {
+                let buffer = offered.next().and_then(Option::take);
+                let bytes = match places.next() {
+                    Some(Place::Segment {
+                        segment,
+                        offset,
+                        len,
+                    }) => {
+                        let Some(seg) = segments.get(segment as usize) else {
+                            return Err(Error::corrupted(format!(
+                                "{peer}: a cell in segment {segment} of {}",
+                                segments.len()
+                            )));
+                        };
+                        seg.slice(offset, len)?
+                    }
+                    _ => reader.next_frame()?,
+                };
+                fetched.push(match (buffer, desc) {
+                    (Some(mut buf), CellDesc::Tensor { dtype, shape })
+                        if buf.len() == bytes.len() =>
+                    {
+                        buf.copy_from_slice(&bytes);
+                        Fetched::Placed {
+                            dtype,
+                            shape,
+                            bytes: buf,
+                        }
+                    }
+                    (_, desc) => Fetched::Value(reader.cell(desc, bytes)?),
+                });
+            }
+            out.push(fetched);
+        }
+        reader.finish()?;
+        Ok(out)
     }
 
     /// Requests carry `registration` (the unit's, from the topology): a unit process that
@@ -106,6 +343,22 @@ impl StorageUnit for RemoteUnit {
 
     /// Idempotent: writing the same cells of the same generation again changes nothing.
     async fn put(&self, req: UnitPut) -> Result<()> {
+        #[cfg(target_os = "linux")]
+        if req
+            .fields
+            .values()
+            .flat_map(|r| &r.values)
+            .map(|v| v.bytes().len())
+            .sum::<usize>()
+            >= super::shm::MIN_SHARED_PUT
+        {
+            if let Some(link) = self.link().await {
+                match self.put_shared(link, &req).await {
+                    Ok(answer) => return answer,
+                    Err(e) => self.give_up_shared_memory(&e),
+                }
+            }
+        }
         let mut frames = Vec::with_capacity(req.fields.values().map(|r| r.values.len()).sum());
         let fields = encode_fields(req.fields, &mut frames);
         let wire = UnitRequest::Put {
@@ -143,7 +396,15 @@ impl StorageUnit for RemoteUnit {
         };
         // The answer's frames are the cells field by field, rows in order: offer the buffers
         // in that order.
-        let offered: Vec<Option<BytesMut>> = buffers.into_iter().flatten().collect();
+        #[allow(unused_mut)]
+        let mut offered: Vec<Option<BytesMut>> = buffers.into_iter().flatten().collect();
+        #[cfg(target_os = "linux")]
+        if let Some(link) = self.link().await {
+            match self.get_shared(link, fields, samples, &mut offered).await {
+                Ok(answer) => return answer,
+                Err(e) => self.give_up_shared_memory(&e),
+            }
+        }
         let answer = self
             .pool
             .call_into(

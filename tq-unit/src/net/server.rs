@@ -25,6 +25,9 @@ pub struct UnitServer {
     /// The registration this process holds for its unit id (0: none yet).
     registration: std::sync::atomic::AtomicU64,
     fresh: Option<UnitFactory>,
+    /// The same-host shared-memory channel, once offered ([`UnitServer::offer_shared_memory`]).
+    #[cfg(target_os = "linux")]
+    shm: std::sync::OnceLock<super::shm::ShmListener>,
 }
 
 impl UnitServer {
@@ -38,7 +41,30 @@ impl UnitServer {
             epoch: std::sync::atomic::AtomicU64::new(0),
             registration: std::sync::atomic::AtomicU64::new(0),
             fresh: None,
+            #[cfg(target_os = "linux")]
+            shm: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Offers clients on this host a shared-memory channel (see the `net::shm` module docs):
+    /// an abstract Unix socket guarded by a random secret, announced (with the secret and the
+    /// host's boot id) only to clients that ask over the authenticated network endpoint. Call
+    /// it inside a Tokio runtime; a second call does nothing. Not available on other systems
+    /// than Linux (an `Unsupported` error).
+    pub fn offer_shared_memory(self: &Arc<Self>) -> Result<()> {
+        #[cfg(target_os = "linux")]
+        {
+            if self.shm.get().is_none() {
+                let listener = super::shm::ShmListener::start(Arc::downgrade(self), &self.id)?;
+                let _ = self.shm.set(listener);
+            }
+            Ok(())
+        }
+        #[cfg(not(target_os = "linux"))]
+        Err(Error::unsupported(
+            "shared memory between a client and a unit",
+            format!("storage unit `{}` (Linux only)", self.id),
+        ))
     }
 
     /// In `epoch` from the start (a unit in its controller's process).
@@ -143,6 +169,25 @@ impl UnitServer {
 #[async_trait]
 impl Handler for UnitServer {
     async fn handle(&self, request: Message) -> Result<Message> {
+        self.serve(request, None).await.map(|(reply, _)| reply)
+    }
+}
+
+/// Segments a request brought or an answer takes along (the shared-memory channel's).
+#[cfg(target_os = "linux")]
+pub(super) type Segments = Vec<Arc<super::shm::Segment>>;
+#[cfg(not(target_os = "linux"))]
+pub(super) type Segments = Vec<std::convert::Infallible>;
+
+impl UnitServer {
+    /// Answers one request. `attached` is `None` for a request from the network and the
+    /// segments it carried for one from the shared-memory channel, where the answer may
+    /// carry segments too.
+    pub(super) async fn serve(
+        &self,
+        request: Message,
+        attached: Option<Segments>,
+    ) -> Result<(Message, Segments)> {
         let envelope: UnitEnvelope<UnitRequest> = request.decode().map_err(|e| {
             // Most likely a client pointed at this unit's address instead of its controller's.
             Error::invalid(format!(
@@ -156,7 +201,7 @@ impl Handler for UnitServer {
         tracing::debug!(unit = %self.id, op, "storage request");
         if let UnitRequest::EnterEpoch = envelope.request {
             self.adopt_epoch(envelope.epoch)?;
-            return Message::encode(&UnitResponse::Done, Vec::new());
+            return plain(&UnitResponse::Done, Vec::new());
         }
         let ours = self.epoch();
         if envelope.epoch != 0 && ours != 0 && envelope.epoch != ours {
@@ -192,7 +237,7 @@ impl Handler for UnitServer {
                 let fields = reader.fields(fields)?;
                 reader.finish()?;
                 unit.put(UnitPut { samples, fields }).await?;
-                return Message::encode(&UnitResponse::Done, Vec::new());
+                return plain(&UnitResponse::Done, Vec::new());
             }
             UnitRequest::Update {
                 samples,
@@ -208,18 +253,13 @@ impl Handler for UnitServer {
             }
             UnitRequest::Get { fields, samples } => {
                 reader.finish()?;
-                let columns = match unit.get(&fields, &samples).await {
-                    Err(e) if e.kind() == &tq_core::ErrorKind::NotFound => {
-                        return Err(match replaced_since {
-                            Some(sent) => replaced(&self.id, sent, held, e),
-                            None => e,
-                        })
-                    }
-                    other => other?,
-                };
+                let columns = unit
+                    .get(&fields, &samples)
+                    .await
+                    .map_err(|e| explain_missing(e, &self.id, replaced_since, held))?;
                 let mut frames = Vec::with_capacity(columns.iter().map(Vec::len).sum());
                 let descs = columns.iter().map(|c| describe(c, &mut frames)).collect();
-                return Message::encode(&UnitResponse::Got(descs), frames);
+                return plain(&UnitResponse::Got(descs), frames);
             }
             UnitRequest::Clear { samples, filter } => {
                 reader.finish()?;
@@ -240,21 +280,126 @@ impl Handler for UnitServer {
             } => {
                 let page = unit.capture_page(capture, offset, max_bytes).await?;
                 let (response, frames) = encode_page(page);
-                return Message::encode(&response, frames);
+                return plain(&response, frames);
             }
             UnitRequest::Release { capture } => {
                 unit.release_capture(capture).await?;
                 UnitResponse::Done
             }
             UnitRequest::EnterEpoch => UnitResponse::Done,
+            UnitRequest::SharedMemory => UnitResponse::SharedMemory(self.shm_offer()),
+            UnitRequest::PutShared {
+                samples,
+                fields,
+                spans,
+            } => {
+                let segments = shared_only(attached, &self.id)?;
+                let fields = reader.fields_in_segment(fields, &spans, &segments)?;
+                reader.finish()?;
+                unit.put(UnitPut { samples, fields }).await?;
+                UnitResponse::Done
+            }
+            UnitRequest::GetShared { fields, samples } => {
+                shared_only(attached, &self.id)?;
+                reader.finish()?;
+                let columns = unit
+                    .get(&fields, &samples)
+                    .await
+                    .map_err(|e| explain_missing(e, &self.id, replaced_since, held))?;
+                return shared_answer(columns);
+            }
         };
-        Message::encode(&response, Vec::new())
+        plain(&response, Vec::new())
     }
+
+    #[cfg(target_os = "linux")]
+    pub(super) fn shm_offer(&self) -> Option<ShmOffer> {
+        self.shm.get().map(|l| l.offer())
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn shm_offer(&self) -> Option<ShmOffer> {
+        None
+    }
+}
+
+/// An answer with no segments.
+fn plain(response: &UnitResponse, frames: Vec<bytes::Bytes>) -> Result<(Message, Segments)> {
+    Ok((Message::encode(response, frames)?, Vec::new()))
+}
+
+/// The segments of a request that only the shared-memory channel may carry.
+fn shared_only(attached: Option<Segments>, unit: &str) -> Result<Segments> {
+    attached.ok_or_else(|| {
+        Error::invalid(format!(
+            "storage unit `{unit}`: shared-memory requests come over its shared-memory channel, \
+             not over the network"
+        ))
+    })
+}
+
+/// A get's cells for the shared-memory channel: those that lie in a segment of this process
+/// go as the segment's descriptor and an offset, the rest as frames.
+#[cfg(target_os = "linux")]
+fn shared_answer(columns: Vec<Vec<tq_core::Value>>) -> Result<(Message, Segments)> {
+    use super::shm::Segment;
+    let cells: usize = columns.iter().map(Vec::len).sum();
+    let mut frames = Vec::new();
+    let mut places = Vec::with_capacity(cells);
+    let mut segments: Segments = Vec::new();
+    let mut descs = Vec::with_capacity(columns.len());
+    for column in &columns {
+        descs.push(column.iter().map(desc_of).collect::<Vec<_>>());
+        for value in column {
+            let bytes = value.bytes();
+            let place = Segment::containing(bytes).and_then(|(segment, offset)| {
+                let index = match segments.iter().position(|s| Arc::ptr_eq(s, &segment)) {
+                    Some(i) => i,
+                    None if segments.len() < super::shm::MAX_SEGMENTS_PER_ANSWER => {
+                        segments.push(segment);
+                        segments.len() - 1
+                    }
+                    None => return None,
+                };
+                Some(Place::Segment {
+                    segment: index as u32,
+                    offset,
+                    len: bytes.len() as u64,
+                })
+            });
+            places.push(place.unwrap_or_else(|| {
+                frames.push(bytes.clone());
+                Place::Frame
+            }));
+        }
+    }
+    let response = UnitResponse::GotShared {
+        cells: descs,
+        places,
+    };
+    Ok((Message::encode(&response, frames)?, segments))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn shared_answer(_columns: Vec<Vec<tq_core::Value>>) -> Result<(Message, Segments)> {
+    Err(Error::unsupported(
+        "shared memory",
+        "storage units off Linux",
+    ))
 }
 
 /// A read that misses cells, from a sender that routes to registration `sent` of this unit id
 /// while this process holds `held` (a later one): the cells were written to a process that has
 /// been replaced, so they are lost (`DataLost`, not retried), and the message says so.
+/// A get's `NotFound` from a sender that routes to a replaced holder of this unit id is
+/// `DataLost` (see [`replaced`]); every other error stays as it is.
+fn explain_missing(e: Error, id: &str, replaced_since: Option<u64>, held: u64) -> Error {
+    match replaced_since {
+        Some(sent) if e.kind() == &tq_core::ErrorKind::NotFound => replaced(id, sent, held, e),
+        _ => e,
+    }
+}
+
 fn replaced(id: &str, sent: u64, held: u64, missing: Error) -> Error {
     Error::data_lost(format!(
         "storage unit `{id}` was replaced since this client connected (it routes to \

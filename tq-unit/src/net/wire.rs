@@ -113,6 +113,20 @@ pub(super) enum UnitRequest {
     },
     /// The controller moved to the envelope's epoch (a checkpoint was loaded into it).
     EnterEpoch,
+    /// Over the network: where this unit's shared-memory channel listens, if it offers one.
+    SharedMemory,
+    /// Over the shared-memory channel only: a put whose cells lie in the one segment the
+    /// message carries, cell `i` (fields in order, rows in order) at `spans[i]`.
+    PutShared {
+        samples: Vec<SampleId>,
+        fields: Vec<WireRows>,
+        spans: Vec<(u64, u64)>,
+    },
+    /// Over the shared-memory channel only: a get answered with [`UnitResponse::GotShared`].
+    GetShared {
+        fields: Vec<FieldName>,
+        samples: Vec<SampleId>,
+    },
 }
 
 impl UnitRequest {
@@ -129,6 +143,9 @@ impl UnitRequest {
             UnitRequest::Page { .. } => UnitOp::Page,
             UnitRequest::Release { .. } => UnitOp::Release,
             UnitRequest::EnterEpoch => UnitOp::EnterEpoch,
+            UnitRequest::SharedMemory => UnitOp::SharedMemory,
+            UnitRequest::PutShared { .. } => UnitOp::Put,
+            UnitRequest::GetShared { .. } => UnitOp::Get,
         }
     }
 
@@ -151,6 +168,35 @@ pub(super) enum UnitResponse {
         fields: Vec<(FieldName, Vec<SampleId>, Vec<CellDesc>)>,
         next: Option<u64>,
     },
+    /// Where the unit's shared-memory channel listens (`None`: it offers none).
+    SharedMemory(Option<ShmOffer>),
+    /// A get over the shared-memory channel: per field, the cells in sample order, and for
+    /// each cell (fields in order) where its bytes are.
+    GotShared {
+        cells: Vec<Vec<CellDesc>>,
+        places: Vec<Place>,
+    },
+}
+
+/// How a client on the same host reaches a unit's shared-memory channel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) struct ShmOffer {
+    /// The Unix socket the channel listens on.
+    pub(super) path: String,
+    /// The kernel's boot id where the unit runs: a client elsewhere cannot share its memory.
+    pub(super) host: String,
+    /// Presented in the channel's hello, so only a peer that reached the unit over its
+    /// (authenticated) network endpoint can use the channel.
+    pub(super) secret: Vec<u8>,
+}
+
+/// Where the bytes of one cell of a shared-memory answer are.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) enum Place {
+    /// The message's next frame.
+    Frame,
+    /// In the answer's segment `segment` (its descriptors in order), at `offset`.
+    Segment { segment: u32, offset: u64, len: u64 },
 }
 
 /// A capture page as a response and its frames.
@@ -210,15 +256,20 @@ pub(super) fn describe(values: &[Value], frames: &mut Vec<Bytes>) -> Vec<CellDes
         .iter()
         .map(|v| {
             frames.push(v.bytes().clone());
-            match v {
-                Value::Tensor(t) => CellDesc::Tensor {
-                    dtype: t.dtype(),
-                    shape: t.shape().to_vec(),
-                },
-                Value::Object(_) => CellDesc::Object,
-            }
+            desc_of(v)
         })
         .collect()
+}
+
+/// How `value`'s bytes are to be read back.
+pub(super) fn desc_of(value: &Value) -> CellDesc {
+    match value {
+        Value::Tensor(t) => CellDesc::Tensor {
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+        },
+        Value::Object(_) => CellDesc::Object,
+    }
 }
 
 pub(super) fn encode_fields(
@@ -286,6 +337,65 @@ impl FrameReader<'_> {
             );
         }
         Ok(out)
+    }
+
+    /// The fields of a shared-memory put: cell `i` (fields in order) is `spans[i]` of the
+    /// request's one segment.
+    #[cfg(target_os = "linux")]
+    pub(super) fn fields_in_segment(
+        &mut self,
+        wire: Vec<WireRows>,
+        spans: &[(u64, u64)],
+        segments: &[std::sync::Arc<super::shm::Segment>],
+    ) -> Result<BTreeMap<FieldName, UnitRows>> {
+        let [segment] = segments else {
+            return Err(Error::corrupted(format!(
+                "{}: a shared-memory put carries {} segments, not one",
+                self.peer,
+                segments.len()
+            )));
+        };
+        let cells: usize = wire.iter().map(|w| w.cells.len()).sum();
+        if cells != spans.len() {
+            return Err(Error::corrupted(format!(
+                "{}: a shared-memory put describes {cells} cells and places {}",
+                self.peer,
+                spans.len()
+            )));
+        }
+        let mut spans = spans.iter();
+        let mut out = BTreeMap::new();
+        for w in wire {
+            let mut values = Vec::with_capacity(w.cells.len());
+            for desc in w.cells {
+                let (offset, len) = spans.next().copied().unwrap_or_default();
+                let bytes = segment
+                    .slice(offset, len)
+                    .map_err(|e| Error::corrupted(format!("{}: {}", self.peer, e.message())))?;
+                values.push(self.cell(desc, bytes)?);
+            }
+            out.insert(
+                w.field,
+                UnitRows {
+                    values,
+                    shared_allocation: w.shared,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn fields_in_segment(
+        &mut self,
+        _wire: Vec<WireRows>,
+        _spans: &[(u64, u64)],
+        _segments: &[std::convert::Infallible],
+    ) -> Result<BTreeMap<FieldName, UnitRows>> {
+        Err(Error::unsupported(
+            "shared memory",
+            "storage units off Linux",
+        ))
     }
 
     pub(super) fn finish(mut self) -> Result<()> {

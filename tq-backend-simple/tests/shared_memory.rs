@@ -1,0 +1,239 @@
+//! Same-host shared memory between a remote unit stub and a unit server: real memfd segments
+//! passed over a real Unix socket beside a real loopback TCP endpoint. Large puts land in the
+//! unit as slices of the client's sealed segment, gets map the unit's segments (no copy
+//! without a buffer, one copy into a buffer), a read survives a clear, and a unit that offers
+//! no channel gets everything over TCP unchanged.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and examples may panic
+#![cfg(all(feature = "net", target_os = "linux"))]
+
+use bytes::BytesMut;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tq_backend_simple::{
+    Fetched, MemoryUnit, RemoteUnit, SimpleStorage, StorageUnit, UnitPut, UnitRows, UnitServer,
+};
+use tq_core::{
+    Batch, BatchMeta, Bytes, Column, DType, FieldFilter, SampleId, StorageManager, Tensor, Value,
+};
+use tq_net::{ClientConfig, Endpoint, Pool, Server, ServerConfig};
+
+/// A unit server on loopback TCP; with `offer`, it also offers its shared-memory channel.
+async fn unit_server(id: &str, offer: bool) -> (Server, Arc<MemoryUnit>, Arc<UnitServer>) {
+    let unit = Arc::new(MemoryUnit::new(id));
+    let handler = Arc::new(UnitServer::new(unit.clone()));
+    if offer {
+        handler.offer_shared_memory().unwrap();
+    }
+    let server = Server::bind(
+        &Endpoint::tcp("127.0.0.1:0"),
+        ServerConfig {
+            name: id.to_owned(),
+            ..ServerConfig::default()
+        },
+        handler.clone(),
+    )
+    .await
+    .unwrap();
+    (server, unit, handler)
+}
+
+fn stub(server: &Server, id: &str) -> RemoteUnit {
+    RemoteUnit::new(
+        id,
+        server.local_endpoint().clone(),
+        Pool::new(ClientConfig::default()),
+    )
+    .with_shared_memory(true)
+}
+
+/// Whether `bytes` lie in a memfd mapping of this process (`/proc/self/maps` names them
+/// `/memfd:<name> (deleted)`).
+fn in_memfd(bytes: &[u8]) -> bool {
+    let at = bytes.as_ptr() as usize;
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().any(|line| {
+        let Some((range, rest)) = line.split_once(' ') else {
+            return false;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            return false;
+        };
+        let (lo, hi) = (
+            usize::from_str_radix(lo, 16).unwrap(),
+            usize::from_str_radix(hi, 16).unwrap(),
+        );
+        rest.contains("/memfd:tq-cells") && lo <= at && at + bytes.len() <= hi
+    })
+}
+
+fn pattern(rows: usize, row_bytes: usize, seed: u8) -> Tensor {
+    let data: Vec<u8> = (0..rows * row_bytes)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
+        .collect();
+    Tensor::new(DType::U8, vec![rows, row_bytes], Bytes::from(data)).unwrap()
+}
+
+fn put_of(samples: &[SampleId], t: &Tensor) -> UnitPut {
+    let values = (0..samples.len())
+        .map(|r| Value::Tensor(t.row(r)))
+        .collect();
+    UnitPut {
+        samples: samples.to_vec(),
+        fields: BTreeMap::from([("x".to_string(), UnitRows::separate(values))]),
+    }
+}
+
+fn ids(n: u32) -> Vec<SampleId> {
+    (0..n).map(|i| SampleId::new(i, 0)).collect()
+}
+
+#[tokio::test]
+async fn large_cells_move_through_shared_memory_both_ways() {
+    let (server, unit, _handler) = unit_server("u", true).await;
+    let remote = stub(&server, "u");
+    let samples = ids(4);
+    let t = pattern(4, 256 << 10, 3);
+    remote.put(put_of(&samples, &t)).await.unwrap();
+    assert!(remote.uses_shared_memory());
+
+    // The unit keeps the cells as slices of the client's sealed segment: no copy there.
+    let stored = unit.get(&["x".to_string()], &samples).await.unwrap();
+    for (r, v) in stored[0].iter().enumerate() {
+        assert_eq!(v, &Value::Tensor(t.row(r)));
+        assert!(in_memfd(v.bytes()), "row {r} is not in a shared segment");
+    }
+
+    // Without buffers, the rows come back as views of the mapped segment.
+    let got = remote
+        .get_into(&["x".to_string()], &samples, vec![vec![None; 4]])
+        .await
+        .unwrap();
+    for (r, f) in got[0].iter().enumerate() {
+        let Fetched::Value(v) = f else {
+            panic!("row {r}: nothing was offered, yet it was placed")
+        };
+        assert_eq!(v, &Value::Tensor(t.row(r)));
+        assert!(in_memfd(v.bytes()), "row {r} was copied");
+    }
+
+    // With buffers that fit, each row is copied once into its buffer; one that does not fit
+    // comes back as a value.
+    let mut offered: Vec<Option<BytesMut>> =
+        (0..4).map(|_| Some(BytesMut::zeroed(256 << 10))).collect();
+    offered[2] = Some(BytesMut::zeroed(100));
+    let got = remote
+        .get_into(&["x".to_string()], &samples, vec![offered])
+        .await
+        .unwrap();
+    for (r, f) in got[0].iter().enumerate() {
+        match (r, f) {
+            (2, Fetched::Value(v)) => assert_eq!(v, &Value::Tensor(t.row(2))),
+            (
+                _,
+                Fetched::Placed {
+                    dtype,
+                    shape,
+                    bytes,
+                },
+            ) if r != 2 => {
+                assert_eq!(
+                    (*dtype, shape.as_slice()),
+                    (DType::U8, &[256usize << 10][..])
+                );
+                assert_eq!(&bytes[..], t.row(r).data().as_ref());
+            }
+            _ => panic!("row {r}: {f:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_read_stays_valid_after_the_unit_clears_the_cells() {
+    let (server, unit, _handler) = unit_server("u", true).await;
+    let remote = stub(&server, "u");
+    let samples = ids(2);
+    let t = pattern(2, 512 << 10, 7);
+    remote.put(put_of(&samples, &t)).await.unwrap();
+    let got = remote.get(&["x".to_string()], &samples).await.unwrap();
+    remote.clear(&samples, &FieldFilter::All).await.unwrap();
+    assert_eq!(unit.stats().await.unwrap().cells, 0, "the unit let go");
+    let e = remote.get(&["x".to_string()], &samples).await.unwrap_err();
+    assert_eq!(e.kind(), &tq_core::ErrorKind::NotFound, "{e}");
+    // The mapping the reader holds keeps its pages: the bytes are unchanged.
+    for (r, v) in got[0].iter().enumerate() {
+        assert!(in_memfd(v.bytes()));
+        assert_eq!(v, &Value::Tensor(t.row(r)));
+    }
+}
+
+#[tokio::test]
+async fn small_puts_and_cells_written_over_tcp_still_read_back() {
+    let (server, unit, _handler) = unit_server("u", true).await;
+    let remote = stub(&server, "u");
+    // Below the threshold: over TCP, so the unit's cells are slices of a receive buffer.
+    let small = pattern(3, 64, 1);
+    remote.put(put_of(&ids(3), &small)).await.unwrap();
+    let stored = unit.get(&["x".to_string()], &ids(3)).await.unwrap();
+    assert!(
+        !in_memfd(stored[0][0].bytes()),
+        "a small put took a segment"
+    );
+    // The get goes over the channel all the same (frames instead of segments).
+    let got = remote.get(&["x".to_string()], &ids(3)).await.unwrap();
+    assert!(remote.uses_shared_memory());
+    for (r, v) in got[0].iter().enumerate() {
+        assert_eq!(v, &Value::Tensor(small.row(r)));
+    }
+}
+
+#[tokio::test]
+async fn a_unit_that_offers_no_channel_gets_everything_over_tcp() {
+    let (server, unit, _handler) = unit_server("u", false).await;
+    let remote = stub(&server, "u");
+    let samples = ids(2);
+    let t = pattern(2, 300 << 10, 9);
+    remote.put(put_of(&samples, &t)).await.unwrap();
+    assert!(!remote.uses_shared_memory());
+    let stored = unit.get(&["x".to_string()], &samples).await.unwrap();
+    assert!(!in_memfd(stored[0][0].bytes()));
+    let got = remote.get(&["x".to_string()], &samples).await.unwrap();
+    assert_eq!(got[0][1], Value::Tensor(t.row(1)));
+}
+
+/// A whole manager over two same-host units: a batch of mixed fields comes back equal, its
+/// large dense column assembled from the segments.
+#[tokio::test]
+async fn a_manager_over_same_host_units_returns_what_was_put() {
+    let mut servers = Vec::new();
+    let mut units: Vec<Arc<dyn StorageUnit>> = Vec::new();
+    for id in ["u0", "u1"] {
+        let (server, _, handler) = unit_server(id, true).await;
+        units.push(Arc::new(stub(&server, id)));
+        servers.push((server, handler));
+    }
+    let storage = SimpleStorage::new(units).unwrap();
+    let rows = 6;
+    let batch = Batch::from_columns([
+        ("big", Column::Dense(pattern(rows, 200 << 10, 4))),
+        ("small", Column::Dense(pattern(rows, 8, 5))),
+        (
+            "text",
+            Column::Objects((0..rows).map(|r| Bytes::from(format!("row {r}"))).collect()),
+        ),
+    ])
+    .unwrap();
+    let samples: Vec<SampleId> = [5u32, 0, 3, 1, 4, 2]
+        .iter()
+        .map(|&i| SampleId::new(i, 0))
+        .collect();
+    let meta = BatchMeta::new("p", samples)
+        .with_fields(batch.schemas())
+        .unwrap();
+    storage.put(&meta, &batch).await.unwrap();
+    assert_eq!(storage.get(&meta).await.unwrap(), batch);
+    let sub = meta.select_samples(&[4, 1, 4]).unwrap();
+    assert_eq!(
+        storage.get(&sub).await.unwrap(),
+        batch.select_rows(&[4, 1, 4]).unwrap()
+    );
+}
