@@ -343,14 +343,16 @@ impl StorageUnit for RemoteUnit {
 
     /// Idempotent: writing the same cells of the same generation again changes nothing.
     async fn put(&self, req: UnitPut) -> Result<()> {
+        // Sizing the payload only when shared memory is wanted keeps plain puts as they were.
         #[cfg(target_os = "linux")]
-        if req
-            .fields
-            .values()
-            .flat_map(|r| &r.values)
-            .map(|v| v.bytes().len())
-            .sum::<usize>()
-            >= super::shm::MIN_SHARED_PUT
+        if self.shm.is_some()
+            && req
+                .fields
+                .values()
+                .flat_map(|r| &r.values)
+                .map(|v| v.bytes().len())
+                .sum::<usize>()
+                >= super::shm::MIN_SHARED_PUT
         {
             if let Some(link) = self.link().await {
                 match self.put_shared(link, &req).await {

@@ -325,9 +325,23 @@ impl FrameReader<'_> {
     }
 
     pub(super) fn fields(&mut self, wire: Vec<WireRows>) -> Result<BTreeMap<FieldName, UnitRows>> {
+        self.fields_from(wire, |reader| reader.next_frame())
+    }
+
+    /// The fields of a put, each cell's bytes from `next_bytes` (the next frame, or the next
+    /// span of a shared-memory segment).
+    fn fields_from(
+        &mut self,
+        wire: Vec<WireRows>,
+        mut next_bytes: impl FnMut(&mut Self) -> Result<Bytes>,
+    ) -> Result<BTreeMap<FieldName, UnitRows>> {
         let mut out = BTreeMap::new();
         for w in wire {
-            let values = self.cells(w.cells)?;
+            let mut values = Vec::with_capacity(w.cells.len());
+            for desc in w.cells {
+                let bytes = next_bytes(self)?;
+                values.push(self.cell(desc, bytes)?);
+            }
             out.insert(
                 w.field,
                 UnitRows {
@@ -364,25 +378,12 @@ impl FrameReader<'_> {
             )));
         }
         let mut spans = spans.iter();
-        let mut out = BTreeMap::new();
-        for w in wire {
-            let mut values = Vec::with_capacity(w.cells.len());
-            for desc in w.cells {
-                let (offset, len) = spans.next().copied().unwrap_or_default();
-                let bytes = segment
-                    .slice(offset, len)
-                    .map_err(|e| Error::corrupted(format!("{}: {}", self.peer, e.message())))?;
-                values.push(self.cell(desc, bytes)?);
-            }
-            out.insert(
-                w.field,
-                UnitRows {
-                    values,
-                    shared_allocation: w.shared,
-                },
-            );
-        }
-        Ok(out)
+        self.fields_from(wire, |reader| {
+            let (offset, len) = spans.next().copied().unwrap_or_default();
+            segment
+                .slice(offset, len)
+                .map_err(|e| Error::corrupted(format!("{}: {}", reader.peer, e.message())))
+        })
     }
 
     #[cfg(not(target_os = "linux"))]
