@@ -46,24 +46,43 @@ fn stub(server: &Server, id: &str) -> RemoteUnit {
     .with_shared_memory(true)
 }
 
-/// Whether `bytes` lie in a memfd mapping of this process (`/proc/self/maps` names them
-/// `/memfd:<name> (deleted)`).
+/// The memfd mappings of this process (`/proc/self/maps` names them `/memfd:<name> (deleted)`).
+fn memfd_ranges() -> Vec<(usize, usize)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter(|line| line.contains("/memfd:tq-cells"))
+        .filter_map(|line| {
+            let (lo, hi) = line.split_once(' ')?.0.split_once('-')?;
+            Some((
+                usize::from_str_radix(lo, 16).ok()?,
+                usize::from_str_radix(hi, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Whether `bytes` lie in one memfd mapping of this process.
 fn in_memfd(bytes: &[u8]) -> bool {
     let at = bytes.as_ptr() as usize;
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    maps.lines().any(|line| {
-        let Some((range, rest)) = line.split_once(' ') else {
-            return false;
-        };
-        let Some((lo, hi)) = range.split_once('-') else {
-            return false;
-        };
-        let (lo, hi) = (
-            usize::from_str_radix(lo, 16).unwrap(),
-            usize::from_str_radix(hi, 16).unwrap(),
-        );
-        rest.contains("/memfd:tq-cells") && lo <= at && at + bytes.len() <= hi
-    })
+    memfd_ranges()
+        .iter()
+        .any(|&(lo, hi)| lo <= at && at + bytes.len() <= hi)
+}
+
+/// Whether every byte of `bytes` lies in some memfd mapping (a column joined from several).
+fn all_in_memfd(bytes: &[u8]) -> bool {
+    let mut ranges = memfd_ranges();
+    ranges.sort_unstable();
+    let (mut at, end) = (
+        bytes.as_ptr() as usize,
+        bytes.as_ptr() as usize + bytes.len(),
+    );
+    for (lo, hi) in ranges {
+        if lo <= at && at < hi {
+            at = hi;
+        }
+    }
+    at >= end
 }
 
 fn pattern(rows: usize, row_bytes: usize, seed: u8) -> Tensor {
@@ -116,10 +135,25 @@ async fn large_cells_move_through_shared_memory_both_ways() {
         assert!(in_memfd(v.bytes()), "row {r} was copied");
     }
 
-    // With buffers that fit, each row is copied once into its buffer; one that does not fit
-    // comes back as a value.
-    let mut offered: Vec<Option<BytesMut>> =
+    // Rows of whole pages stay views even where a buffer is offered (the caller can map a
+    // column of them together); rows of part pages are copied once into a buffer that fits,
+    // and one whose buffer does not fit comes back as a value.
+    let offered: Vec<Option<BytesMut>> =
         (0..4).map(|_| Some(BytesMut::zeroed(256 << 10))).collect();
+    let got = remote
+        .get_into(&["x".to_string()], &samples, vec![offered])
+        .await
+        .unwrap();
+    for (r, f) in got[0].iter().enumerate() {
+        let Fetched::Value(v) = f else {
+            panic!("row {r}: a row of whole pages was copied into the buffer")
+        };
+        assert!(in_memfd(v.bytes()), "row {r} was copied");
+    }
+    let row = (256 << 10) + 100;
+    let t = pattern(4, row, 7);
+    remote.put(put_of(&samples, &t)).await.unwrap();
+    let mut offered: Vec<Option<BytesMut>> = (0..4).map(|_| Some(BytesMut::zeroed(row))).collect();
     offered[2] = Some(BytesMut::zeroed(100));
     let got = remote
         .get_into(&["x".to_string()], &samples, vec![offered])
@@ -136,10 +170,7 @@ async fn large_cells_move_through_shared_memory_both_ways() {
                     bytes,
                 },
             ) if r != 2 => {
-                assert_eq!(
-                    (*dtype, shape.as_slice()),
-                    (DType::U8, &[256usize << 10][..])
-                );
+                assert_eq!((*dtype, shape.as_slice()), (DType::U8, &[row][..]));
                 assert_eq!(&bytes[..], t.row(r).data().as_ref());
             }
             _ => panic!("row {r}: {f:?}"),
@@ -201,7 +232,7 @@ async fn a_unit_that_offers_no_channel_gets_everything_over_tcp() {
 }
 
 /// A whole manager over two same-host units: a batch of mixed fields comes back equal, its
-/// large dense column assembled from the segments.
+/// dense column of whole-page rows joined from the units' segments without a copy.
 #[tokio::test]
 async fn a_manager_over_same_host_units_returns_what_was_put() {
     let mut servers = Vec::new();
@@ -215,6 +246,7 @@ async fn a_manager_over_same_host_units_returns_what_was_put() {
     let rows = 6;
     let batch = Batch::from_columns([
         ("big", Column::Dense(pattern(rows, 200 << 10, 4))),
+        ("odd", Column::Dense(pattern(rows, (200 << 10) + 8, 6))),
         ("small", Column::Dense(pattern(rows, 8, 5))),
         (
             "text",
@@ -230,7 +262,16 @@ async fn a_manager_over_same_host_units_returns_what_was_put() {
         .with_fields(batch.schemas())
         .unwrap();
     storage.put(&meta, &batch).await.unwrap();
-    assert_eq!(storage.get(&meta).await.unwrap(), batch);
+    let got = storage.get(&meta).await.unwrap();
+    assert_eq!(got, batch);
+    // The column of whole-page rows is the units' own pages, mapped side by side; the one of
+    // part-page rows was copied into a buffer of this process.
+    let data = |name: &str| match &got.columns()[name] {
+        Column::Dense(t) => t.data().clone(),
+        other => panic!("{name}: {other:?}"),
+    };
+    assert!(all_in_memfd(&data("big")), "the big column was copied");
+    assert!(!in_memfd(&data("odd")) && !all_in_memfd(&data("odd")));
     let sub = meta.select_samples(&[4, 1, 4]).unwrap();
     assert_eq!(
         storage.get(&sub).await.unwrap(),

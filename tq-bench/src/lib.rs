@@ -11,6 +11,7 @@ pub mod kv_raw;
 pub mod latency;
 pub mod links;
 pub mod measure;
+pub mod same_host;
 pub mod scale;
 pub mod servers;
 pub mod ssd;

@@ -99,3 +99,74 @@ pub fn copy_batch(batch: &tq_core::Batch) -> usize {
     std::hint::black_box(&copies);
     copies.iter().map(|b| b.len()).sum()
 }
+
+/// What a process holds, from `/proc/<pid>/status` and `/proc/<pid>/maps`: its private
+/// (anonymous) resident memory, RSS and peak RSS, and the bytes of shared-memory cell segments
+/// (`memfd:tq-cells`) it maps. Shared-memory pages count in no process's private memory, and in
+/// a process's RSS only once it touches them, so what processes hold together is their private
+/// memory plus the growth of the system's shared memory ([`system_shmem`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessMemory {
+    pub private: u64,
+    pub rss: u64,
+    pub peak_rss: u64,
+    pub segments: u64,
+}
+
+fn kib_field(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|k| k * 1024)
+}
+
+/// The system's shared memory in bytes (`Shmem` of `/proc/meminfo`: tmpfs, memfd and shared
+/// anonymous pages).
+pub fn system_shmem() -> Option<u64> {
+    kib_field(&std::fs::read_to_string("/proc/meminfo").ok()?, "Shmem:")
+}
+
+impl ProcessMemory {
+    /// Reads the figures of process `pid`; `None` where /proc cannot say (not Linux, the
+    /// process is gone).
+    pub fn of(pid: u32) -> Option<ProcessMemory> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        let segments = maps
+            .lines()
+            .filter(|l| l.contains("memfd:tq-cells"))
+            .filter_map(|l| {
+                let (start, end) = l.split_whitespace().next()?.split_once('-')?;
+                let start = u64::from_str_radix(start, 16).ok()?;
+                Some(u64::from_str_radix(end, 16).ok()? - start)
+            })
+            .sum();
+        Some(ProcessMemory {
+            private: kib_field(&status, "RssAnon:")?,
+            rss: kib_field(&status, "VmRSS:")?,
+            peak_rss: kib_field(&status, "VmHWM:")?,
+            segments,
+        })
+    }
+
+    /// Restarts the peak RSS count of process `pid` from its current RSS (`clear_refs` 5), so a
+    /// later [`ProcessMemory::of`] shows the peak of what ran in between. False when the kernel
+    /// refused.
+    pub fn reset_peak(pid: u32) -> bool {
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+    }
+
+    /// The sum over `pids`; `None` if any cannot be read.
+    pub fn total(pids: &[u32]) -> Option<ProcessMemory> {
+        pids.iter().try_fold(ProcessMemory::default(), |sum, &pid| {
+            let m = ProcessMemory::of(pid)?;
+            Some(ProcessMemory {
+                private: sum.private + m.private,
+                rss: sum.rss + m.rss,
+                peak_rss: sum.peak_rss + m.peak_rss,
+                segments: sum.segments + m.segments,
+            })
+        })
+    }
+}

@@ -8,7 +8,7 @@ use crate::servers::{spawn_server, Servers};
 mod scale;
 use clap::{Args, ValueEnum};
 use std::time::Duration;
-use tq_bench::{baseline, clears, controller, kv, latency, links, steps, workloads};
+use tq_bench::{baseline, clears, controller, kv, latency, links, same_host, steps, workloads};
 use tq_client::{Client, Config};
 use tq_core::{Error, Result};
 
@@ -23,6 +23,10 @@ pub enum Deployment {
     /// The same with the controller in this process (what criterion's `redis` and
     /// `object_store` targets measure).
     EmbeddedKv,
+    /// The remote deployment through two clients against the same unit processes, one with
+    /// `net.shared_memory` off and one with it on: each workload over TCP and over shared
+    /// memory next to raw loopback TCP in the same run, and what client and units hold.
+    SameHost,
     /// The controller at scale: many clients draining partitions of several sizes against
     /// one `tq serve --units 2` (`--scale-*`), next to the in-process fetch cost by size.
     Scale,
@@ -172,10 +176,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.deployment == Deployment::Scale {
         return scale::run(&runtime, &args);
     }
+    if args.deployment == Deployment::SameHost {
+        return same_host(&runtime, &args, &names);
+    }
     let mut config = Config::default();
     config.storage.num_units = args.units;
     let deployments: Vec<&str> = match args.deployment {
-        Deployment::Scale => vec![],
+        Deployment::Scale | Deployment::SameHost => vec![],
         Deployment::Embedded => vec!["embedded"],
         Deployment::Remote => vec!["remote"],
         Deployment::Both => vec!["embedded", "remote"],
@@ -339,6 +346,75 @@ pub fn run(args: BenchArgs) -> Result<()> {
         );
         println!();
         println!("{}", r.lines());
+    }
+    Ok(())
+}
+
+/// `--deployment same-host`: each workload through a TCP-only client and a shared-memory client
+/// of the same remote deployment, next to raw loopback TCP over as many connections as units;
+/// then one put, get and clear per client with the memory of this process and the units.
+fn same_host(runtime: &tokio::runtime::Runtime, args: &BenchArgs, names: &[&str]) -> Result<()> {
+    let servers = start_remote(args.units)?;
+    let mut config = Config::default();
+    config.storage.num_units = args.units;
+    let tcp = runtime.block_on(Client::connect_with(&servers.controller, config.clone()))?;
+    config.net.shared_memory = true;
+    let shm = runtime.block_on(Client::connect_with(&servers.controller, config))?;
+    // The first child is the controller, the others are the units.
+    let mut pids = vec![std::process::id()];
+    pids.extend(servers.children.iter().skip(1).map(|c| c.id()));
+    println!();
+    println!(
+        "## Same host: controller and {} storage-unit processes on loopback, payloads over TCP and over shared memory (`net.shared_memory`), {} samples per batch, {} repetitions",
+        args.units, args.samples, args.reps
+    );
+    println!();
+    println!("{}", kv::TABLE_HEADER);
+    let mut memory = Vec::new();
+    for name in names {
+        let batch = workloads::by_name(name, args.samples).expect("checked above");
+        let streams = args.units as usize;
+        let (send, receive) =
+            runtime.block_on(baseline::tcp(batch.nbytes(), streams, args.reps))?;
+        let put_base = kv::Baseline {
+            name: format!("raw TCP send, {streams} conn"),
+            stats: send,
+        };
+        let get_base = kv::Baseline {
+            name: format!("raw TCP receive, {streams} conn"),
+            stats: receive,
+        };
+        for (client, label) in [(&tcp, "TCP"), (&shm, "shared memory")] {
+            let workload = format!("{name}, {label}");
+            let report = kv::run(
+                runtime,
+                client,
+                &workload,
+                &batch,
+                args.reps,
+                put_base.clone(),
+                get_base.clone(),
+                false,
+            )?;
+            let rows = report.rows();
+            // The baselines once per workload, before the TCP client's rows.
+            let skip = if label == "TCP" { 0 } else { 2 };
+            for row in rows.lines().skip(skip) {
+                println!("{row}");
+            }
+            let steps = same_host::memory_steps(runtime, client, &batch, &pids)?;
+            memory.push(steps.row(name, label, batch.nbytes()));
+        }
+    }
+    println!();
+    println!(
+        "Memory of this process and the {} unit processes together, MiB of growth over each step from before the put (held = their private memory + the growth of the system's shared memory, where segments live; peak RSS counts a shared page in every process that touches it):",
+        args.units
+    );
+    println!();
+    println!("{}", same_host::TABLE_HEADER);
+    for row in memory {
+        println!("{row}");
     }
     Ok(())
 }

@@ -121,7 +121,10 @@ impl SimpleStorage {
                         .into_iter()
                         .map(Fetched::into_value)
                         .collect::<Result<Vec<_>>>()?;
-                    Column::from_values(field, values)?
+                    match plan.as_ref().and_then(|p| joined_dense(p, &values)) {
+                        Some(tensor) => Column::Dense(tensor?),
+                        None => Column::from_values(field, values)?,
+                    }
                 }
             };
             batch
@@ -129,6 +132,38 @@ impl SimpleStorage {
                 .map_err(|e| e.context(format!("partition `{}`: get", meta.partition())))?;
         }
         Ok(Some(batch))
+    }
+}
+
+/// A dense column whose rows came back as views of same-host units' shared memory (rows of
+/// whole pages, not copied into the offered pieces), as one tensor over those pages mapped
+/// side by side: no copy at all. `None` when the rows are not all such views of the planned
+/// dtype and shape, or cannot be joined; the column is then assembled by copying.
+fn joined_dense(plan: &Placement, values: &[Value]) -> Option<Result<Tensor>> {
+    #[cfg(feature = "net")]
+    {
+        let RowShapes::Dense(shape) = &plan.shapes else {
+            return None;
+        };
+        let rows = values
+            .iter()
+            .map(|v| match v {
+                Value::Tensor(t) if t.dtype() == plan.dtype && t.shape() == shape.as_slice() => {
+                    Some(t.data().clone())
+                }
+                _ => None,
+            })
+            .collect::<Option<Vec<tq_core::Bytes>>>()?;
+        let whole = tq_unit::net::join_shared_rows(&rows)?;
+        let mut full = Vec::with_capacity(shape.len() + 1);
+        full.push(values.len());
+        full.extend_from_slice(shape);
+        Some(Tensor::new(plan.dtype, full, whole))
+    }
+    #[cfg(not(feature = "net"))]
+    {
+        let _ = (plan, values);
+        None
     }
 }
 

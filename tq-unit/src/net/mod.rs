@@ -16,3 +16,17 @@ mod wire;
 
 pub use remote::RemoteUnit;
 pub use server::{UnitFactory, UnitServer};
+
+/// `rows` (views a same-host get returned) back to back as one `Bytes` made of the storage
+/// units' own shared-memory pages, without copying them; `None` when they cannot be joined that
+/// way (not all in shared memory, not whole pages, rows too short to be worth a mapping each,
+/// the kernel refusing) and the caller should copy. See the module `shm::joined`.
+pub fn join_shared_rows(rows: &[bytes::Bytes]) -> Option<bytes::Bytes> {
+    #[cfg(target_os = "linux")]
+    return shm::joined::join(rows);
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = rows;
+        None
+    }
+}

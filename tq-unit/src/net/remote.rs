@@ -205,6 +205,9 @@ impl RemoteUnit {
             .collect::<Result<Vec<_>>>()?;
         // Map each segment's pages in one call rather than a fault per page.
         let mut spans = vec![(u64::MAX, 0u64); segments.len()];
+        // Rows of whole pages come back as views (the caller may map a column of them
+        // together, see `join_shared_rows`); they are mapped in when joined or touched.
+        let as_view = |offset: u64, len: u64| super::shm::joined::joinable(offset, len);
         for place in &places {
             if let Place::Segment {
                 segment,
@@ -212,6 +215,9 @@ impl RemoteUnit {
                 len,
             } = place
             {
+                if as_view(*offset, *len) {
+                    continue;
+                }
                 if let Some(span) = spans.get_mut(*segment as usize) {
                     span.0 = span.0.min(*offset);
                     span.1 = span.1.max(offset.saturating_add(*len));
@@ -235,7 +241,7 @@ impl RemoteUnit {
             let mut fetched = Vec::with_capacity(column.len());
             for desc in column {
                 let buffer = offered.next().and_then(Option::take);
-                let bytes = match places.next() {
+                let (bytes, view) = match places.next() {
                     Some(Place::Segment {
                         segment,
                         offset,
@@ -247,10 +253,11 @@ impl RemoteUnit {
                                 segments.len()
                             )));
                         };
-                        seg.slice(offset, len)?
+                        (seg.slice(offset, len)?, as_view(offset, len))
                     }
-                    _ => reader.next_frame()?,
+                    _ => (reader.next_frame()?, false),
                 };
+                let buffer = buffer.filter(|_| !view);
                 fetched.push(match (buffer, desc) {
                     (Some(mut buf), CellDesc::Tensor { dtype, shape })
                         if buf.len() == bytes.len() =>

@@ -13,7 +13,9 @@
 //!   the mapping, so the payload is never copied on the unit's side.
 //! - **get**: the unit answers with the descriptors of the segments its cells lie in and each
 //!   cell's offset; the client maps them read-only and copies each cell once into the buffer it
-//!   assembles (or, without one, keeps a `Bytes` over the mapping: no copy at all). Cells not in
+//!   assembles (or, without one, keeps a `Bytes` over the mapping: no copy at all); rows of
+//!   whole pages come back as views, and a dense column of them is mapped together into one
+//!   view of the units' pages ([`joined`]). Cells not in
 //!   a segment (written over TCP, or small) travel as frames on the same channel.
 //!
 //! Lifetimes need no leases: a sealed segment never changes, the kernel keeps its pages while
@@ -27,6 +29,7 @@
 
 mod channel;
 mod fdpass;
+pub(crate) mod joined;
 mod segment;
 
 pub(crate) use channel::{ShmLink, ShmListener};

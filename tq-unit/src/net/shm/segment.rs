@@ -25,6 +25,14 @@ const IOV_MAX: usize = 1024;
 /// aligned for any dtype and vector loads.
 pub(crate) const CELL_ALIGN: u64 = 64;
 
+/// The page size mappings are made of (x86-64 and most aarch64 kernels; [`page_size_is_expected`] checks).
+pub(crate) const PAGE: u64 = 4096;
+
+/// Whether this kernel maps in [`PAGE`]s; where it does not, nothing is joined.
+pub(crate) fn page_size_is_expected() -> bool {
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 == PAGE }
+}
+
 /// A sealed segment mapped read-only in this process, with its descriptor (to hand on).
 pub(crate) struct Segment {
     fd: OwnedFd,
@@ -156,13 +164,20 @@ fn registry() -> &'static Mutex<BTreeMap<usize, Weak<Segment>>> {
     &REGISTRY
 }
 
-/// Where each of `lens` starts in a segment, and the segment's length.
+/// Where each of `lens` starts in a segment, and the segment's length. A cell of whole pages
+/// starts on a page, so a reader can map it next to cells of other segments and hand out a
+/// column of them without copying (see [`super::joined`]).
 pub(crate) fn layout(lens: impl IntoIterator<Item = usize>) -> (Vec<u64>, u64) {
     let mut at = 0u64;
     let offsets = lens
         .into_iter()
         .map(|len| {
-            let here = at.div_ceil(CELL_ALIGN) * CELL_ALIGN;
+            let align = if len > 0 && (len as u64).is_multiple_of(PAGE) {
+                PAGE
+            } else {
+                CELL_ALIGN
+            };
+            let here = at.div_ceil(align) * align;
             at = here + len as u64;
             here
         })
@@ -290,6 +305,13 @@ mod tests {
         assert_eq!(at, 0);
         assert!(seg.slice(len, 1).is_err(), "a cell past the end is refused");
         assert!(Segment::containing(&Bytes::from(a)).is_none());
+    }
+
+    #[test]
+    fn cells_of_whole_pages_start_on_a_page() {
+        let (offsets, len) = layout([100, 8192, 7, 4096, 0]);
+        assert_eq!(offsets, vec![0, 4096, 12288, 16384, 20480]);
+        assert_eq!(len, 20480);
     }
 
     #[test]
