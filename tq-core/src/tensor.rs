@@ -85,21 +85,40 @@ pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// Whether `data` is as long as a tensor of `dtype` and `shape` (the product checked, so a shape
+/// from a peer cannot overflow).
+fn check_len(dtype: DType, shape: &[usize], data: &Bytes) -> Result<()> {
+    let expected = shape
+        .iter()
+        .try_fold(dtype.size(), |n, &d| n.checked_mul(d))
+        .ok_or_else(|| Error::invalid(format!("tensor shape {shape:?} overflows")))?;
+    if data.len() != expected {
+        return Err(Error::invalid(format!(
+            "tensor of dtype {dtype} and shape {shape:?} needs {expected} bytes, got {}",
+            data.len()
+        )));
+    }
+    Ok(())
+}
+
 impl Tensor {
     /// Wraps `data` as a tensor; its length must be `numel(shape) * dtype.size()`.
     pub fn new(dtype: DType, shape: Vec<usize>, data: Bytes) -> Result<Self> {
-        let expected = numel(&shape)
-            .checked_mul(dtype.size())
-            .ok_or_else(|| Error::invalid(format!("tensor shape {shape:?} overflows")))?;
-        if data.len() != expected {
-            return Err(Error::invalid(format!(
-                "tensor of dtype {dtype} and shape {shape:?} needs {expected} bytes, got {}",
-                data.len()
-            )));
-        }
+        check_len(dtype, &shape, &data)?;
         Ok(Tensor {
             dtype,
             shape: Shape::from_vec(shape),
+            data,
+        })
+    }
+
+    /// [`Tensor::new`] with a borrowed shape: no allocation for shapes of up to four
+    /// dimensions. For decoders that describe many cells with one shape.
+    pub fn with_shape(dtype: DType, shape: &[usize], data: Bytes) -> Result<Self> {
+        check_len(dtype, shape, &data)?;
+        Ok(Tensor {
+            dtype,
+            shape: Shape::from_slice(shape),
             data,
         })
     }

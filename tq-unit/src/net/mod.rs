@@ -3,8 +3,9 @@
 //! is the stub a manager uses to reach it. They sit beside the trait, as the controller's server
 //! and stub sit beside the controller; tq-backend-simple re-exports them.
 //!
-//! A request is one postcard header describing every cell (kind, dtype, shape) plus one body
-//! frame per cell carrying its raw bytes. Payloads never pass through the encoder: they go out
+//! A request is one postcard header describing the cells (kind, dtype, shape: once per field
+//! when its rows agree, as a dense column's do, else per cell) plus one body frame per cell
+//! carrying its raw bytes. Payloads never pass through the encoder: they go out
 //! as vectored writes of the stored `Bytes` and arrive as slices of the one receive buffer, which
 //! the receiving unit stores directly (zero copy, tracked as one shared allocation per field).
 

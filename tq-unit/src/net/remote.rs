@@ -131,7 +131,7 @@ impl RemoteUnit {
             .map(|(field, rows)| WireRows {
                 field: field.clone(),
                 shared: rows.shared_allocation,
-                cells: rows.values.iter().map(desc_of).collect(),
+                cells: CellDescs::of(&rows.values),
             })
             .collect();
         let wire = UnitRequest::PutShared {
@@ -231,7 +231,7 @@ impl RemoteUnit {
         }
         let peer = format!("shared-memory reply of unit `{}`", self.id);
         let mut reader = FrameReader {
-            frames: reply.frames.iter(),
+            frames: reply.frames.into_iter(),
             peer: &peer,
         };
         let mut places = places.into_iter();
@@ -239,7 +239,7 @@ impl RemoteUnit {
         let mut out = Vec::with_capacity(cells.len());
         for column in cells {
             let mut fetched = Vec::with_capacity(column.len());
-            for desc in column {
+            for desc in column.iter() {
                 let buffer = offered.next().and_then(Option::take);
                 let (bytes, view) = match places.next() {
                     Some(Place::Segment {
@@ -264,8 +264,8 @@ impl RemoteUnit {
                     {
                         buf.copy_from_slice(&bytes);
                         Fetched::Placed {
-                            dtype,
-                            shape,
+                            dtype: *dtype,
+                            shape: shape.clone(),
                             bytes: buf,
                         }
                     }
@@ -324,7 +324,7 @@ impl RemoteUnit {
     }
 
     /// A get answer must describe every requested cell, and have one frame per cell.
-    fn check_got(&self, descs: &[Vec<CellDesc>], fields: usize, samples: usize) -> Result<()> {
+    fn check_got(&self, descs: &[CellDescs], fields: usize, samples: usize) -> Result<()> {
         if descs.len() != fields || descs.iter().any(|d| d.len() != samples) {
             return Err(Error::corrupted(format!(
                 "storage unit `{}` answered a get of {fields} fields x {samples} samples with another shape",
@@ -414,7 +414,7 @@ impl StorageUnit for RemoteUnit {
                 Err(e) => self.give_up_shared_memory(&e),
             }
         }
-        let answer = self
+        let mut answer = self
             .pool
             .call_into(
                 &self.endpoint,
@@ -435,22 +435,22 @@ impl StorageUnit for RemoteUnit {
         let mut placed = answer.placed.into_iter();
         let peer = format!("reply of unit `{}`", self.id);
         let mut reader = FrameReader {
-            frames: answer.message.frames.iter(),
+            frames: std::mem::take(&mut answer.message.frames).into_iter(),
             peer: &peer,
         };
         let cells = descs
             .into_iter()
             .map(|column| {
                 column
-                    .into_iter()
+                    .iter()
                     .map(|desc| {
                         // A placed frame is empty in the message but still counted.
                         let frame = reader.next_frame()?;
                         match (placed.next().flatten(), desc) {
                             (Some(bytes), CellDesc::Tensor { dtype, shape }) => {
                                 Ok(Fetched::Placed {
-                                    dtype,
-                                    shape,
+                                    dtype: *dtype,
+                                    shape: shape.clone(),
                                     bytes,
                                 })
                             }
@@ -530,7 +530,7 @@ impl StorageUnit for RemoteUnit {
         };
         let peer = format!("checkpoint page of unit `{}`", self.id);
         FrameReader {
-            frames: reply.frames.iter(),
+            frames: reply.frames.into_iter(),
             peer: &peer,
         }
         .page(fields, next)

@@ -229,7 +229,7 @@ impl UnitServer {
         let req = envelope.request;
         let peer = format!("request to unit `{}`", unit.id());
         let mut reader = FrameReader {
-            frames: request.frames.iter(),
+            frames: request.frames.into_iter(),
             peer: &peer,
         };
         let response = match req {
@@ -349,7 +349,7 @@ fn shared_answer(columns: Vec<Vec<tq_core::Value>>) -> Result<(Message, Segments
     let mut segments: Segments = Vec::new();
     let mut descs = Vec::with_capacity(columns.len());
     for column in &columns {
-        descs.push(column.iter().map(desc_of).collect::<Vec<_>>());
+        descs.push(CellDescs::of(column));
         for value in column {
             let bytes = value.bytes();
             let place = Segment::containing(bytes).and_then(|(segment, offset)| {

@@ -14,12 +14,65 @@ pub(super) enum CellDesc {
     Object,
 }
 
+/// How the cells of one field are to be read, in row order. The rows of a dense column share
+/// one dtype and shape, so they are described once (protocol 9: a per-cell description was a
+/// shape allocated, encoded, decoded and freed per cell, a large part of a small-sample put's
+/// cost); rows that differ (ragged, objects of a mixed field) are described one by one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) enum CellDescs {
+    /// `count` cells, all described by `desc`.
+    Same { desc: CellDesc, count: u64 },
+    /// One description per cell.
+    Each(Vec<CellDesc>),
+}
+
+impl CellDescs {
+    /// The descriptions of `values`, once when they all agree.
+    pub(super) fn of(values: &[Value]) -> CellDescs {
+        match values.split_first() {
+            Some((first, rest)) if rest.iter().all(|v| same_layout(first, v)) => CellDescs::Same {
+                desc: desc_of(first),
+                count: values.len() as u64,
+            },
+            _ => CellDescs::Each(values.iter().map(desc_of).collect()),
+        }
+    }
+
+    /// How many cells these describe (saturating: a peer's count beyond the address space
+    /// never matches a real one).
+    pub(super) fn len(&self) -> usize {
+        match self {
+            CellDescs::Same { count, .. } => usize::try_from(*count).unwrap_or(usize::MAX),
+            CellDescs::Each(descs) => descs.len(),
+        }
+    }
+
+    /// Each cell's description, in row order. Check [`CellDescs::len`] against what the
+    /// message can hold before iterating a peer's.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &CellDesc> {
+        let (same, each) = match self {
+            CellDescs::Same { desc, .. } => (Some(std::iter::repeat_n(desc, self.len())), None),
+            CellDescs::Each(descs) => (None, Some(descs.iter())),
+        };
+        same.into_iter().flatten().chain(each.into_iter().flatten())
+    }
+}
+
+/// Whether two cells are described alike (no allocation, unlike comparing descriptions).
+fn same_layout(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Tensor(a), Value::Tensor(b)) => a.dtype() == b.dtype() && a.shape() == b.shape(),
+        (Value::Object(_), Value::Object(_)) => true,
+        _ => false,
+    }
+}
+
 /// The rows of one field on the wire; the cells' bytes are the next frames in order.
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) struct WireRows {
     pub(super) field: FieldName,
     pub(super) shared: bool,
-    pub(super) cells: Vec<CellDesc>,
+    pub(super) cells: CellDescs,
 }
 
 /// The merge operations that can cross the network (closures cannot).
@@ -159,7 +212,7 @@ impl UnitRequest {
 pub(super) enum UnitResponse {
     Done,
     /// Per requested field, the cells in sample order; their bytes are the frames in order.
-    Got(Vec<Vec<CellDesc>>),
+    Got(Vec<CellDescs>),
     Updated(UnitUpdateReply),
     Stats(UnitStats),
     Captured(CaptureInfo),
@@ -173,7 +226,7 @@ pub(super) enum UnitResponse {
     /// A get over the shared-memory channel: per field, the cells in sample order, and for
     /// each cell (fields in order) where its bytes are.
     GotShared {
-        cells: Vec<Vec<CellDesc>>,
+        cells: Vec<CellDescs>,
         places: Vec<Place>,
     },
 }
@@ -206,7 +259,8 @@ pub(super) fn encode_page(page: CellPage) -> (UnitResponse, Vec<Bytes>) {
         .fields
         .into_iter()
         .map(|fc| {
-            let descs = describe(&fc.values, &mut frames);
+            frames.extend(fc.values.iter().map(|v| v.bytes().clone()));
+            let descs = fc.values.iter().map(desc_of).collect();
             (fc.field, fc.samples, descs)
         })
         .collect();
@@ -251,14 +305,10 @@ impl FrameReader<'_> {
     }
 }
 
-pub(super) fn describe(values: &[Value], frames: &mut Vec<Bytes>) -> Vec<CellDesc> {
-    values
-        .iter()
-        .map(|v| {
-            frames.push(v.bytes().clone());
-            desc_of(v)
-        })
-        .collect()
+/// The descriptions of `values`, their bytes appended to `frames` in order.
+pub(super) fn describe(values: &[Value], frames: &mut Vec<Bytes>) -> CellDescs {
+    frames.extend(values.iter().map(|v| v.bytes().clone()));
+    CellDescs::of(values)
 }
 
 /// How `value`'s bytes are to be read back.
@@ -286,16 +336,17 @@ pub(super) fn encode_fields(
         .collect()
 }
 
-/// Rebuilds cells from their descriptions and the message's frames, in order.
+/// Rebuilds cells from their descriptions and the message's frames, in order. It owns the
+/// frames, so each becomes its cell without another reference count round trip.
 pub(super) struct FrameReader<'a> {
-    pub(super) frames: std::slice::Iter<'a, Bytes>,
+    pub(super) frames: std::vec::IntoIter<Bytes>,
     pub(super) peer: &'a str,
 }
 
 impl FrameReader<'_> {
     /// The next frame; a message with fewer frames than cells is corrupted.
     pub(super) fn next_frame(&mut self) -> Result<Bytes> {
-        self.frames.next().cloned().ok_or_else(|| {
+        self.frames.next().ok_or_else(|| {
             Error::corrupted(format!(
                 "{}: message has fewer frames than cells",
                 self.peer
@@ -304,11 +355,11 @@ impl FrameReader<'_> {
     }
 
     /// The cell `desc` describes, over `bytes`.
-    pub(super) fn cell(&self, desc: CellDesc, bytes: Bytes) -> Result<Value> {
+    pub(super) fn cell(&self, desc: &CellDesc, bytes: Bytes) -> Result<Value> {
         Ok(match desc {
             CellDesc::Object => Value::Object(bytes),
             CellDesc::Tensor { dtype, shape } => Value::Tensor(
-                Tensor::new(dtype, shape, bytes)
+                Tensor::with_shape(*dtype, shape, bytes)
                     .map_err(|e| Error::corrupted(format!("{}: {}", self.peer, e.message())))?,
             ),
         })
@@ -316,7 +367,7 @@ impl FrameReader<'_> {
 
     pub(super) fn cells(&mut self, descs: Vec<CellDesc>) -> Result<Vec<Value>> {
         descs
-            .into_iter()
+            .iter()
             .map(|d| {
                 let bytes = self.next_frame()?;
                 self.cell(d, bytes)
@@ -325,20 +376,32 @@ impl FrameReader<'_> {
     }
 
     pub(super) fn fields(&mut self, wire: Vec<WireRows>) -> Result<BTreeMap<FieldName, UnitRows>> {
-        self.fields_from(wire, |reader| reader.next_frame())
+        let frames = self.frames.len();
+        self.fields_from(wire, frames, |reader| reader.next_frame())
     }
 
     /// The fields of a put, each cell's bytes from `next_bytes` (the next frame, or the next
-    /// span of a shared-memory segment).
+    /// span of a shared-memory segment), of which the message holds `available`: a
+    /// description of more or fewer cells is refused before anything is allocated for them.
     fn fields_from(
         &mut self,
         wire: Vec<WireRows>,
+        available: usize,
         mut next_bytes: impl FnMut(&mut Self) -> Result<Bytes>,
     ) -> Result<BTreeMap<FieldName, UnitRows>> {
+        let described = wire
+            .iter()
+            .fold(0usize, |n, w| n.saturating_add(w.cells.len()));
+        if described != available {
+            return Err(Error::corrupted(format!(
+                "{}: a put describes {described} cells and carries {available}",
+                self.peer
+            )));
+        }
         let mut out = BTreeMap::new();
         for w in wire {
             let mut values = Vec::with_capacity(w.cells.len());
-            for desc in w.cells {
+            for desc in w.cells.iter() {
                 let bytes = next_bytes(self)?;
                 values.push(self.cell(desc, bytes)?);
             }
@@ -369,17 +432,9 @@ impl FrameReader<'_> {
                 segments.len()
             )));
         };
-        let cells: usize = wire.iter().map(|w| w.cells.len()).sum();
-        if cells != spans.len() {
-            return Err(Error::corrupted(format!(
-                "{}: a shared-memory put describes {cells} cells and places {}",
-                self.peer,
-                spans.len()
-            )));
-        }
-        let mut spans = spans.iter();
-        self.fields_from(wire, |reader| {
-            let (offset, len) = spans.next().copied().unwrap_or_default();
+        let mut spans_left = spans.iter();
+        self.fields_from(wire, spans.len(), |reader| {
+            let (offset, len) = spans_left.next().copied().unwrap_or_default();
             segment
                 .slice(offset, len)
                 .map_err(|e| Error::corrupted(format!("{}: {}", reader.peer, e.message())))
@@ -407,5 +462,109 @@ impl FrameReader<'_> {
                 self.peer
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tq_core::DType;
+
+    fn rows(n: usize, len: usize) -> Vec<Value> {
+        (0..n)
+            .map(|i| Value::Tensor(Tensor::from_vec(vec![i as f32; len])))
+            .collect()
+    }
+
+    fn header_len(values: &[Value]) -> usize {
+        let wire = WireRows {
+            field: "x".into(),
+            shared: true,
+            cells: CellDescs::of(values),
+        };
+        tq_net::Message::encode(&wire, Vec::new())
+            .unwrap()
+            .header
+            .len()
+    }
+
+    #[test]
+    fn a_dense_fields_rows_are_described_once() {
+        let dense = rows(1024, 256);
+        assert_eq!(
+            CellDescs::of(&dense),
+            CellDescs::Same {
+                desc: CellDesc::Tensor {
+                    dtype: DType::F32,
+                    shape: vec![256],
+                },
+                count: 1024,
+            }
+        );
+        // The header does not grow with the rows: 1 row or 1024 differ by the count's bytes.
+        assert!(header_len(&dense) <= header_len(&dense[..1]) + 2);
+        let descs = CellDescs::of(&dense);
+        assert_eq!(descs.len(), 1024);
+        assert_eq!(descs.iter().count(), 1024);
+    }
+
+    #[test]
+    fn rows_that_differ_are_described_one_by_one_in_order() {
+        let mut ragged = rows(3, 4);
+        ragged.push(Value::Tensor(Tensor::from_vec(vec![1.0f32; 5])));
+        ragged.push(Value::Object(Bytes::from_static(b"o")));
+        let descs = CellDescs::of(&ragged);
+        assert!(matches!(descs, CellDescs::Each(_)));
+        let listed: Vec<CellDesc> = descs.iter().cloned().collect();
+        let expected: Vec<CellDesc> = ragged.iter().map(desc_of).collect();
+        assert_eq!(listed, expected);
+        assert!(matches!(CellDescs::of(&[]), CellDescs::Each(v) if v.is_empty()));
+    }
+
+    #[test]
+    fn a_put_describing_more_cells_than_it_carries_is_refused_before_allocating() {
+        let frames = vec![Bytes::from(vec![0u8; 16])];
+        let mut reader = FrameReader {
+            frames: frames.into_iter(),
+            peer: "test peer",
+        };
+        let wire = vec![WireRows {
+            field: "x".into(),
+            shared: false,
+            cells: CellDescs::Same {
+                desc: CellDesc::Tensor {
+                    dtype: DType::F32,
+                    shape: vec![4],
+                },
+                count: u64::MAX,
+            },
+        }];
+        let err = reader.fields(wire).unwrap_err();
+        assert!(
+            err.message().contains("describes") && err.message().contains("carries 1"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_cell_whose_bytes_do_not_match_its_shape_is_corrupted() {
+        let frames = vec![Bytes::from(vec![0u8; 15])];
+        let mut reader = FrameReader {
+            frames: frames.into_iter(),
+            peer: "test peer",
+        };
+        let wire = vec![WireRows {
+            field: "x".into(),
+            shared: false,
+            cells: CellDescs::Same {
+                desc: CellDesc::Tensor {
+                    dtype: DType::F32,
+                    shape: vec![4],
+                },
+                count: 1,
+            },
+        }];
+        let err = reader.fields(wire).unwrap_err();
+        assert_eq!(*err.kind(), tq_core::ErrorKind::Corrupted, "{err}");
     }
 }
