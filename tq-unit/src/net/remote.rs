@@ -117,14 +117,22 @@ impl RemoteUnit {
     async fn put_shared(&self, link: &super::shm::ShmLink, req: &UnitPut) -> Result<Result<()>> {
         use std::os::fd::AsRawFd;
         let values = req.fields.values().flat_map(|r| r.values.iter());
-        let parts: Vec<&[u8]> = values.map(|v| &v.bytes()[..]).collect();
-        let (offsets, len) = super::shm::layout(parts.iter().map(|p| p.len()));
-        let fd = super::shm::write_sealed(&parts, &offsets, len)?;
+        let parts: Vec<Bytes> = values.map(|v| v.bytes().clone()).collect();
+        let (offsets, len) = super::shm::layout(parts.iter().map(Bytes::len));
         let spans = offsets
             .iter()
             .zip(&parts)
             .map(|(o, p)| (*o, p.len() as u64))
             .collect();
+        // The copy into the segment is this put's one real cost (its pages are allocated as it
+        // is written). On a thread of the blocking pool, so that the puts a manager makes to
+        // several units at once (one task joining them) copy in parallel instead of in turn.
+        let fd = tokio::task::spawn_blocking(move || {
+            let parts: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+            super::shm::write_sealed(&parts, &offsets, len)
+        })
+        .await
+        .map_err(|e| Error::internal(format!("writing a shared-memory segment: {e}")))??;
         let fields = req
             .fields
             .iter()
