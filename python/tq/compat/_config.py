@@ -9,6 +9,7 @@ A key tq cannot honour is refused with an error that says so, never dropped sile
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
 from ..errors import InvalidError, UnsupportedError
@@ -58,6 +59,21 @@ COMPAT_KEYS = ("connect", "token", "host", "unit_cpus", "lease_seconds")
 PYTHON_SAMPLER = "tq.compat:python"
 
 
+def client_net(own: Mapping[str, Any]) -> Dict[str, Any]:
+    """The ``net`` section of tq.compat's clients, from ``backend.tq`` (``own``).
+
+    Shared memory is on by default (on Linux): a client and the storage units on its node move
+    payloads of 256 KiB and more through sealed shared-memory segments, and units on other
+    nodes are reached over TCP as before. tq's own API leaves it off; here it is on because the
+    original's users run exactly that layout under Ray, where 1 MiB samples moved 1.8x faster
+    with it (docs/python-compat.md). ``backend.tq.net.shared_memory: false`` or
+    ``TQ_NET_SHARED_MEMORY=false`` turns it off."""
+    net = dict(own.get("net") or {})
+    if sys.platform.startswith("linux"):
+        net.setdefault("shared_memory", True)
+    return net
+
+
 class Plan(NamedTuple):
     """What the original's configuration asks of tq."""
 
@@ -99,7 +115,7 @@ def to_tq(conf: Mapping[str, Any]) -> Plan:
     controller = dict(conf.get("controller") or {})
     backend = dict(conf.get("backend") or {})
     metrics = dict(conf.get("metrics") or {})
-    tq_sections: Dict[str, Any] = {"controller": {}, "storage": {}}
+    tq_sections: Dict[str, Any] = {"controller": {}, "storage": {}, "net": client_net({})}
 
     spec, python_sampler = sampler_of(controller.get("sampler") or "SequentialSampler")
     if controller.get("polling_mode"):

@@ -101,8 +101,9 @@ def _with_address(conf: Dict[str, Any], url: str, token: Optional[str]) -> Dict[
 def attachment(conf: Mapping[str, Any]) -> Dict[str, Any]:
     """What a process needs of a deployment's configuration to attach to it and fetch as its
     creator does: where it is (``backend.tq.connect``, ``token``), whether fetches poll
-    (``controller.polling_mode``), the sampler they name (``controller.tq_sampler``) and how
-    long they lease (``backend.tq.lease_seconds``). Plain JSON: it travels in the
+    (``controller.polling_mode``), the sampler they name (``controller.tq_sampler``), how
+    long they lease (``backend.tq.lease_seconds``) and how its clients reach the units
+    (``backend.tq.net``). Plain JSON: it travels in the
     environment and in pickled datasets."""
     controller = conf.get("controller") or {}
     own = (conf.get("backend") or {}).get("tq") or {}
@@ -115,6 +116,8 @@ def attachment(conf: Mapping[str, Any]) -> Dict[str, Any]:
                 "connect": own["connect"],
                 "token": own.get("token"),
                 "lease_seconds": own.get("lease_seconds", DEFAULT_LEASE_SECONDS),
+                # How its clients reach the units (shared memory on the same node or not).
+                "net": _config.client_net(own),
             }
         },
     }
@@ -123,7 +126,8 @@ def attachment(conf: Mapping[str, Any]) -> Dict[str, Any]:
 def connect(conf: Mapping[str, Any]) -> _tq.Client:
     """A client of the deployment ``conf`` says where it is."""
     own = attachment(conf)["backend"]["tq"]
-    return _tq.connect(own["connect"], token=own["token"])
+    net = _config.client_net((conf.get("backend") or {}).get("tq") or {})
+    return _tq.connect(own["connect"], token=own["token"], net=net)
 
 
 def compat_client(conf: Mapping[str, Any], client: _tq.Client, client_id: Optional[str] = None) -> TransferQueueClient:
