@@ -521,50 +521,37 @@ mod tests {
         assert!(matches!(CellDescs::of(&[]), CellDescs::Each(v) if v.is_empty()));
     }
 
-    #[test]
-    fn a_put_describing_more_cells_than_it_carries_is_refused_before_allocating() {
-        let frames = vec![Bytes::from(vec![0u8; 16])];
+    /// The put of one frame of `frame_len` bytes whose field describes `count` cells of four
+    /// f32 each, as a unit reads it.
+    fn read_put(frame_len: usize, count: u64) -> Result<BTreeMap<FieldName, UnitRows>> {
         let mut reader = FrameReader {
-            frames: frames.into_iter(),
+            frames: vec![Bytes::from(vec![0u8; frame_len])].into_iter(),
             peer: "test peer",
         };
-        let wire = vec![WireRows {
+        let desc = CellDesc::Tensor {
+            dtype: DType::F32,
+            shape: vec![4],
+        };
+        reader.fields(vec![WireRows {
             field: "x".into(),
             shared: false,
-            cells: CellDescs::Same {
-                desc: CellDesc::Tensor {
-                    dtype: DType::F32,
-                    shape: vec![4],
-                },
-                count: u64::MAX,
-            },
-        }];
-        let err = reader.fields(wire).unwrap_err();
+            cells: CellDescs::Same { desc, count },
+        }])
+    }
+
+    #[test]
+    fn a_put_describing_more_cells_than_it_carries_is_refused_before_allocating() {
+        let err = read_put(16, u64::MAX).unwrap_err();
         assert!(
             err.message().contains("describes") && err.message().contains("carries 1"),
             "{err}"
         );
+        assert_eq!(read_put(16, 1).unwrap()["x"].values.len(), 1);
     }
 
     #[test]
     fn a_cell_whose_bytes_do_not_match_its_shape_is_corrupted() {
-        let frames = vec![Bytes::from(vec![0u8; 15])];
-        let mut reader = FrameReader {
-            frames: frames.into_iter(),
-            peer: "test peer",
-        };
-        let wire = vec![WireRows {
-            field: "x".into(),
-            shared: false,
-            cells: CellDescs::Same {
-                desc: CellDesc::Tensor {
-                    dtype: DType::F32,
-                    shape: vec![4],
-                },
-                count: 1,
-            },
-        }];
-        let err = reader.fields(wire).unwrap_err();
+        let err = read_put(15, 1).unwrap_err();
         assert_eq!(*err.kind(), tq_core::ErrorKind::Corrupted, "{err}");
     }
 }
