@@ -35,6 +35,17 @@ def _tq_binary() -> str | None:
     return shutil.which("tq")
 
 
+def memfd_ranges(pid: int | str = "self") -> list[tuple[int, int]]:
+    """Process ``pid``'s mappings of tq's shared-memory segments (``/memfd:tq-cells``), sorted."""
+    ranges = []
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            if "/memfd:tq-cells" in line:
+                lo, hi = line.split()[0].split("-")
+                ranges.append((int(lo, 16), int(hi, 16)))
+    return sorted(ranges)
+
+
 class TqProcess:
     """A running `tq` process: what it announced (`listening <what> ... <endpoint>` lines)."""
 

@@ -21,6 +21,8 @@ else:
 import tq
 import tq.compat as transfer_queue
 
+from conftest import memfd_ranges, tq_process
+
 
 @pytest.fixture
 def tq_compat() -> Iterator[object]:
@@ -236,17 +238,9 @@ def test_metrics_enabled_serves_prometheus_on_the_endpoint(tmp_path) -> None:
         transfer_queue.init({"metrics": {"enabled": True, "port": 70000}})
 
 
-def _memfd_mappings(pid: int) -> int:
-    """How many of process ``pid``'s mappings are tq's shared-memory segments."""
-    with open(f"/proc/{pid}/maps") as maps:
-        return sum("/memfd:tq-cells" in line for line in maps)
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd segments are Linux only")
 @pytest.mark.parametrize("shared_memory", [None, False])
 def test_a_client_on_the_units_host_puts_large_payloads_through_shared_memory_by_default(shared_memory) -> None:
-    from conftest import tq_process
-
     keys = [f"k{i}" for i in range(4)]
     x = torch.arange(4 * 2**18, dtype=torch.float32).reshape(4, -1)  # rows of 1 MiB
     with tq_process("serve", "--listen", "tcp://127.0.0.1:0", "--units", "2") as server:
@@ -257,7 +251,7 @@ def test_a_client_on_the_units_host_puts_large_payloads_through_shared_memory_by
         try:
             transfer_queue.kv_batch_put(keys, "shm", fields=tensordict.TensorDict({"x": x}, batch_size=[4]))
             # The units keep a put's cells in the segments the client handed them.
-            assert (_memfd_mappings(server.proc.pid) > 0) == (shared_memory is None)
+            assert (len(memfd_ranges(server.proc.pid)) > 0) == (shared_memory is None)
             got = transfer_queue.kv_batch_get(keys, "shm")
             assert torch.equal(got["x"], x)
             # A tensor read from shared pages is this caller's copy: writing it is fine and

@@ -10,27 +10,16 @@ import pytest
 
 import tq
 
-from conftest import serve
+from conftest import memfd_ranges, serve
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd segments are Linux only")
-
-
-def _memfd_ranges() -> list[tuple[int, int]]:
-    """This process's mappings of tq's shared-memory segments (``/memfd:tq-cells``)."""
-    ranges = []
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            if "/memfd:tq-cells" in line:
-                lo, hi = line.split()[0].split("-")
-                ranges.append((int(lo, 16), int(hi, 16)))
-    return sorted(ranges)
 
 
 def _in_shared_memory(array: np.ndarray) -> bool:
     """Whether every byte of ``array`` lies in mappings of tq's segments."""
     at = array.__array_interface__["data"][0]
     end = at + array.nbytes
-    for lo, hi in _memfd_ranges():
+    for lo, hi in memfd_ranges():
         if lo <= at < hi:
             at = hi
     return at >= end

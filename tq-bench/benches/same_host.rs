@@ -20,12 +20,6 @@ use common::{
 /// Samples per batch of this target (see the module doc).
 const ROWS: usize = 128;
 
-fn workload(name: &'static str) -> Workload {
-    let batch = tq_bench::workloads::by_name(name, ROWS).expect("a standard workload");
-    let keys = tq_bench::workloads::keys(batch.len());
-    Workload { name, batch, keys }
-}
-
 fn main() {
     serve_if_child();
     let mut c = criterion(3);
@@ -40,7 +34,7 @@ fn main() {
         .block_on(tq::Client::connect_with(&deployment.url, config))
         .expect("connect with shared memory");
     for name in ["simple-large", "complex-large"] {
-        let w = workload(name);
+        let w = Workload::with_rows(name, ROWS);
         let mut g = w.group(&mut c, "same-host-tcp");
         tcp_baseline(&mut g, w.bytes() as usize);
         put_get_clear(&mut g, &rt, &tcp, &w);

@@ -126,8 +126,7 @@ def attachment(conf: Mapping[str, Any]) -> Dict[str, Any]:
 def connect(conf: Mapping[str, Any]) -> _tq.Client:
     """A client of the deployment ``conf`` says where it is."""
     own = attachment(conf)["backend"]["tq"]
-    net = _config.client_net((conf.get("backend") or {}).get("tq") or {})
-    return _tq.connect(own["connect"], token=own["token"], net=net)
+    return _tq.connect(own["connect"], token=own["token"], net=own["net"])
 
 
 def compat_client(conf: Mapping[str, Any], client: _tq.Client, client_id: Optional[str] = None) -> TransferQueueClient:

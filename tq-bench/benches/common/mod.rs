@@ -50,7 +50,12 @@ pub struct Workload {
 
 impl Workload {
     pub fn new(name: &'static str) -> Workload {
-        let batch = tq_bench::workloads::by_name(name, ROWS).expect("a standard workload");
+        Workload::with_rows(name, ROWS)
+    }
+
+    /// The workload with `rows` samples per batch instead of [`ROWS`].
+    pub fn with_rows(name: &'static str, rows: usize) -> Workload {
+        let batch = tq_bench::workloads::by_name(name, rows).expect("a standard workload");
         let keys = tq_bench::workloads::keys(batch.len());
         Workload { name, batch, keys }
     }

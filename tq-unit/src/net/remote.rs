@@ -127,20 +127,14 @@ impl RemoteUnit {
         // The copy into the segment is this put's one real cost (its pages are allocated as it
         // is written). On a thread of the blocking pool, so that the puts a manager makes to
         // several units at once (one task joining them) copy in parallel instead of in turn.
-        let fd = tokio::task::spawn_blocking(move || {
-            let parts: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
-            super::shm::write_sealed(&parts, &offsets, len)
-        })
-        .await
-        .map_err(|e| Error::internal(format!("writing a shared-memory segment: {e}")))??;
+        let fd =
+            tokio::task::spawn_blocking(move || super::shm::write_sealed(&parts, &offsets, len))
+                .await
+                .map_err(|e| Error::internal(format!("writing a shared-memory segment: {e}")))??;
         let fields = req
             .fields
             .iter()
-            .map(|(field, rows)| WireRows {
-                field: field.clone(),
-                shared: rows.shared_allocation,
-                cells: CellDescs::of(&rows.values),
-            })
+            .map(|(field, rows)| WireRows::of(field, rows))
             .collect();
         let wire = UnitRequest::PutShared {
             samples: req.samples.clone(),
@@ -377,7 +371,7 @@ impl StorageUnit for RemoteUnit {
             }
         }
         let mut frames = Vec::with_capacity(req.fields.values().map(|r| r.values.len()).sum());
-        let fields = encode_fields(req.fields, &mut frames);
+        let fields = encode_fields(&req.fields, &mut frames);
         let wire = UnitRequest::Put {
             samples: req.samples,
             fields,
@@ -479,7 +473,7 @@ impl StorageUnit for RemoteUnit {
     async fn update(&self, req: UnitUpdate, merge: &MergeOp) -> Result<UnitUpdateReply> {
         let merge = WireMerge::from_op(merge, &self.id)?;
         let mut frames = Vec::new();
-        let fields = encode_fields(req.fields, &mut frames);
+        let fields = encode_fields(&req.fields, &mut frames);
         let wire = UnitRequest::Update {
             samples: req.samples,
             fields,

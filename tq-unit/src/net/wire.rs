@@ -218,7 +218,7 @@ pub(super) enum UnitResponse {
     Captured(CaptureInfo),
     /// A page of a capture: per field, its samples and cells; the bytes are the frames in order.
     Page {
-        fields: Vec<(FieldName, Vec<SampleId>, Vec<CellDesc>)>,
+        fields: Vec<(FieldName, Vec<SampleId>, CellDescs)>,
         next: Option<u64>,
     },
     /// Where the unit's shared-memory channel listens (`None`: it offers none).
@@ -259,8 +259,7 @@ pub(super) fn encode_page(page: CellPage) -> (UnitResponse, Vec<Bytes>) {
         .fields
         .into_iter()
         .map(|fc| {
-            frames.extend(fc.values.iter().map(|v| v.bytes().clone()));
-            let descs = fc.values.iter().map(desc_of).collect();
+            let descs = describe(&fc.values, &mut frames);
             (fc.field, fc.samples, descs)
         })
         .collect();
@@ -277,7 +276,7 @@ impl FrameReader<'_> {
     /// The page a [`UnitResponse::Page`] describes, over this reader's frames.
     pub(super) fn page(
         mut self,
-        fields: Vec<(FieldName, Vec<SampleId>, Vec<CellDesc>)>,
+        fields: Vec<(FieldName, Vec<SampleId>, CellDescs)>,
         next: Option<u64>,
     ) -> Result<CellPage> {
         let mut page = CellPage {
@@ -293,7 +292,7 @@ impl FrameReader<'_> {
                     descs.len()
                 )));
             }
-            let values = self.cells(descs)?;
+            let values = self.cells(&descs)?;
             page.fields.push(FieldCells {
                 field,
                 samples,
@@ -322,16 +321,27 @@ pub(super) fn desc_of(value: &Value) -> CellDesc {
     }
 }
 
+impl WireRows {
+    /// How `rows` of `field` are described on the wire (their bytes travel apart).
+    pub(super) fn of(field: &FieldName, rows: &UnitRows) -> WireRows {
+        WireRows {
+            field: field.clone(),
+            shared: rows.shared_allocation,
+            cells: CellDescs::of(&rows.values),
+        }
+    }
+}
+
+/// The fields of a put or an update, their cells' bytes appended to `frames` in order.
 pub(super) fn encode_fields(
-    fields: BTreeMap<FieldName, UnitRows>,
+    fields: &BTreeMap<FieldName, UnitRows>,
     frames: &mut Vec<Bytes>,
 ) -> Vec<WireRows> {
     fields
-        .into_iter()
-        .map(|(field, rows)| WireRows {
-            cells: describe(&rows.values, frames),
-            shared: rows.shared_allocation,
-            field,
+        .iter()
+        .map(|(field, rows)| {
+            frames.extend(rows.values.iter().map(|v| v.bytes().clone()));
+            WireRows::of(field, rows)
         })
         .collect()
 }
@@ -365,7 +375,7 @@ impl FrameReader<'_> {
         })
     }
 
-    pub(super) fn cells(&mut self, descs: Vec<CellDesc>) -> Result<Vec<Value>> {
+    pub(super) fn cells(&mut self, descs: &CellDescs) -> Result<Vec<Value>> {
         descs
             .iter()
             .map(|d| {

@@ -187,7 +187,11 @@ pub(crate) fn layout(lens: impl IntoIterator<Item = usize>) -> (Vec<u64>, u64) {
 
 /// A new segment of `len` bytes holding each of `parts` at its offset (see [`layout`]),
 /// sealed, not mapped here: what a put hands to a unit.
-pub(crate) fn write_sealed(parts: &[&[u8]], offsets: &[u64], len: u64) -> Result<OwnedFd> {
+pub(crate) fn write_sealed<P: AsRef<[u8]>>(
+    parts: &[P],
+    offsets: &[u64],
+    len: u64,
+) -> Result<OwnedFd> {
     let fd = create(len)?;
     write_parts(&fd, parts, offsets)?;
     seal(&fd)?;
@@ -211,18 +215,19 @@ fn create(len: u64) -> Result<OwnedFd> {
 }
 
 /// Writes each part at its offset: one `pwritev` per run of parts with no padding between.
-fn write_parts(fd: &OwnedFd, parts: &[&[u8]], offsets: &[u64]) -> Result<()> {
+fn write_parts<P: AsRef<[u8]>>(fd: &OwnedFd, parts: &[P], offsets: &[u64]) -> Result<()> {
     let mut i = 0;
     while i < parts.len() {
         let start = offsets[i];
         let mut at = start;
         let mut iov = Vec::new();
         while i < parts.len() && offsets[i] == at && iov.len() < IOV_MAX {
+            let part = parts[i].as_ref();
             iov.push(libc::iovec {
-                iov_base: parts[i].as_ptr() as *mut libc::c_void,
-                iov_len: parts[i].len(),
+                iov_base: part.as_ptr() as *mut libc::c_void,
+                iov_len: part.len(),
             });
-            at += parts[i].len() as u64;
+            at += part.len() as u64;
             i += 1;
         }
         write_all_at(fd, &mut iov, start)?;
