@@ -83,6 +83,7 @@ impl Reclaimer {
     }
 
     fn run(&self) {
+        lowest_cpu_priority();
         let mut q = self.lock();
         loop {
             let Some(job) = q.jobs.pop_front() else {
@@ -101,6 +102,31 @@ impl Reclaimer {
             q = self.lock();
             q.pending -= bytes;
             self.changed.notify_all();
+        }
+    }
+}
+
+/// Puts the calling thread in Linux's `SCHED_IDLE` class: it runs when nothing else of the
+/// machine wants the core, and whatever wakes up takes the core from it at once.
+///
+/// Why: the reclaimer gives pages back to the kernel (a gigabyte is tens of milliseconds of
+/// `munmap`) right after a clear answered, while the caller's next request (the clear's release
+/// at the controller, the next put) wants the same cores. At normal priority the freeing thread
+/// kept its time slice, and a 1 GiB remote clear measured 5–16 × the embedded one on 2 cores
+/// (docs/benchmarks.md, "Clears"). Starving it under a saturated machine is safe: the pending
+/// bytes are bounded, and past the bound clears free inline again. Units free behind only when
+/// served over the network (the `net` feature, which brings `libc`); elsewhere this does nothing.
+fn lowest_cpu_priority() {
+    #[cfg(all(target_os = "linux", feature = "net"))]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` is a valid sched_param for the call; pid 0 is the calling thread.
+        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+        if rc != 0 {
+            tracing::debug!(
+                error = %std::io::Error::last_os_error(),
+                "the thread that frees cleared payloads keeps normal priority"
+            );
         }
     }
 }
@@ -197,6 +223,30 @@ mod tests {
         );
         wait_freed();
         assert_eq!(c.read(), (0, big as u64, 10 + big as u64));
+    }
+
+    /// The freeing thread yields the cores to everything else (`lowest_cpu_priority`).
+    #[cfg(all(target_os = "linux", feature = "net"))]
+    #[test]
+    fn the_freeing_thread_runs_at_idle_priority() {
+        let c = Arc::new(ReclaimCounters::default());
+        free_behind(vec![object(INLINE_BYTES as usize)], INLINE_BYTES, true, &c);
+        wait_freed();
+        let mut policies = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").unwrap() {
+            let task = task.unwrap().path();
+            let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+            if comm.trim() == "tq-unit-reclaim" {
+                let tid: libc::pid_t = task.file_name().unwrap().to_str().unwrap().parse().unwrap();
+                // SAFETY: a plain query of a thread of this process.
+                policies.push(unsafe { libc::sched_getscheduler(tid) });
+            }
+        }
+        assert_eq!(
+            policies,
+            vec![libc::SCHED_IDLE],
+            "one freeing thread, at idle priority"
+        );
     }
 
     #[test]
