@@ -6,6 +6,9 @@ use crate::key_cache::{KeyCache, KeyCacheStats};
 use crate::{ClientBuilder, Config};
 use std::collections::HashSet;
 use std::sync::Arc;
+
+/// How long [`Client::retire_replaced`] keeps asking a storage that is not available now.
+const RETIRE_RETRY_BUDGET: std::time::Duration = std::time::Duration::from_secs(3);
 use tq_controller::{
     ConsumptionStatus, ControlPlane, GetMetaMode, GetMetaRequest, ProductionNotice,
     ProductionStatus, Wait,
@@ -315,21 +318,49 @@ impl Client {
     }
 
     /// After a published write of `target`'s samples: lets storage reclaim the cells the
-    /// controller answered it `replaced` (best effort).
+    /// controller answered it `replaced`.
+    ///
+    /// Nothing but this call names those cells any more (the controller describes the new
+    /// ones), so a failure here leaks them for good: a storage that says "not now" (a Redis
+    /// loading its data after a restart, a dropped connection) is asked again, with backoff,
+    /// for up to [`RETIRE_RETRY_BUDGET`] — `tq soak` found 76 keys left in Redis by one
+    /// `BusyLoading` answer here. A failure that persists is logged with what leaks.
+    /// Retried here, in the writer's call, rather than later in the background: a cell of
+    /// version 0 can be written again under the same key after a field clear, and a late delete
+    /// would remove the new value.
     pub(crate) async fn retire_replaced(&self, target: &BatchMeta, replaced: Vec<BackendMeta>) {
         if replaced.is_empty() {
             return;
         }
-        let cells = target.clone().with_backend_meta(replaced);
-        if let Err(e) = match cells {
-            Ok(cells) => self.storage.retire_replaced(&cells).await,
-            Err(e) => Err(e),
-        } {
-            tracing::warn!(
-                partition = target.partition(),
-                error = %e,
-                "could not reclaim the cells an overwrite replaced"
-            );
+        let cells = match target.clone().with_backend_meta(replaced) {
+            Ok(cells) => cells,
+            Err(e) => {
+                return tracing::warn!(
+                    partition = target.partition(),
+                    error = %e,
+                    "could not reclaim the cells an overwrite replaced"
+                )
+            }
+        };
+        let started = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(25);
+        loop {
+            let Err(e) = self.storage.retire_replaced(&cells).await else {
+                return;
+            };
+            // A delete repeated is harmless, so an unknown outcome is asked again too.
+            let again = e.retry() != tq_core::Retry::Never;
+            if !again || started.elapsed() + pause > RETIRE_RETRY_BUDGET {
+                return tracing::warn!(
+                    partition = target.partition(),
+                    samples = cells.len(),
+                    error = %e,
+                    "could not reclaim the cells an overwrite replaced; they stay in storage"
+                );
+            }
+            tracing::debug!(partition = target.partition(), error = %e, "retrying the reclaim of replaced cells");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(400));
         }
     }
 

@@ -59,12 +59,36 @@ mod overwrite {
         inner: MemoryKvStore,
         calls: AtomicUsize,
         fail_at: AtomicUsize,
+        /// The next this many delete or expire calls fail (a store loading its data).
+        removals_refused: AtomicUsize,
     }
 
     impl Flaky {
         fn arm(&self, fail_at: usize) {
             self.calls.store(0, Ordering::SeqCst);
             self.fail_at.store(fail_at, Ordering::SeqCst);
+        }
+
+        fn new() -> Flaky {
+            Flaky {
+                inner: MemoryKvStore::new(),
+                calls: AtomicUsize::new(0),
+                fail_at: AtomicUsize::new(usize::MAX),
+                removals_refused: AtomicUsize::new(0),
+            }
+        }
+
+        /// `Unavailable` if a refusal is armed (and uses it up).
+        fn refuse_removal(&self) -> Result<()> {
+            let armed =
+                self.removals_refused
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            match armed {
+                Ok(_) => Err(Error::unavailable(
+                    "injected: BusyLoading, the store is loading its data",
+                )),
+                Err(_) => Ok(()),
+            }
         }
     }
 
@@ -94,9 +118,11 @@ mod overwrite {
             self.inner.mget(keys).await
         }
         async fn delete(&self, keys: &[String]) -> Result<()> {
+            self.refuse_removal()?;
             self.inner.delete(keys).await
         }
         async fn expire(&self, keys: &[String], after: Duration) -> Result<()> {
+            self.refuse_removal()?;
             self.inner.expire(keys, after).await
         }
         async fn raise_generations(
@@ -140,11 +166,7 @@ mod overwrite {
 
     #[tokio::test]
     async fn a_failed_overwrite_leaves_every_key_old_and_whole() {
-        let store = Arc::new(Flaky {
-            inner: MemoryKvStore::new(),
-            calls: AtomicUsize::new(0),
-            fail_at: AtomicUsize::new(usize::MAX),
-        });
+        let store = Arc::new(Flaky::new());
         let kv = KvStorageManager::new(
             store.clone(),
             KvOptions {
@@ -225,5 +247,50 @@ mod overwrite {
         );
         p.kv_clear(&keys).await.unwrap();
         assert_eq!(settle_to(&store, 0).await, 0, "a clear leaves nothing");
+    }
+
+    /// An overwrite is published, then the store refuses to remove the cells it replaced for a
+    /// moment (Redis answering `BusyLoading` after a restart): the writer asks again, so the
+    /// old cells do not stay behind (nothing else names them once the controller describes the
+    /// new ones).
+    #[tokio::test]
+    async fn replaced_cells_go_even_if_the_store_refuses_their_removal_for_a_moment() {
+        let store = Arc::new(Flaky::new());
+        let kv = KvStorageManager::new(
+            store.clone(),
+            KvOptions {
+                clear_expire_after: Duration::from_millis(1),
+                ..KvOptions::default()
+            },
+        )
+        .unwrap();
+        let tq = Client::builder()
+            .config(Config::default())
+            .storage(Arc::new(kv))
+            .build()
+            .unwrap();
+        let p = tq.partition("p");
+        let keys = ["a", "b", "c", "d"];
+        p.kv_batch_put(&keys, &rows(0), None).await.unwrap();
+        assert_eq!(
+            settle_to(&store, 12).await,
+            12,
+            "8 cells and 4 generation keys"
+        );
+
+        store.removals_refused.store(3, Ordering::SeqCst);
+        p.kv_batch_put(&keys, &rows(100), None).await.unwrap();
+        assert_eq!(
+            store.removals_refused.load(Ordering::SeqCst),
+            0,
+            "the refusals were met"
+        );
+        let got = p.kv_batch_get(&keys, None).await.unwrap();
+        assert_eq!(got.column("x"), rows(100).column("x"));
+        assert_eq!(
+            settle_to(&store, 12).await,
+            12,
+            "the replaced cells stayed in the store"
+        );
     }
 }
