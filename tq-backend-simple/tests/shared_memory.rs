@@ -209,12 +209,48 @@ async fn small_puts_and_cells_written_over_tcp_still_read_back() {
         !in_memfd(stored[0][0].bytes()),
         "a small put took a segment"
     );
-    // The get goes over the channel all the same (frames instead of segments).
+    // The stub saw the cells' size at the put: the small get skips the channel too.
     let got = remote.get(&["x".to_string()], &ids(3)).await.unwrap();
-    assert!(remote.uses_shared_memory());
+    assert_eq!(remote.gets_through_shared_memory(), 0);
     for (r, v) in got[0].iter().enumerate() {
         assert_eq!(v, &Value::Tensor(small.row(r)));
     }
+}
+
+/// A stub that never wrote a field takes the channel for its first get of it, learns the
+/// size, and sends further small gets of it over TCP; a get of many rows of the same field
+/// (over the bound in all) and a get of a large field still take the channel.
+#[tokio::test]
+async fn gets_known_to_be_small_go_over_tcp_and_large_ones_through_the_channel() {
+    let (server, _unit, _handler) = unit_server("u", true).await;
+    let writer = stub(&server, "u");
+    let small = pattern(128, 4096, 1); // 128 rows of 4 KiB: 512 KiB in all
+    let samples = ids(128);
+    writer.put(put_of(&samples, &small)).await.unwrap();
+
+    let reader = stub(&server, "u");
+    let x = ["x".to_string()];
+    let first = reader.get(&x, &samples[..1]).await.unwrap();
+    assert_eq!(first[0][0], Value::Tensor(small.row(0)));
+    assert_eq!(reader.gets_through_shared_memory(), 1, "size not known yet");
+    for r in 1..4 {
+        let got = reader.get(&x, &samples[r..r + 1]).await.unwrap();
+        assert_eq!(got[0][0], Value::Tensor(small.row(r)));
+    }
+    assert_eq!(
+        reader.gets_through_shared_memory(),
+        1,
+        "4 KiB gets over TCP"
+    );
+    let all = reader.get(&x, &samples).await.unwrap();
+    assert_eq!(all[0].len(), 128);
+    assert_eq!(all[0][127], Value::Tensor(small.row(127)));
+    assert_eq!(
+        reader.gets_through_shared_memory(),
+        2,
+        "512 KiB through the channel"
+    );
+    assert!(reader.uses_shared_memory());
 }
 
 #[tokio::test]

@@ -406,6 +406,28 @@ fn same_host(runtime: &tokio::runtime::Runtime, args: &BenchArgs, names: &[&str]
             memory.push(steps.row(name, label, batch.nbytes()));
         }
     }
+    if args.latency_rounds > 0 {
+        // A one-sample round trip through each client, in alternating blocks: a 4 KiB get is
+        // known to be small and skips the channel, so the two should agree.
+        let rounds = args.latency_rounds;
+        let (over_tcp, over_shm) = runtime.block_on(async {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let block = rounds.min(100);
+            for _ in 0..rounds.div_ceil(block) {
+                a.extend(latency::put_get(&tcp, block).await?);
+                b.extend(latency::put_get(&shm, block).await?);
+            }
+            Ok::<_, Error>((latency::Percentiles::of(a), latency::Percentiles::of(b)))
+        })?;
+        println!();
+        println!(
+            "Latency, {rounds} rounds of kv_put (4 KiB) + kv_batch_get: TCP client p50 {} µs, p99 {} µs; shared-memory client p50 {} µs, p99 {} µs.",
+            us(over_tcp.p50),
+            us(over_tcp.p99),
+            us(over_shm.p50),
+            us(over_shm.p99)
+        );
+    }
     println!();
     println!(
         "Memory of this process and the {} unit processes together, MiB of growth over each step from before the put (held = their private memory + the growth of the system's shared memory, where segments live; peak RSS counts a shared page in every process that touches it):",

@@ -26,6 +26,12 @@ pub struct RemoteUnit {
     shm: Option<tokio::sync::OnceCell<Option<super::shm::ShmLink>>>,
     /// Set when the link failed in transport: payloads go over the network from then on.
     shm_off: std::sync::atomic::AtomicBool,
+    /// The cell sizes of the fields this stub put or got (kept only with shared memory
+    /// wanted): gets known to be small skip the channel.
+    #[cfg(target_os = "linux")]
+    sizes: super::shm::CellSizes,
+    /// Gets answered through the shared-memory channel.
+    shared_gets: AtomicU64,
 }
 
 impl RemoteUnit {
@@ -40,6 +46,9 @@ impl RemoteUnit {
             #[cfg(target_os = "linux")]
             shm: None,
             shm_off: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(target_os = "linux")]
+            sizes: Default::default(),
+            shared_gets: AtomicU64::new(0),
         }
     }
 
@@ -66,6 +75,12 @@ impl RemoteUnit {
         }
         #[cfg(not(target_os = "linux"))]
         false
+    }
+
+    /// How many gets went through the shared-memory channel (the others went over the
+    /// network: shared memory off or refused, or a get known to be small).
+    pub fn gets_through_shared_memory(&self) -> u64 {
+        self.shared_gets.load(Ordering::Relaxed)
     }
 
     /// The shared-memory link, asking the unit for it on first use.
@@ -354,19 +369,28 @@ impl StorageUnit for RemoteUnit {
     async fn put(&self, req: UnitPut) -> Result<()> {
         // Sizing the payload only when shared memory is wanted keeps plain puts as they were.
         #[cfg(target_os = "linux")]
-        if self.shm.is_some()
-            && req
+        if self.shm.is_some() {
+            let largest = |rows: &crate::UnitRows| {
+                rows.values
+                    .iter()
+                    .map(|v| v.bytes().len())
+                    .max()
+                    .unwrap_or(0)
+            };
+            self.sizes
+                .learn(req.fields.iter().map(|(f, rows)| (f, largest(rows))));
+            let total: usize = req
                 .fields
                 .values()
                 .flat_map(|r| &r.values)
                 .map(|v| v.bytes().len())
-                .sum::<usize>()
-                >= super::shm::MIN_SHARED_PUT
-        {
-            if let Some(link) = self.link().await {
-                match self.put_shared(link, &req).await {
-                    Ok(answer) => return answer,
-                    Err(e) => self.give_up_shared_memory(&e),
+                .sum();
+            if total >= super::shm::MIN_SHARED_PUT {
+                if let Some(link) = self.link().await {
+                    match self.put_shared(link, &req).await {
+                        Ok(answer) => return answer,
+                        Err(e) => self.give_up_shared_memory(&e),
+                    }
                 }
             }
         }
@@ -410,10 +434,18 @@ impl StorageUnit for RemoteUnit {
         #[allow(unused_mut)]
         let mut offered: Vec<Option<BytesMut>> = buffers.into_iter().flatten().collect();
         #[cfg(target_os = "linux")]
-        if let Some(link) = self.link().await {
-            match self.get_shared(link, fields, samples, &mut offered).await {
-                Ok(answer) => return answer,
-                Err(e) => self.give_up_shared_memory(&e),
+        if self.shm.is_some() && !self.sizes.is_small_get(fields, samples.len()) {
+            if let Some(link) = self.link().await {
+                match self.get_shared(link, fields, samples, &mut offered).await {
+                    Ok(answer) => {
+                        self.shared_gets.fetch_add(1, Ordering::Relaxed);
+                        if let Ok(cells) = &answer {
+                            self.sizes.learn_got(fields, cells);
+                        }
+                        return answer;
+                    }
+                    Err(e) => self.give_up_shared_memory(&e),
+                }
             }
         }
         let mut answer = self

@@ -23,6 +23,10 @@
 //! its own. A unit frees a segment when its last cell is cleared and no reader maps it any
 //! more; a reader's `Bytes` keeps what it read valid after a clear.
 //!
+//! Gets known to be small (by the sizes a field's cells had when this stub last put or got
+//! them, [`sizes`]) go over the network: for a few kilobytes the channel's exchange costs more
+//! than it saves.
+//!
 //! Anything that does not work out (another host, a refused socket, a unit that offers no
 //! channel, a transport error on it) sends the request over the network instead, with one log
 //! line saying why, and the client stops trying the channel of that unit.
@@ -31,9 +35,11 @@ mod channel;
 mod fdpass;
 pub(crate) mod joined;
 mod segment;
+mod sizes;
 
 pub(crate) use channel::{ShmLink, ShmListener};
 pub(crate) use segment::{layout, write_sealed, Segment};
+pub(crate) use sizes::CellSizes;
 
 pub(super) use super::wire::ShmOffer;
 
