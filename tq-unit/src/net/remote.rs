@@ -370,15 +370,13 @@ impl StorageUnit for RemoteUnit {
         // Sizing the payload only when shared memory is wanted keeps plain puts as they were.
         #[cfg(target_os = "linux")]
         if self.shm.is_some() {
-            let largest = |rows: &crate::UnitRows| {
-                rows.values
+            let largest =
+                |rows: &crate::UnitRows| rows.values.iter().map(|v| v.bytes().len()).max();
+            self.sizes.learn(
+                req.fields
                     .iter()
-                    .map(|v| v.bytes().len())
-                    .max()
-                    .unwrap_or(0)
-            };
-            self.sizes
-                .learn(req.fields.iter().map(|(f, rows)| (f, largest(rows))));
+                    .filter_map(|(f, rows)| Some((f, largest(rows)?))),
+            );
             let total: usize = req
                 .fields
                 .values()

@@ -42,12 +42,14 @@ impl CellSizes {
         }
     }
 
-    /// [`Self::learn`] from a get's answer, column by column.
+    /// [`Self::learn`] from a get's answer, column by column (an empty one tells nothing).
     pub(crate) fn learn_got(&self, fields: &[FieldName], columns: &[Vec<Fetched>]) {
-        self.learn(fields.iter().zip(columns).map(|(f, column)| {
-            let largest = column.iter().map(fetched_len).max().unwrap_or(0);
-            (f, largest)
-        }));
+        self.learn(
+            fields
+                .iter()
+                .zip(columns)
+                .filter_map(|(f, column)| Some((f, column.iter().map(fetched_len).max()?))),
+        );
     }
 
     /// Whether a get of `fields` for `rows` samples is known to move less than
@@ -106,6 +108,11 @@ mod tests {
             sizes.is_small_get(std::slice::from_ref(&x), 1000),
             "x now 16 B"
         );
-        assert!(!sizes.is_small_get(&[x, y], 1), "y is 1 MiB");
+        assert!(!sizes.is_small_get(&[x, y.clone()], 1), "y is 1 MiB");
+        sizes.learn_got(std::slice::from_ref(&y), &[vec![]]);
+        assert!(
+            !sizes.is_small_get(&[y], 1),
+            "an empty answer says nothing of y"
+        );
     }
 }
