@@ -231,8 +231,9 @@ pub const KEYS: &[KeyDoc] = &[
         example: "[net]\nshared_memory = true",
         doc: "Remote clients: move payloads of 256 KiB and more through shared memory when a \
               storage unit runs on the same machine and offers it (sealed memfd segments \
-              passed over a Unix socket; a get maps them instead of reading TCP). Falls back \
-              to TCP with one log line saying why. Linux only.",
+              passed over a Unix socket; a get maps them instead of reading TCP; a get whose \
+              cells are known to total less stays on TCP). Falls back to TCP with one log line \
+              saying why. Linux only.",
     },
 ];
 
