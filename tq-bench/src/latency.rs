@@ -51,3 +51,19 @@ pub async fn put_get(tq: &Client, rounds: usize) -> Result<Vec<Duration>> {
     tq.partition("latency").kv_clear(&["k"]).await?;
     Ok(times)
 }
+
+/// [`put_get`] through two clients, `rounds` each, in alternating blocks of up to 100 (first
+/// `a`, then `b`), so that a noisy stretch of the machine does not land on one of them only.
+pub async fn put_get_alternating(
+    a: &Client,
+    b: &Client,
+    rounds: usize,
+) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let (mut over_a, mut over_b) = (Vec::new(), Vec::new());
+    let block = rounds.clamp(1, 100);
+    for _ in 0..rounds.div_ceil(block) {
+        over_a.extend(put_get(a, block).await?);
+        over_b.extend(put_get(b, block).await?);
+    }
+    Ok((over_a, over_b))
+}

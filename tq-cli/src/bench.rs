@@ -300,19 +300,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let (lat, uncached, floor, woken) = single.block_on(async {
             let (cached, uncached) = match &servers {
                 Some(s) => {
-                    // The same rounds without the key cache, so its gain shows in one run;
-                    // blocks of rounds alternate between the two clients, so a noisy stretch of
-                    // the machine does not land on one of them only.
+                    // The same rounds without the key cache, so its gain shows in one run.
                     let mut plain = config.clone();
                     plain.net.key_cache_entries = 0;
                     let plain = Client::connect_with(&s.controller, plain).await?;
                     let client = Client::connect_with(&s.controller, config.clone()).await?;
-                    let (mut with, mut without) = (Vec::new(), Vec::new());
-                    let block = rounds.min(100);
-                    for _ in 0..rounds.div_ceil(block) {
-                        without.extend(latency::put_get(&plain, block).await?);
-                        with.extend(latency::put_get(&client, block).await?);
-                    }
+                    let (without, with) =
+                        latency::put_get_alternating(&plain, &client, rounds).await?;
                     (with, Some(latency::Percentiles::of(without)))
                 }
                 None => (latency::put_get(&tq, rounds).await?, None),
@@ -410,15 +404,12 @@ fn same_host(runtime: &tokio::runtime::Runtime, args: &BenchArgs, names: &[&str]
         // A one-sample round trip through each client, in alternating blocks: a 4 KiB get is
         // known to be small and skips the channel, so the two should agree.
         let rounds = args.latency_rounds;
-        let (over_tcp, over_shm) = runtime.block_on(async {
-            let (mut a, mut b) = (Vec::new(), Vec::new());
-            let block = rounds.min(100);
-            for _ in 0..rounds.div_ceil(block) {
-                a.extend(latency::put_get(&tcp, block).await?);
-                b.extend(latency::put_get(&shm, block).await?);
-            }
-            Ok::<_, Error>((latency::Percentiles::of(a), latency::Percentiles::of(b)))
-        })?;
+        let (over_tcp, over_shm) =
+            runtime.block_on(latency::put_get_alternating(&tcp, &shm, rounds))?;
+        let (over_tcp, over_shm) = (
+            latency::Percentiles::of(over_tcp),
+            latency::Percentiles::of(over_shm),
+        );
         println!();
         println!(
             "Latency, {rounds} rounds of kv_put (4 KiB) + kv_batch_get: TCP client p50 {} µs, p99 {} µs; shared-memory client p50 {} µs, p99 {} µs.",

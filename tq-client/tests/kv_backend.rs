@@ -164,8 +164,8 @@ mod overwrite {
         }
     }
 
-    #[tokio::test]
-    async fn a_failed_overwrite_leaves_every_key_old_and_whole() {
+    /// An embedded client on a fresh [`Flaky`] store (retired cells expire after 1 ms).
+    fn client_on_flaky() -> (Arc<Flaky>, Client) {
         let store = Arc::new(Flaky::new());
         let kv = KvStorageManager::new(
             store.clone(),
@@ -180,6 +180,12 @@ mod overwrite {
             .storage(Arc::new(kv))
             .build()
             .unwrap();
+        (store, tq)
+    }
+
+    #[tokio::test]
+    async fn a_failed_overwrite_leaves_every_key_old_and_whole() {
+        let (store, tq) = client_on_flaky();
         let p = tq.partition("p");
         let keys = ["a", "b", "c", "d"];
         let old = rows(0);
@@ -255,20 +261,7 @@ mod overwrite {
     /// new ones).
     #[tokio::test]
     async fn replaced_cells_go_even_if_the_store_refuses_their_removal_for_a_moment() {
-        let store = Arc::new(Flaky::new());
-        let kv = KvStorageManager::new(
-            store.clone(),
-            KvOptions {
-                clear_expire_after: Duration::from_millis(1),
-                ..KvOptions::default()
-            },
-        )
-        .unwrap();
-        let tq = Client::builder()
-            .config(Config::default())
-            .storage(Arc::new(kv))
-            .build()
-            .unwrap();
+        let (store, tq) = client_on_flaky();
         let p = tq.partition("p");
         let keys = ["a", "b", "c", "d"];
         p.kv_batch_put(&keys, &rows(0), None).await.unwrap();

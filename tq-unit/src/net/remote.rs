@@ -369,26 +369,11 @@ impl StorageUnit for RemoteUnit {
     async fn put(&self, req: UnitPut) -> Result<()> {
         // Sizing the payload only when shared memory is wanted keeps plain puts as they were.
         #[cfg(target_os = "linux")]
-        if self.shm.is_some() {
-            let largest =
-                |rows: &crate::UnitRows| rows.values.iter().map(|v| v.bytes().len()).max();
-            self.sizes.learn(
-                req.fields
-                    .iter()
-                    .filter_map(|(f, rows)| Some((f, largest(rows)?))),
-            );
-            let total: usize = req
-                .fields
-                .values()
-                .flat_map(|r| &r.values)
-                .map(|v| v.bytes().len())
-                .sum();
-            if total >= super::shm::MIN_SHARED_PUT {
-                if let Some(link) = self.link().await {
-                    match self.put_shared(link, &req).await {
-                        Ok(answer) => return answer,
-                        Err(e) => self.give_up_shared_memory(&e),
-                    }
+        if self.shm.is_some() && self.sizes.learn_put(&req.fields) >= super::shm::MIN_SHARED_PUT {
+            if let Some(link) = self.link().await {
+                match self.put_shared(link, &req).await {
+                    Ok(answer) => return answer,
+                    Err(e) => self.give_up_shared_memory(&e),
                 }
             }
         }

@@ -9,8 +9,8 @@
 //! that is wrong (a ragged field whose rows grew) only picks the slower path: both answer the
 //! same cells.
 
-use crate::Fetched;
-use std::collections::HashMap;
+use crate::{Fetched, UnitRows};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use tq_core::FieldName;
 
@@ -40,6 +40,22 @@ impl CellSizes {
                 }
             }
         }
+    }
+
+    /// [`Self::learn`] from a put's rows, in the same pass that sizes it: returns the put's
+    /// payload bytes (which decide whether it takes a segment).
+    pub(crate) fn learn_put(&self, fields: &BTreeMap<FieldName, UnitRows>) -> usize {
+        let mut total = 0usize;
+        self.learn(fields.iter().filter_map(|(f, rows)| {
+            let mut largest = None;
+            for v in &rows.values {
+                let n = v.bytes().len();
+                total += n;
+                largest = largest.max(Some(n));
+            }
+            Some((f, largest?))
+        }));
+        total
     }
 
     /// [`Self::learn`] from a get's answer, column by column (an empty one tells nothing).
