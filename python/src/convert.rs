@@ -66,6 +66,10 @@ enum Data {
     /// This buffer's alone, from tq's pool of read buffers (warm memory), to which it returns
     /// when the buffer is dropped.
     Pooled(tq::buffer::PoolBuffer),
+    /// This buffer's alone: a column a read packed into a buffer of tq's pool and that this
+    /// buffer claimed ([`tq::buffer::BufferPool::claim_filled`]); it returns to the pool when
+    /// the buffer is dropped.
+    Claimed(Bytes),
 }
 
 impl Data {
@@ -74,6 +78,7 @@ impl Data {
             Data::Shared(b) => b.as_ptr() as usize,
             Data::Owned(b) => b.as_ptr() as usize,
             Data::Pooled(b) => b.as_ptr() as usize,
+            Data::Claimed(b) => b.as_ptr() as usize,
         }
     }
 
@@ -82,6 +87,7 @@ impl Data {
             Data::Shared(b) => b.len(),
             Data::Owned(b) => b.len(),
             Data::Pooled(b) => b.len(),
+            Data::Claimed(b) => b.len(),
         }
     }
 }
@@ -157,10 +163,16 @@ impl Buffer {
     }
 }
 
+/// A tensor a read returned, as a buffer: writable when its bytes are the read's alone (a
+/// fresh allocation, or a pooled column the read packed), read-only when tq shares them (a
+/// store's own cell, a shared-memory segment).
 fn buffer(tensor: Tensor) -> Buffer {
     let (dtype, shape) = (tensor.dtype(), tensor.shape().to_vec());
     let data = match tensor.into_data().try_into_mut() {
         Ok(alone) => Data::Owned(alone),
+        Err(shared) if tq::buffer::BufferPool::global().claim_filled(&shared) => {
+            Data::Claimed(shared)
+        }
         Err(shared) => Data::Shared(shared),
     };
     Buffer { data, dtype, shape }

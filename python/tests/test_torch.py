@@ -37,15 +37,35 @@ def test_a_gathered_field_is_handed_to_torch_without_a_copy(client: tq.Client) -
     keys = [f"k{i}" for i in range(16)]
     p.kv_batch_put(keys, {"x": torch.randn(16, 256)})
     as_numpy = p.kv_batch_get(keys)["x"]
-    back = p.kv_batch_get(keys, format="torch")["x"]
-    if as_numpy.base.writable:
-        # The batch assembled for this read is this read's alone: torch views it.
-        assert back.data_ptr() == back.numpy().__array_interface__["data"][0]
+    # 16 KiB: a fresh buffer of the read's own, so torch may view it.
+    assert as_numpy.base.writable
     # A single key viewing the store's own bytes is copied for torch (tensors are writable),
     # so writing into it leaves the store alone.
     one = p.kv_get("k0", format="torch")["x"]
     one.fill_(7.0)
     assert not torch.equal(p.kv_get("k0", format="torch")["x"], one)
+
+
+def test_a_large_gathered_field_is_viewed_by_torch_where_the_read_packed_it(client: tq.Client) -> None:
+    # 1024 x 4 KiB: the read packs the column into a buffer of tq's read pool. That buffer is
+    # the read's alone, so numpy may write it and torch views it instead of copying it.
+    p = client.partition("torch-pooled")
+    keys = [f"k{i}" for i in range(1024)]
+    data = torch.randn(1024, 1024)
+    p.kv_batch_put(keys, {"x": data})
+    as_numpy = p.kv_batch_get(keys)["x"]
+    assert as_numpy.base.writable and as_numpy.flags.writeable
+    packed_at = as_numpy.base.address
+    as_numpy[0, 0] = 123.0
+    assert torch.equal(p.kv_batch_get(keys, format="torch")["x"], data), "the store is unchanged"
+    # Dropped, the column's buffer goes back to the pool; the next read of the same size packs
+    # into it again. A copy for torch would sit elsewhere.
+    del as_numpy
+    back = p.kv_batch_get(keys, format="torch")["x"]
+    assert back.data_ptr() == packed_at
+    assert torch.equal(back, data)
+    back.mul_(2)
+    assert torch.equal(p.kv_batch_get(keys, format="torch")["x"], data)
 
 
 def test_tensors_on_another_device_or_not_contiguous_are_taken_by_value(client: tq.Client) -> None:

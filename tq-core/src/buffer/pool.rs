@@ -43,6 +43,9 @@ struct State {
     held: usize,
     /// Free buffers by size class; each `Vec` has exactly its class's length.
     free: HashMap<usize, Vec<Vec<u8>>>,
+    /// Frozen buffers no one has claimed yet ([`BufferPool::claim_filled`]): start address →
+    /// filled length. An entry goes when it is claimed or its buffer comes back.
+    unclaimed: HashMap<usize, usize>,
 }
 
 impl std::fmt::Debug for BufferPool {
@@ -143,6 +146,36 @@ impl BufferPool {
         })
     }
 
+    /// Whether `bytes` is a whole buffer of this pool, filled and frozen, that no one has
+    /// claimed yet; it is claimed now, so this answers `true` once per buffer.
+    ///
+    /// Why: a pooled buffer is shared with the pool (it returns there when dropped), so its
+    /// `Bytes` never reports itself unique and cannot be turned back into a mutable buffer. A
+    /// reader that hands a batch to code that writes into it (torch tensors are always
+    /// writable) would copy it. The pool remembers which of its frozen buffers are still
+    /// unclaimed instead; a reader that just received `bytes` as a read's result, and holds
+    /// its only reference, may claim it and then write through it.
+    ///
+    /// The caller's part of the contract: call it only on bytes a read has just returned to
+    /// it (a read's fresh column), never on bytes that anything else may hold, such as a
+    /// store's cells. tq's read paths freeze pooled buffers only for what they return: a
+    /// column they packed, or an answer read from a socket (whose header comes first, so no
+    /// frame of it is a whole buffer).
+    pub fn claim_filled(&self, bytes: &Bytes) -> bool {
+        if bytes.len() < POOL_MIN_BYTES {
+            return false;
+        }
+        let mut state = self.shared.lock();
+        let start = bytes.as_ptr() as usize;
+        match state.unclaimed.get(&start) {
+            Some(&len) if len == bytes.len() => {
+                state.unclaimed.remove(&start);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// For a pooled `len`: its size class and a free buffer of that class if the pool has one.
     /// `None` when buffers of `len` bytes are not pooled (too small, or a class over the limit).
     fn take(&self, len: usize) -> Option<(usize, Option<Vec<u8>>)> {
@@ -228,11 +261,16 @@ impl PoolBuffer {
     pub fn freeze(mut self) -> Bytes {
         let buf = std::mem::take(&mut self.buf);
         match self.pool.take() {
-            Some(pool) => Bytes::from_owner(Pooled {
-                buf,
-                len: self.len,
-                pool,
-            }),
+            Some(pool) => {
+                pool.lock()
+                    .unclaimed
+                    .insert(buf.as_ptr() as usize, self.len);
+                Bytes::from_owner(Pooled {
+                    buf,
+                    len: self.len,
+                    pool,
+                })
+            }
             // Not pooled: allocated at exactly `len`.
             None => Bytes::from(buf),
         }
@@ -272,6 +310,8 @@ impl Shared {
     fn give_back(&self, buf: Vec<u8>) {
         let class = buf.len();
         let mut state = self.lock();
+        // Unclaimed or not, a buffer coming back is no one's any more.
+        state.unclaimed.remove(&(buf.as_ptr() as usize));
         let evicted = state.evict_until_fits(class, Some(class));
         let freed = if state.held + class <= state.limit {
             state.held += class;
@@ -375,6 +415,32 @@ mod tests {
         assert_eq!(pool.held_bytes(), size_class(100_000));
         let small = pool.buffer(10);
         assert_eq!(small.freeze().len(), 10);
+    }
+
+    #[test]
+    fn a_filled_buffer_is_claimed_once_and_only_whole() {
+        let pool = BufferPool::new(16 << 20);
+        let a = pool.filled(200_000, |b| b.fill(4));
+        // A slice is not the whole buffer, and small or unpooled bytes are no pool's.
+        assert!(!pool.claim_filled(&a.slice(1..)));
+        assert!(!pool.claim_filled(&a.slice(..a.len() - 1)));
+        assert!(!pool.claim_filled(&Bytes::from(vec![0u8; 200_000])));
+        assert!(
+            !BufferPool::new(16 << 20).claim_filled(&a),
+            "another pool's"
+        );
+        assert!(pool.claim_filled(&a));
+        assert!(!pool.claim_filled(&a), "a second claim is refused");
+        let first = a.as_ptr();
+        drop(a);
+        // The same memory filled again is a new buffer, claimable again; one dropped
+        // unclaimed leaves nothing behind.
+        let b = pool.filled(200_000, |b| b.fill(5));
+        assert_eq!(b.as_ptr(), first);
+        drop(b);
+        assert!(pool.shared.lock().unclaimed.is_empty());
+        let c = pool.filled(200_000, |b| b.fill(6));
+        assert!(pool.claim_filled(&c));
     }
 
     #[test]
