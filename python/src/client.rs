@@ -121,8 +121,15 @@ impl NativeClient {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        // The runtime stops without the GIL: its threads may be waiting to take it.
-        py.detach(move || drop(taken));
+        // The runtime stops without the GIL: its threads may be waiting to take it. First the
+        // requests sent behind an answer (a clear's release) are let finish: stopping the
+        // runtime would drop them.
+        py.detach(move || {
+            if let Some(running) = &taken {
+                running.runtime.block_on(running.client.settle());
+            }
+            drop(taken)
+        });
     }
 
     #[getter]

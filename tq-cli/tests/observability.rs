@@ -97,6 +97,9 @@ async fn a_scrape_after_a_known_workload_shows_its_counts_and_the_state() {
     let r_labels = [("partition_id", "r")];
     assert_eq!(m.value("tq_partition_samples_total", &r_labels), Some(2.0));
     r.kv_clear(&keys("c", 2)).await.unwrap();
+    // The clear's release goes behind its answer (decision 0044); the scrape is no request of
+    // this client, so it waits for it explicitly.
+    client.settle().await;
     let m = scrape(&metrics);
 
     // Request counters equal the operations done.

@@ -16,12 +16,11 @@ use tokio::runtime::Runtime;
 use tq_controller::{ConsumptionStatus, GetMetaRequest, KeyListing, ProductionStatus};
 use tq_core::{Batch, BatchMeta, Error, MergeOp, MergeRegistry, Result, Tags};
 
-fn runtime() -> Result<Arc<Runtime>> {
+fn runtime() -> Result<Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .map(Arc::new)
         .map_err(|e| Error::internal("cannot start the client runtime").with_source(e))
 }
 
@@ -29,8 +28,33 @@ fn runtime() -> Result<Arc<Runtime>> {
 /// streams it hands out); do not call it from inside an async task (use [`Client`] there).
 #[derive(Clone)]
 pub struct BlockingClient {
-    runtime: Arc<Runtime>,
+    runtime: Arc<ClientRuntime>,
     client: Client,
+}
+
+/// The runtime of a blocking client and of the partitions and streams it hands out. When the
+/// last of them goes, it lets the requests the client sent without waiting for their answer
+/// (a clear's release, [`Client::settle`]) finish before the runtime stops and drops them.
+struct ClientRuntime {
+    runtime: Runtime,
+    client: Client,
+}
+
+impl std::ops::Deref for ClientRuntime {
+    type Target = Runtime;
+    fn deref(&self) -> &Runtime {
+        &self.runtime
+    }
+}
+
+impl Drop for ClientRuntime {
+    fn drop(&mut self) {
+        // Inside another runtime blocking is not allowed (and dropping this one would panic
+        // there anyway).
+        if tokio::runtime::Handle::try_current().is_err() {
+            self.runtime.block_on(self.client.settle());
+        }
+    }
 }
 
 impl std::fmt::Debug for BlockingClient {
@@ -42,6 +66,14 @@ impl std::fmt::Debug for BlockingClient {
 }
 
 impl BlockingClient {
+    fn on(runtime: Runtime, client: Client) -> BlockingClient {
+        let runtime = Arc::new(ClientRuntime {
+            runtime,
+            client: client.clone(),
+        });
+        BlockingClient { runtime, client }
+    }
+
     /// An embedded deployment, like [`Client::embedded`].
     pub fn embedded(config: Config) -> Result<BlockingClient> {
         BlockingClient::build(Client::builder().config(config))
@@ -59,7 +91,7 @@ impl BlockingClient {
             let _entered = runtime.enter();
             builder.build()?
         };
-        Ok(BlockingClient { runtime, client })
+        Ok(BlockingClient::on(runtime, client))
     }
 
     /// Connects to a controller, like [`Client::connect`].
@@ -79,7 +111,7 @@ impl BlockingClient {
     pub fn connect_builder(builder: ClientBuilder, url: &str) -> Result<BlockingClient> {
         let runtime = runtime()?;
         let client = runtime.block_on(builder.connect(url))?;
-        Ok(BlockingClient { runtime, client })
+        Ok(BlockingClient::on(runtime, client))
     }
 
     /// The async client inside.
@@ -116,6 +148,10 @@ impl BlockingClient {
     pub fn list_partitions(&self) -> Result<Vec<String>> {
         self.runtime.block_on(self.client.list_partitions())
     }
+    /// [`Client::settle`]; dropping the last handle of this client does it too.
+    pub fn settle(&self) {
+        self.runtime.block_on(self.client.settle())
+    }
     pub fn set_tags(&self, meta: &BatchMeta) -> Result<()> {
         self.runtime.block_on(self.client.set_tags(meta))
     }
@@ -137,7 +173,7 @@ impl BlockingClient {
 /// [`Partition`] with blocking methods (from [`BlockingClient::partition`]).
 #[derive(Clone)]
 pub struct BlockingPartition {
-    runtime: Arc<Runtime>,
+    runtime: Arc<ClientRuntime>,
     partition: Partition,
 }
 
@@ -290,7 +326,7 @@ impl BlockingPartition {
 /// stream, it ends cleanly when the partition is complete and yields a `Timeout` error before
 /// ending when it stops waiting.
 pub struct BlockingBatchStream {
-    runtime: Arc<Runtime>,
+    runtime: Arc<ClientRuntime>,
     stream: BatchStream,
 }
 

@@ -1,7 +1,8 @@
 //! Clears (hide → delete → release) and the clears whose storage step failed.
 //!
 //! A clear first hides its samples at the controller, then deletes their cells in storage,
-//! then releases the indexes. When the storage step fails (a unit or Redis is down), the
+//! then releases the indexes; the caller does not wait for the release's answer (the
+//! client's next request does, decision 0044). When the storage step fails (a unit or Redis is down), the
 //! samples stay hidden — nothing reads half-deleted data — but their keys cannot be written
 //! again until the clear is finished. Three things finish it, so a key is never stuck:
 //! - the client retries every unfinished clear in the background, with backoff
@@ -110,7 +111,18 @@ impl Client {
                  clear is retried in the background (or by clearing them again)"
             )));
         }
-        self.control().release(partition, marked.samples()).await
+        // The cells are gone: the caller need not wait for the release's answer (a remote
+        // controller's round trip), and this client's next request waits for it instead.
+        self.control()
+            .release_behind(partition, marked.samples())
+            .await
+    }
+
+    /// Waits until the requests this client sent without waiting for their answer (the
+    /// release that ends a clear, see [`tq_controller::ControlPlane::release_behind`]) have
+    /// been answered. A client about to stop calls it, so that its runtime does not drop them.
+    pub async fn settle(&self) {
+        self.control().settle().await
     }
 
     /// Clears keys. Without `fields` the keys disappear; with `fields` only those cells are

@@ -1,6 +1,7 @@
 //! A large clear through units served over TCP: the cells are gone when the clear answers, the
 //! units free the buffers behind it (counted as freed behind, none left pending once the
-//! reclaimer is done), and a small clear of the same deployment frees inline.
+//! reclaimer is done), and a small clear of the same deployment frees inline. A remote clear's
+//! release goes behind its answer, and the client's next request waits for it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use tq::server::{Deployment, ServeOptions};
@@ -62,6 +63,44 @@ async fn served_units_free_a_large_clear_behind_its_answer() {
     p.kv_clear(&small).await.unwrap();
     assert_eq!(counters(&tq, RECLAIMED_INLINE).await, 16 * 4096);
     assert_eq!(counters(&tq, RECLAIMED_BEHIND).await, 128 << 20);
+    drop(tq);
+    deployment.shutdown().await;
+}
+
+/// A remote clear answers once the cells are deleted and sends the release behind its answer
+/// (decision 0044); the client's next request waits for that release. So the client always
+/// sees its own clear finished: right after clearing the last keys of a partition, the
+/// partition is gone (it goes with the release of its last sample), and putting the keys again
+/// needs no second clear. Repeated, since without the wait the listing races the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_clear_is_released_before_the_clients_next_request() {
+    let options = ServeOptions {
+        listen: "tcp://127.0.0.1:0".into(),
+        units: Some(2),
+        ..ServeOptions::default()
+    };
+    let deployment = Deployment::start(Config::default(), options).await.unwrap();
+    let controller = deployment.controller_service().controller().clone();
+    let tq = Client::connect(deployment.url()).await.unwrap();
+    let p = tq.partition("p");
+    let ks = keys("k", 8);
+    for round in 0..40 {
+        p.kv_batch_put(&ks, &batch(8, 64), None).await.unwrap();
+        p.kv_clear(&ks).await.unwrap();
+        let partitions = tq.list_partitions().await.unwrap();
+        assert!(
+            !partitions.iter().any(|name| name == "p"),
+            "round {round}: the client's next request saw its clear unreleased: {partitions:?}"
+        );
+        assert_eq!(controller.samples_in_use(), 0, "round {round}");
+    }
+    // The last clear, waited for with `settle` instead of another request.
+    p.kv_batch_put(&ks, &batch(8, 64), None).await.unwrap();
+    p.kv_clear(&ks).await.unwrap();
+    tq.settle().await;
+    assert_eq!(controller.samples_in_use(), 0);
+    let status = tq.status().await.unwrap();
+    assert!(status.units.iter().all(|u| u.cells == 0));
     drop(tq);
     deployment.shutdown().await;
 }

@@ -23,6 +23,52 @@ pub struct RemoteControlPlane {
     epoch: Arc<std::sync::atomic::AtomicU64>,
     /// Ids for the requests that must not be applied twice.
     tags: Arc<RequestTags>,
+    /// Requests sent behind an answer ([`RemoteControlPlane::release_behind`]) and not yet
+    /// answered; every other request waits for them.
+    behind: Arc<Behind>,
+}
+
+/// The requests of a stub sent without waiting for their answer, counted so that the stub's
+/// next request goes after them.
+#[derive(Default)]
+struct Behind {
+    in_flight: std::sync::atomic::AtomicUsize,
+    answered: tokio::sync::Notify,
+}
+
+/// One request of [`Behind`]; dropping it (answered, failed or abandoned) lets others go.
+struct BehindGuard(Arc<Behind>);
+
+impl Behind {
+    fn enter(self: &Arc<Self>) -> BehindGuard {
+        self.in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        BehindGuard(Arc::clone(self))
+    }
+
+    /// Returns once no request is in flight behind an answer.
+    async fn settled(&self) {
+        loop {
+            let answered = self.answered.notified();
+            tokio::pin!(answered);
+            // Registered before the check, so an answer between the check and the wait
+            // still wakes it.
+            answered.as_mut().enable();
+            if self.in_flight.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            answered.await;
+        }
+    }
+}
+
+impl Drop for BehindGuard {
+    fn drop(&mut self) {
+        self.0
+            .in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.0.answered.notify_waiters();
+    }
 }
 
 /// Hands out [`RequestId`]s: one client id per stub (and its clones), a sequence number per
@@ -83,6 +129,63 @@ impl RemoteControlPlane {
             request_timeout,
             epoch: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             tags: Arc::new(RequestTags::new()),
+            behind: Arc::default(),
+        }
+    }
+
+    /// [`ControlPlane::release_behind`]: sends the release from a task of its own and returns;
+    /// the stub's next requests wait for its answer. Outside a runtime it waits here.
+    pub(crate) async fn release_behind(
+        &self,
+        partition: &str,
+        samples: &[tq_core::SampleId],
+    ) -> Result<()> {
+        let request = ControlRequest::Release {
+            partition: partition.to_owned(),
+            samples: samples.to_vec(),
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self.expect_done("release", request).await;
+        };
+        let guard = self.behind.enter();
+        let stub = self.clone();
+        let (partition, count) = (partition.to_owned(), samples.len());
+        runtime.spawn(async move {
+            let _guard = guard;
+            if let Err(e) = stub.expect_done("release", request).await {
+                tracing::warn!(
+                    partition,
+                    samples = count,
+                    error = %e,
+                    "the release of cleared samples sent behind the clear's answer failed; \
+                     their cells are deleted and they stay hidden until the next put or clear \
+                     of their keys, or a clear of the partition, releases them"
+                );
+            }
+        });
+        Ok(())
+    }
+
+    /// Waits until every request sent behind an answer has been answered or has failed.
+    pub async fn settle(&self) {
+        self.behind.settled().await;
+    }
+
+    /// Sends an idempotent request answered by `Done`, without waiting for requests sent
+    /// behind an answer (it may be one of them).
+    async fn expect_done(&self, what: &str, request: ControlRequest) -> Result<()> {
+        let envelope = ControlEnvelope {
+            epoch: self.epoch(),
+            request,
+            once: None,
+        };
+        match self
+            .send_envelope_now(envelope, Vec::new(), true, Duration::ZERO)
+            .await?
+            .decode()?
+        {
+            ControlResponse::Done => Ok(()),
+            other => Err(self.unexpected(what, other)),
         }
     }
 
@@ -114,7 +217,21 @@ impl RemoteControlPlane {
             .await
     }
 
+    /// Sends `envelope` once the requests sent behind an answer have been answered: what this
+    /// client asks next sees what it did before.
     async fn send_envelope(
+        &self,
+        envelope: ControlEnvelope,
+        frames: Vec<Bytes>,
+        idempotent: bool,
+        extra_wait: Duration,
+    ) -> Result<Message> {
+        self.behind.settled().await;
+        self.send_envelope_now(envelope, frames, idempotent, extra_wait)
+            .await
+    }
+
+    async fn send_envelope_now(
         &self,
         envelope: ControlEnvelope,
         frames: Vec<Bytes>,

@@ -204,6 +204,28 @@ macro_rules! control_ops {
                 $(#[$doc])*
                 async fn $method(&self, $($arg: $ty),*) -> tq_core::Result<$reply>;
             )*
+
+            /// Step 3 of a clear for a caller that need not wait for the answer: the samples'
+            /// cells are already gone from storage (so the order hide → delete → release holds
+            /// at the controller whatever happens next). A remote stub sends the release and
+            /// returns at once; every later request of the stub (and its clones) waits for that
+            /// answer before it is sent, so the client never sees its own clear unfinished. A
+            /// release that fails then leaves the samples hidden, as a failed storage step
+            /// does: the next put or clear of their keys, or a clear of the partition, finishes
+            /// them. In process it is [`ControlPlane::release`] itself (a call, no round trip
+            /// to save). Decision 0044.
+            async fn release_behind(
+                &self,
+                partition: &str,
+                samples: &[tq_core::SampleId],
+            ) -> tq_core::Result<()> {
+                self.release(partition, samples).await
+            }
+
+            /// Waits until every request sent behind an answer
+            /// ([`ControlPlane::release_behind`]) has been answered (or has failed). For a
+            /// client about to stop: a runtime shut down under such a request drops it.
+            async fn settle(&self) {}
         }
 
         /// The control plane's administrative operations — checkpoints (snapshots, holds on
@@ -352,6 +374,18 @@ macro_rules! control_ops {
         impl ControlPlane for $crate::RemoteControlPlane {
             fn epoch(&self) -> u64 {
                 $crate::RemoteControlPlane::epoch(self)
+            }
+
+            async fn release_behind(
+                &self,
+                partition: &str,
+                samples: &[tq_core::SampleId],
+            ) -> tq_core::Result<()> {
+                $crate::RemoteControlPlane::release_behind(self, partition, samples).await
+            }
+
+            async fn settle(&self) {
+                $crate::RemoteControlPlane::settle(self).await
             }
 
             $(
