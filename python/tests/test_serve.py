@@ -119,3 +119,18 @@ def test_units_served_elsewhere_register_with_a_controller() -> None:
                 u.close()
         assert all(u.closed for u in units)
 
+
+
+def test_closing_a_client_right_after_a_clear_leaves_the_clear_finished() -> None:
+    # A clear returns before the controller's release of its samples (which follows behind the
+    # answer); close() waits for it instead of dropping it with the client's runtime. The
+    # partition goes with the release of its last sample, so another client sees it gone.
+    with tq.serve(units=2) as server:
+        observer = server.local_client()
+        for round in range(20):
+            c = server.connect()
+            p = c.partition(f"p{round}")
+            p.kv_batch_put(["a", "b"], {"x": np.arange(4).reshape(2, 2)})
+            p.kv_clear(["a", "b"])
+            c.close()
+            assert f"p{round}" not in observer.list_partitions(), f"round {round}"
