@@ -19,6 +19,18 @@ fn keys(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
 
+/// A controller and 2 units served over loopback TCP in this process, and a client of them.
+async fn served() -> (Deployment, Client) {
+    let options = ServeOptions {
+        listen: "tcp://127.0.0.1:0".into(),
+        units: Some(2),
+        ..ServeOptions::default()
+    };
+    let deployment = Deployment::start(Config::default(), options).await.unwrap();
+    let tq = Client::connect(deployment.url()).await.unwrap();
+    (deployment, tq)
+}
+
 async fn counters(tq: &Client, name: &str) -> u64 {
     let status = tq.status().await.unwrap();
     assert_eq!(status.units.len(), 2);
@@ -27,13 +39,7 @@ async fn counters(tq: &Client, name: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn served_units_free_a_large_clear_behind_its_answer() {
-    let options = ServeOptions {
-        listen: "tcp://127.0.0.1:0".into(),
-        units: Some(2),
-        ..ServeOptions::default()
-    };
-    let deployment = Deployment::start(Config::default(), options).await.unwrap();
-    let tq = Client::connect(deployment.url()).await.unwrap();
+    let (deployment, tq) = served().await;
     let p = tq.partition("p");
 
     // 128 MiB over two units: each unit's share is over the 32 MiB a clear must free to be
@@ -74,14 +80,8 @@ async fn served_units_free_a_large_clear_behind_its_answer() {
 /// needs no second clear. Repeated, since without the wait the listing races the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_clear_is_released_before_the_clients_next_request() {
-    let options = ServeOptions {
-        listen: "tcp://127.0.0.1:0".into(),
-        units: Some(2),
-        ..ServeOptions::default()
-    };
-    let deployment = Deployment::start(Config::default(), options).await.unwrap();
+    let (deployment, tq) = served().await;
     let controller = deployment.controller_service().controller().clone();
-    let tq = Client::connect(deployment.url()).await.unwrap();
     let p = tq.partition("p");
     let ks = keys("k", 8);
     for round in 0..40 {
