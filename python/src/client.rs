@@ -18,6 +18,18 @@ pub(crate) struct Running {
     pub(crate) client: tq::Client,
 }
 
+impl Drop for Running {
+    /// Lets the requests the client sent without waiting for their answer (a clear's release,
+    /// `Client::settle`) finish before the runtime stops and drops them: on `close()` and when
+    /// a client that was never closed goes (as `tq::BlockingClient` does). Not from a thread of
+    /// a runtime, where blocking is not allowed.
+    fn drop(&mut self) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            self.runtime.block_on(self.client.settle());
+        }
+    }
+}
+
 /// A tq client (embedded or connected); `tq.Client` wraps it.
 #[pyclass(frozen, module = "tq._native")]
 pub(crate) struct NativeClient {
@@ -121,15 +133,8 @@ impl NativeClient {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        // The runtime stops without the GIL: its threads may be waiting to take it. First the
-        // requests sent behind an answer (a clear's release) are let finish: stopping the
-        // runtime would drop them.
-        py.detach(move || {
-            if let Some(running) = &taken {
-                running.runtime.block_on(running.client.settle());
-            }
-            drop(taken)
-        });
+        // The runtime stops without the GIL: its threads may be waiting to take it.
+        py.detach(move || drop(taken));
     }
 
     #[getter]
