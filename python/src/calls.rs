@@ -45,16 +45,16 @@ impl NativeClient {
         F: std::future::Future<Output = Result<T, Error>> + Send,
     {
         let running = self.running(py)?;
-        let mut call = Box::pin(call(running.client.clone()));
+        let mut call = std::pin::pin!(call(running.client.clone()));
         loop {
+            // On this thread, awake for a moment before it parks (`tq::wait`): an answer that
+            // arrives within that moment needs no worker to wake this thread.
             let step = py.detach(|| {
-                running
-                    .runtime
-                    .block_on(async { tokio::time::timeout(SIGNAL_CHECK, &mut call).await })
+                tq::wait::wait_at_most(running.runtime.handle(), call.as_mut(), SIGNAL_CHECK)
             });
             match step {
-                Ok(outcome) => return outcome.map_err(|e| raise(py, e)),
-                Err(_still_running) => py.check_signals()?,
+                std::task::Poll::Ready(outcome) => return outcome.map_err(|e| raise(py, e)),
+                std::task::Poll::Pending => py.check_signals()?,
             }
         }
     }

@@ -8,17 +8,16 @@
 //! controller round trip of one key is measured next to them as the floor of any controller
 //! step.
 //!
-//! The last rows are what a caller outside the runtime pays (a thread calling `block_on`, as
-//! `BlockingClient` and the Python package do): the floor again from a task of the runtime, and
-//! a one-sample `kv_put` awaited by `block_on` directly or run as a task whose end `block_on`
-//! awaits. The gap is the wake-up of the parked calling thread, once per answer when it awaits
-//! the call itself, once per call when the call is a task. Blocking calls stay `block_on`: as
-//! tasks, calls that complete without waiting (in process) got far slower (docs/benchmarks.md,
-//! "A put and a get step by step").
+//! The last rows are what a caller outside the runtime pays: the floor again from a task of the
+//! runtime and from a thread waiting with [`tq_client::wait::wait_for`] (which stays awake for
+//! a moment before it parks), and a one-sample `kv_put` from a thread, awaited by `block_on`
+//! (parks at once) or by `wait_for`. The gap between `block_on` and a task is the wake-up of
+//! the parked calling thread, once per answer.
 
 use crate::measure::Stats;
 use crate::workloads;
 use std::time::{Duration, Instant};
+use tq_client::wait::wait_for;
 use tq_client::Client;
 use tq_controller::ProductionNotice;
 use tq_core::{Batch, Error, Result, Tags};
@@ -48,7 +47,7 @@ pub fn run(
     let one_key = vec![keys[0].clone()];
     let types = batch.type_schemas();
     let small = crate::latency::sample_4k()?;
-    let mut times: [Vec<Duration>; 9] = Default::default();
+    let mut times: [Vec<Duration>; 10] = Default::default();
     for rep in 0..=reps.max(1) {
         let round = runtime.block_on(async {
             let control = tq.control();
@@ -105,29 +104,32 @@ pub fn run(
                 Ok(t.elapsed())
             })?
         };
-        // One small kv_put from outside the runtime: awaited by block_on directly, or run as
-        // a task of the runtime whose end block_on awaits (one wake-up of the caller instead of
-        // one per round trip).
+        // The floor from a thread that stays awake for a moment before it parks.
+        let t = Instant::now();
+        wait_for(
+            runtime.handle(),
+            tq.control().kv_retrieve_meta(PARTITION, &one_key, false),
+        )?;
+        let floor_waiting = t.elapsed();
+        // One small kv_put from outside the runtime, awaited by block_on and by wait_for.
         let t = Instant::now();
         runtime.block_on(tq.partition(PARTITION).kv_put("small", &small, None))?;
-        let small_direct = t.elapsed();
+        let small_parked = t.elapsed();
         let t = Instant::now();
-        {
-            let (tq, small) = (tq.clone(), small.clone());
-            in_task(runtime, async move {
-                tq.partition(PARTITION).kv_put("small", &small, None).await
-            })?;
-        }
-        let small_task = t.elapsed();
+        wait_for(
+            runtime.handle(),
+            tq.partition(PARTITION).kv_put("small", &small, None),
+        )?;
+        let small_waiting = t.elapsed();
         runtime.block_on(tq.partition(PARTITION).kv_clear(&["small"]))?;
         if rep > 0 {
-            let more = [floor_in_task, small_direct, small_task];
+            let more = [floor_in_task, floor_waiting, small_parked, small_waiting];
             for (all, d) in times.iter_mut().zip(round.into_iter().chain(more)) {
                 all.push(d);
             }
         }
     }
-    let [prepare, write, notify, lookup, read, floor, floor_in_task, small_direct, small_task] =
+    let [prepare, write, notify, lookup, read, floor, floor_in_task, floor_waiting, small_parked, small_waiting] =
         times.map(Stats::from_samples);
     Ok(StepReport {
         workload: name.to_string(),
@@ -140,8 +142,9 @@ pub fn run(
             ("get 2/2: storage get (units)", read),
             ("floor: kv_retrieve_meta of 1 key", floor),
             ("floor, called from a task of the runtime", floor_in_task),
-            ("kv_put of 4 KiB from block_on", small_direct),
-            ("kv_put of 4 KiB as a task, awaited by block_on", small_task),
+            ("floor, from a thread in wait_for", floor_waiting),
+            ("kv_put of 4 KiB from block_on", small_parked),
+            ("kv_put of 4 KiB from wait_for", small_waiting),
         ],
     })
 }

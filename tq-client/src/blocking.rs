@@ -40,6 +40,14 @@ struct ClientRuntime {
     client: Client,
 }
 
+impl ClientRuntime {
+    /// Runs `work` to its end from the calling thread ([`crate::wait::wait_for`]: awake for a
+    /// moment before it parks, so a quick answer needs no wake-up).
+    fn wait<F: std::future::Future>(&self, work: F) -> F::Output {
+        crate::wait::wait_for(self.runtime.handle(), work)
+    }
+}
+
 impl std::ops::Deref for ClientRuntime {
     type Target = Runtime;
     fn deref(&self) -> &Runtime {
@@ -122,7 +130,7 @@ impl BlockingClient {
     /// Runs `work` (an async call on [`BlockingClient::client`]) to completion on this
     /// client's runtime: how crates that extend [`Client`] give their calls a blocking form.
     pub fn block_on<F: std::future::Future>(&self, work: F) -> F::Output {
-        self.runtime.block_on(work)
+        self.runtime.wait(work)
     }
 
     /// A blocking handle to partition `name`.
@@ -134,39 +142,39 @@ impl BlockingClient {
     }
 
     pub fn get_meta(&self, req: GetMetaRequest) -> Result<BatchMeta> {
-        self.runtime.block_on(self.client.get_meta(req))
+        self.runtime.wait(self.client.get_meta(req))
     }
     pub fn put(&self, meta: &BatchMeta, batch: &Batch) -> Result<BatchMeta> {
-        self.runtime.block_on(self.client.put(meta, batch))
+        self.runtime.wait(self.client.put(meta, batch))
     }
     pub fn get_data(&self, meta: &BatchMeta) -> Result<Batch> {
-        self.runtime.block_on(self.client.get_data(meta))
+        self.runtime.wait(self.client.get_data(meta))
     }
     pub fn clear_samples(&self, meta: &BatchMeta) -> Result<()> {
-        self.runtime.block_on(self.client.clear_samples(meta))
+        self.runtime.wait(self.client.clear_samples(meta))
     }
     pub fn list_partitions(&self) -> Result<Vec<String>> {
-        self.runtime.block_on(self.client.list_partitions())
+        self.runtime.wait(self.client.list_partitions())
     }
     /// [`Client::settle`]; dropping the last handle of this client does it too.
     pub fn settle(&self) {
-        self.runtime.block_on(self.client.settle())
+        self.runtime.wait(self.client.settle())
     }
     pub fn set_tags(&self, meta: &BatchMeta) -> Result<()> {
-        self.runtime.block_on(self.client.set_tags(meta))
+        self.runtime.wait(self.client.set_tags(meta))
     }
     pub fn kv_list_all(&self) -> Result<Vec<KeyListing>> {
-        self.runtime.block_on(self.client.kv_list_all())
+        self.runtime.wait(self.client.kv_list_all())
     }
     pub fn retry_unfinished_clears(&self) -> Result<usize> {
-        self.runtime.block_on(self.client.retry_unfinished_clears())
+        self.runtime.wait(self.client.retry_unfinished_clears())
     }
     pub fn ack(&self, task: &str, meta: &BatchMeta) -> Result<usize> {
-        self.runtime.block_on(self.client.ack(task, meta))
+        self.runtime.wait(self.client.ack(task, meta))
     }
     pub fn renew_lease(&self, task: &str, meta: &BatchMeta, extend: Duration) -> Result<usize> {
         self.runtime
-            .block_on(self.client.renew_lease(task, meta, extend))
+            .wait(self.client.renew_lease(task, meta, extend))
     }
 }
 
@@ -198,7 +206,7 @@ impl BlockingPartition {
     /// Runs `work` (an async call on [`BlockingPartition::handle`]) to completion on this
     /// partition's runtime, like [`BlockingClient::block_on`].
     pub fn block_on<F: std::future::Future>(&self, work: F) -> F::Output {
-        self.runtime.block_on(work)
+        self.runtime.wait(work)
     }
 
     /// A blocking iterator over ready batches ([`Partition::stream`]).
@@ -214,39 +222,34 @@ impl BlockingPartition {
     }
     pub fn fetch(&self, fields: &[&str], task: &str, batch_size: usize) -> Result<BatchMeta> {
         self.runtime
-            .block_on(self.partition.fetch(fields, task, batch_size))
+            .wait(self.partition.fetch(fields, task, batch_size))
     }
     pub fn put_new(&self, batch: &Batch) -> Result<BatchMeta> {
-        self.runtime.block_on(self.partition.put_new(batch))
+        self.runtime.wait(self.partition.put_new(batch))
     }
     pub fn production_status(&self, fields: &[&str]) -> Result<ProductionStatus> {
-        self.runtime
-            .block_on(self.partition.production_status(fields))
+        self.runtime.wait(self.partition.production_status(fields))
     }
     pub fn consumption_status(&self, task: &str) -> Result<ConsumptionStatus> {
-        self.runtime
-            .block_on(self.partition.consumption_status(task))
+        self.runtime.wait(self.partition.consumption_status(task))
     }
     pub fn reset_consumption(&self, task: &str) -> Result<()> {
-        self.runtime
-            .block_on(self.partition.reset_consumption(task))
+        self.runtime.wait(self.partition.reset_consumption(task))
     }
     pub fn reset_all_consumption(&self) -> Result<()> {
-        self.runtime
-            .block_on(self.partition.reset_all_consumption())
+        self.runtime.wait(self.partition.reset_all_consumption())
     }
     pub fn complete(&self) -> Result<()> {
-        self.runtime.block_on(self.partition.complete())
+        self.runtime.wait(self.partition.complete())
     }
     pub fn clear(&self) -> Result<()> {
-        self.runtime.block_on(self.partition.clear())
+        self.runtime.wait(self.partition.clear())
     }
     pub fn clear_samples(&self) -> Result<()> {
-        self.runtime.block_on(self.partition.clear_samples())
+        self.runtime.wait(self.partition.clear_samples())
     }
     pub fn kv_put(&self, key: &str, fields: &Batch, tags: Option<Tags>) -> Result<KvBatchMeta> {
-        self.runtime
-            .block_on(self.partition.kv_put(key, fields, tags))
+        self.runtime.wait(self.partition.kv_put(key, fields, tags))
     }
     pub fn kv_batch_put<K: AsRef<str>>(
         &self,
@@ -255,43 +258,40 @@ impl BlockingPartition {
         tags: Option<Vec<Tags>>,
     ) -> Result<KvBatchMeta> {
         self.runtime
-            .block_on(self.partition.kv_batch_put(keys, fields, tags))
+            .wait(self.partition.kv_batch_put(keys, fields, tags))
     }
     pub fn kv_set_tags<K: AsRef<str>>(&self, keys: &[K], tags: Vec<Tags>) -> Result<KvBatchMeta> {
-        self.runtime
-            .block_on(self.partition.kv_set_tags(keys, tags))
+        self.runtime.wait(self.partition.kv_set_tags(keys, tags))
     }
     pub fn kv_batch_get<K: AsRef<str>>(
         &self,
         keys: &[K],
         fields: Option<&[&str]>,
     ) -> Result<Batch> {
-        self.runtime
-            .block_on(self.partition.kv_batch_get(keys, fields))
+        self.runtime.wait(self.partition.kv_batch_get(keys, fields))
     }
     pub fn kv_meta<K: AsRef<str>>(&self, keys: &[K]) -> Result<BatchMeta> {
-        self.runtime.block_on(self.partition.kv_meta(keys))
+        self.runtime.wait(self.partition.kv_meta(keys))
     }
     pub fn kv_meta_or_create<K: AsRef<str>>(&self, keys: &[K]) -> Result<BatchMeta> {
-        self.runtime
-            .block_on(self.partition.kv_meta_or_create(keys))
+        self.runtime.wait(self.partition.kv_meta_or_create(keys))
     }
     pub fn kv_list(&self) -> Result<KeyListing> {
-        self.runtime.block_on(self.partition.kv_list())
+        self.runtime.wait(self.partition.kv_list())
     }
     pub fn kv_tags<K: AsRef<str>>(&self, keys: &[K]) -> Result<Vec<Tags>> {
-        self.runtime.block_on(self.partition.kv_tags(keys))
+        self.runtime.wait(self.partition.kv_tags(keys))
     }
     pub fn kv_clear<K: AsRef<str>>(&self, keys: &[K]) -> Result<()> {
-        self.runtime.block_on(self.partition.kv_clear(keys))
+        self.runtime.wait(self.partition.kv_clear(keys))
     }
     pub fn kv_clear_fields<K: AsRef<str>>(&self, keys: &[K], fields: &[&str]) -> Result<()> {
         self.runtime
-            .block_on(self.partition.kv_clear_fields(keys, fields))
+            .wait(self.partition.kv_clear_fields(keys, fields))
     }
     pub fn kv_update(&self, key: &str, fields: &Batch, merge: &MergeOp) -> Result<KvBatchMeta> {
         self.runtime
-            .block_on(self.partition.kv_update(key, fields, merge))
+            .wait(self.partition.kv_update(key, fields, merge))
     }
     pub fn kv_batch_update<K: AsRef<str>>(
         &self,
@@ -300,7 +300,7 @@ impl BlockingPartition {
         merge: &MergeOp,
     ) -> Result<KvBatchMeta> {
         self.runtime
-            .block_on(self.partition.kv_batch_update(keys, fields, merge))
+            .wait(self.partition.kv_batch_update(keys, fields, merge))
     }
     pub fn kv_link<K: AsRef<str>, P: AsRef<str>>(
         &self,
@@ -310,15 +310,14 @@ impl BlockingPartition {
         options: &LinkOptions,
     ) -> Result<KvBatchMeta> {
         self.runtime
-            .block_on(self.partition.kv_link(keys, public_keys, fields, options))
+            .wait(self.partition.kv_link(keys, public_keys, fields, options))
     }
     pub fn kv_unlink<K: AsRef<str>>(&self, keys: &[K], fields: &[&str]) -> Result<usize> {
-        self.runtime
-            .block_on(self.partition.kv_unlink(keys, fields))
+        self.runtime.wait(self.partition.kv_unlink(keys, fields))
     }
     pub fn kv_clear_unlinked_public(&self, prefix: &str) -> Result<Vec<String>> {
         self.runtime
-            .block_on(self.partition.kv_clear_unlinked_public(prefix))
+            .wait(self.partition.kv_clear_unlinked_public(prefix))
     }
 }
 
@@ -342,10 +341,10 @@ impl std::fmt::Debug for BlockingBatchStream {
 impl BlockingBatchStream {
     /// Acknowledges an item of an acknowledged-mode stream ([`BatchStream::ack`]).
     pub fn ack(&self, item: &StreamItem) -> Result<usize> {
-        self.runtime.block_on(self.stream.ack(item))
+        self.runtime.wait(self.stream.ack(item))
     }
     pub fn renew(&self, item: &StreamItem, extend: Duration) -> Result<usize> {
-        self.runtime.block_on(self.stream.renew(item, extend))
+        self.runtime.wait(self.stream.renew(item, extend))
     }
     pub fn progress(&self) -> StreamProgress {
         self.stream.progress()
@@ -359,6 +358,6 @@ impl Iterator for BlockingBatchStream {
     type Item = Result<StreamItem>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.runtime.block_on(self.stream.next())
+        self.runtime.wait(self.stream.next())
     }
 }

@@ -45,6 +45,7 @@ mod remote;
 mod shared;
 mod stream;
 pub mod telemetry;
+pub mod wait;
 
 pub use backends::BackendFactory;
 pub use blocking::{BlockingBatchStream, BlockingClient, BlockingPartition};

@@ -38,6 +38,7 @@
 //! # Ok(()) }
 //! ```
 
+pub use tq_client::wait;
 pub use tq_client::Partition;
 pub use tq_client::{
     Backend, BackendFactory, BatchStream, BlockingBatchStream, BlockingClient, BlockingPartition,
