@@ -45,6 +45,18 @@ impl NativeClient {
         F: std::future::Future<Output = Result<T, Error>> + Send,
     {
         let running = self.running(py)?;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // A thread of a runtime (a `done` callback that calls back in): waiting here would
+            // hold one of the workers the answer needs.
+            return Err(raise(
+                py,
+                Error::invalid(format!(
+                    "a blocking call on the client ({}) from a thread of its runtime (a `done` \
+                     callback?); use the call's async form there",
+                    self.description
+                )),
+            ));
+        }
         let mut call = std::pin::pin!(call(running.client.clone()));
         loop {
             // On this thread, awake for a moment before it parks (`tq::wait`): an answer that

@@ -42,8 +42,13 @@ struct ClientRuntime {
 
 impl ClientRuntime {
     /// Runs `work` to its end from the calling thread ([`crate::wait::wait_for`]: awake for a
-    /// moment before it parks, so a quick answer needs no wake-up).
+    /// moment before it parks, so a quick answer needs no wake-up). A thread inside a runtime's
+    /// context goes through `block_on`, which tells a caller inside a task that it must not
+    /// block there (tokio's panic) rather than blocking the runtime's worker.
     fn wait<F: std::future::Future>(&self, work: F) -> F::Output {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return self.runtime.block_on(work);
+        }
         crate::wait::wait_for(self.runtime.handle(), work)
     }
 }

@@ -548,6 +548,26 @@ fn blocking_client_round_trip() {
     assert!(tq.list_partitions().unwrap().is_empty());
 }
 
+#[test]
+fn a_blocking_call_from_inside_a_runtime_is_refused_not_left_to_block_its_worker() {
+    let tq = BlockingClient::embedded(Config::default()).unwrap();
+    let other = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let inside = other.block_on(async {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tq.list_partitions()))
+    });
+    let message = inside.expect_err("a blocking call inside a runtime must not run");
+    let text = message
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| message.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
+    assert!(text.contains("runtime"), "{text}");
+    // Outside it, the same client works.
+    assert!(tq.list_partitions().unwrap().is_empty());
+}
+
 #[cfg(feature = "ssd")]
 #[tokio::test]
 async fn ssd_offload_from_the_config() {
