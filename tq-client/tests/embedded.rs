@@ -605,6 +605,7 @@ async fn ssd_offload_from_the_config() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[cfg(feature = "ssd")]
 fn walk(dir: &std::path::Path) -> usize {
     let mut n = 0;
     if let Ok(rd) = std::fs::read_dir(dir) {
