@@ -154,6 +154,36 @@ mod tests {
     }
 
     #[test]
+    fn no_wake_is_lost_when_many_threads_wait_on_answers_around_the_awake_window() {
+        // Answers land before, inside and after each waiter's awake window, from two workers,
+        // while four threads wait at once: a wake lost between the flag check and the park
+        // would leave a thread parked until its 1-hour limit and the test would hang.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let handle = rt.handle().clone();
+                scope.spawn(move || {
+                    for i in 0..300u64 {
+                        let delay = Duration::from_micros((i * 7 + t * 13) % 120);
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        handle.spawn(async move {
+                            if !delay.is_zero() {
+                                tokio::time::sleep(delay).await;
+                            }
+                            let _ = tx.send(i);
+                        });
+                        assert_eq!(wait_for(&handle, rx).unwrap(), i);
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
     fn the_runtime_context_is_entered_for_timers_and_spawns() {
         let rt = runtime();
         let out = wait_for(rt.handle(), async {
