@@ -77,7 +77,9 @@ fn bench_reports_figures_next_to_memcpy() {
         "get 1/2: kv_retrieve_meta (controller)",
         "get 2/2: storage get (units)",
         "floor, called from a task of the runtime",
-        "kv_put of 4 KiB as a task, awaited by block_on",
+        "floor, from a thread in wait_for",
+        "kv_put of 4 KiB from block_on",
+        "kv_put of 4 KiB from wait_for",
     ] {
         let rows: Vec<&str> = stdout
             .lines()
