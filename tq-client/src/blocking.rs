@@ -53,13 +53,6 @@ impl ClientRuntime {
     }
 }
 
-impl std::ops::Deref for ClientRuntime {
-    type Target = Runtime;
-    fn deref(&self) -> &Runtime {
-        &self.runtime
-    }
-}
-
 impl Drop for ClientRuntime {
     fn drop(&mut self) {
         // Inside another runtime blocking is not allowed (and dropping this one would panic
@@ -217,7 +210,7 @@ impl BlockingPartition {
     /// A blocking iterator over ready batches ([`Partition::stream`]).
     pub fn stream(&self, config: StreamConfig) -> Result<BlockingBatchStream> {
         let stream = {
-            let _entered = self.runtime.enter();
+            let _entered = self.runtime.runtime.enter();
             self.partition.stream(config)?
         };
         Ok(BlockingBatchStream {
