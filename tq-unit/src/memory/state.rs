@@ -2,7 +2,7 @@
 //! that keeps their counts right as cells come and go.
 
 use crate::block::{BlockId, BlockTable};
-use crate::index::IndexMap;
+use crate::index::{reset_emptied, IndexMap};
 use std::collections::HashMap;
 use tq_core::{FieldName, SampleId, Value};
 
@@ -51,9 +51,18 @@ pub(super) const SPARE_FIELD_MAPS: usize = 32;
 pub(super) const SPARE_MAP_MAX_CELLS: usize = 16 << 10;
 
 /// Keeps an emptied field map for reuse, unless enough are kept already or it is too large.
-pub(super) fn keep_spare(spare_maps: &mut Vec<IndexMap<Cell>>, map: IndexMap<Cell>) {
+pub(super) fn keep_spare(spare_maps: &mut Vec<IndexMap<Cell>>, mut map: IndexMap<Cell>) {
     debug_assert!(map.is_empty());
     if spare_maps.len() < SPARE_FIELD_MAPS && map.capacity() <= SPARE_MAP_MAX_CELLS {
+        reset_emptied(
+            &mut map,
+            Cell {
+                generation: 0,
+                value: Value::Object(bytes::Bytes::new()),
+                block: None,
+                stamp: 0,
+            },
+        );
         spare_maps.push(map);
     }
 }
@@ -188,6 +197,15 @@ impl State {
         }
         for index in indexes {
             rows.remove(index);
+        }
+        if rows.is_empty() {
+            reset_emptied(
+                rows,
+                Row {
+                    generation: 0,
+                    cells: 0,
+                },
+            );
         }
     }
 }
