@@ -197,6 +197,52 @@ async fn a_read_stays_valid_after_the_unit_clears_the_cells() {
     }
 }
 
+/// A unit that frees large clears behind its answer, as `tq serve` and `tq storage-unit` run
+/// theirs; with `offer`, it also offers its shared-memory channel.
+async fn freeing_unit_server(id: &str, offer: bool) -> (Server, Arc<MemoryUnit>) {
+    let unit = Arc::new(MemoryUnit::new(id).free_cleared_behind(true));
+    let handler = Arc::new(UnitServer::new(unit.clone()));
+    if offer {
+        handler.offer_shared_memory().unwrap();
+    }
+    let config = ServerConfig {
+        name: id.to_owned(),
+        ..ServerConfig::default()
+    };
+    let server = Server::bind(&Endpoint::tcp("127.0.0.1:0"), config, handler)
+        .await
+        .unwrap();
+    (server, unit)
+}
+
+#[tokio::test]
+async fn cells_in_shared_memory_are_freed_behind_a_clear_whatever_its_size() {
+    use tq_unit::reclaim::{self, RECLAIMED_BEHIND, RECLAIMED_INLINE};
+    let samples = ids(4);
+    let t = pattern(4, 256 << 10, 5);
+    // 1 MiB is far below the size from which a clear frees heap buffers behind its answer;
+    // through the channel its cells are a segment, which the unit frees behind it all the same.
+    let (server, unit) = freeing_unit_server("u", true).await;
+    let remote = stub(&server, "u");
+    remote.put(put_of(&samples, &t)).await.unwrap();
+    assert!(remote.uses_shared_memory());
+    remote.clear(&samples, &FieldFilter::All).await.unwrap();
+    reclaim::wait_freed();
+    let counters = unit.stats().await.unwrap().counters;
+    assert_eq!(counters[RECLAIMED_BEHIND], 1 << 20, "{counters:?}");
+    assert_eq!(counters[RECLAIMED_INLINE], 0, "{counters:?}");
+
+    // The same cells over TCP are heap buffers: freed by the clear itself.
+    let (server, unit) = freeing_unit_server("v", false).await;
+    let remote = stub(&server, "v");
+    remote.put(put_of(&samples, &t)).await.unwrap();
+    assert!(!remote.uses_shared_memory());
+    remote.clear(&samples, &FieldFilter::All).await.unwrap();
+    let counters = unit.stats().await.unwrap().counters;
+    assert_eq!(counters[RECLAIMED_INLINE], 1 << 20, "{counters:?}");
+    assert_eq!(counters[RECLAIMED_BEHIND], 0, "{counters:?}");
+}
+
 #[tokio::test]
 async fn small_puts_and_cells_written_over_tcp_still_read_back() {
     let (server, unit, _handler) = unit_server("u", true).await;

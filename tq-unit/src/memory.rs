@@ -101,7 +101,8 @@ impl MemoryUnit {
         })
     }
 
-    /// Whether clears of 32 MiB or more answer once their cells are unreachable and free the
+    /// Whether clears of 32 MiB or more (or of cells in shared-memory segments, with the `net`
+    /// feature) answer once their cells are unreachable and free the
     /// buffers behind the answer (see [`reclaim`]); off by default. Worth it where the unit
     /// owns its buffers, as a unit served over the network does (its cells are slices of the
     /// frames it received): not for a unit storing slices of its caller's batches.

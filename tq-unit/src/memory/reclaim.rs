@@ -8,7 +8,8 @@
 //!
 //! Only where it pays: a unit frees behind when asked to
 //! ([`crate::MemoryUnit::free_cleared_behind`]; units served over the network are), and only
-//! clears of at least [`INLINE_BYTES`]. Measured on 2 cores (docs/benchmarks.md, "Clears"):
+//! clears of at least [`INLINE_BYTES`] or of cells in shared memory (see [`in_shared_memory`]).
+//! Measured on 2 cores (docs/benchmarks.md, "Clears"):
 //! handing over a clear whose buffers the caller still holds (an embedded unit storing slices
 //! of the caller's batch) or whose buffers the allocator takes back cheaply (below glibc's
 //! largest mmap threshold, 32 MiB) made the clear up to 1.8 × slower, the reclaiming thread
@@ -164,7 +165,7 @@ pub(crate) fn free_behind(
     if values.is_empty() {
         return;
     }
-    if behind && bytes >= INLINE_BYTES {
+    if behind && (bytes >= INLINE_BYTES || in_shared_memory(&values)) {
         if let Some(r) = reclaimer() {
             let mut q = r.lock();
             if q.pending + bytes <= MAX_PENDING_BYTES {
@@ -187,6 +188,26 @@ pub(crate) fn free_behind(
     }
     drop(values);
     counters.inline.fetch_add(bytes, Ordering::Relaxed);
+}
+
+/// Whether `values` (a clear's cells) lie in shared-memory segments a same-host client handed
+/// over ([`crate::net`]'s `shm`). The last cell of a segment unmaps it and, the unit holding its
+/// last descriptor, the kernel then takes the segment's pages out of its file: that costs like
+/// the free of a large buffer whatever the clear's size (same-host clears of 1024 × 4 KiB took
+/// 1.3–2.0 ms freeing inline against 1.0–1.5 ms behind; docs/benchmarks.md, "Clears"). The
+/// first and the last cell decide: a clear's cells come from a few puts, and a wrong guess only
+/// moves where some buffers are freed.
+fn in_shared_memory(values: &[Value]) -> bool {
+    #[cfg(all(feature = "net", target_os = "linux"))]
+    {
+        let segment = |v: &Value| crate::net::in_shared_memory(v.bytes());
+        values.first().is_some_and(segment) || values.last().is_some_and(segment)
+    }
+    #[cfg(not(all(feature = "net", target_os = "linux")))]
+    {
+        let _ = values;
+        false
+    }
 }
 
 /// Blocks until every payload handed over so far, by any unit, is freed.

@@ -31,3 +31,10 @@ pub fn join_shared_rows(rows: &[bytes::Bytes]) -> Option<bytes::Bytes> {
         None
     }
 }
+
+/// Whether `bytes` lies in a shared-memory segment mapped in this process (a cell a same-host
+/// client put through the channel). The memory unit frees such cells behind a clear's answer.
+#[cfg(target_os = "linux")]
+pub(crate) fn in_shared_memory(bytes: &bytes::Bytes) -> bool {
+    shm::Segment::containing(bytes).is_some()
+}
