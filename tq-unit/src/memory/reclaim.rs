@@ -8,8 +8,9 @@
 //!
 //! Only where it pays: a unit frees behind when asked to
 //! ([`crate::MemoryUnit::free_cleared_behind`]; units served over the network are), and only
-//! clears of at least [`INLINE_BYTES`] or of cells in shared memory (see [`in_shared_memory`]).
-//! Measured on 2 cores (docs/benchmarks.md, "Clears"):
+//! clears of at least [`INLINE_BYTES`] or of cells in shared memory (segments a same-host
+//! client handed over: unmapping one costs like a large free). Measured on 2 cores
+//! (docs/benchmarks.md, "Clears"):
 //! handing over a clear whose buffers the caller still holds (an embedded unit storing slices
 //! of the caller's batch) or whose buffers the allocator takes back cheaply (below glibc's
 //! largest mmap threshold, 32 MiB) made the clear up to 1.8 × slower, the reclaiming thread
