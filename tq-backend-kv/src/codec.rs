@@ -212,20 +212,8 @@ impl KeyScheme {
 }
 
 /// Appends `n` in decimal, as `{}` would.
-fn push_decimal(out: &mut String, mut n: u32) {
-    let mut digits = [0u8; 10];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &d in &digits[at..] {
-        out.push(d as char);
-    }
+fn push_decimal(out: &mut String, n: u32) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// Appends `n` as 16 lower-case hex digits, as `{:016x}` would.
