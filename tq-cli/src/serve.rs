@@ -53,6 +53,9 @@ pub struct Security {
     /// variables override it, and flags override both.
     #[arg(long)]
     config: Option<std::path::PathBuf>,
+    /// `net.server_stay_awake_us` of the configuration, once loaded.
+    #[arg(skip)]
+    stay_awake: Option<std::time::Duration>,
 }
 
 impl Security {
@@ -63,6 +66,9 @@ impl Security {
             Some(t) => config.net.token = Some(t.clone()),
             None => self.token = config.net.token.clone(),
         }
+        self.stay_awake = Some(std::time::Duration::from_micros(
+            config.net.server_stay_awake_us,
+        ));
         Ok(config)
     }
 
@@ -75,6 +81,7 @@ impl Security {
         ServerConfig {
             token: self.token.clone(),
             name: name.to_string(),
+            stay_awake: self.stay_awake.unwrap_or(tq::server::DEFAULT_STAY_AWAKE),
             ..ServerConfig::default()
         }
     }

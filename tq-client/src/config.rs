@@ -100,6 +100,11 @@ pub struct NetSection {
     /// by mapping them instead of through TCP. Falls back to TCP, with one log line saying
     /// why, when the unit is elsewhere or refuses. Off by default (Linux only).
     pub shared_memory: bool,
+    /// Servers (controller, storage units): how long a connection stays awake after each
+    /// request for the next one before its thread sleeps, in microseconds. A thread woken
+    /// from sleep costs 40–120 µs on a VM; a conversation's next request (a put's notice after
+    /// its write) usually comes sooner. `0`: sleep at once. Decision 0046.
+    pub server_stay_awake_us: u64,
 }
 
 impl std::fmt::Debug for NetSection {
@@ -111,6 +116,7 @@ impl std::fmt::Debug for NetSection {
             .field("key_cache_entries", &self.key_cache_entries)
             .field("retry_max_elapsed_ms", &self.retry_max_elapsed_ms)
             .field("shared_memory", &self.shared_memory)
+            .field("server_stay_awake_us", &self.server_stay_awake_us)
             .finish()
     }
 }
@@ -124,6 +130,8 @@ impl Default for NetSection {
             key_cache_entries: 16_384,
             retry_max_elapsed_ms: 10_000,
             shared_memory: false,
+            // tq_net::DEFAULT_STAY_AWAKE (tq-net is optional here; the facade tests they agree).
+            server_stay_awake_us: 200,
         }
     }
 }

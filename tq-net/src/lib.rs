@@ -21,6 +21,7 @@
 //! [`handshake`]). Typed RPCs (controller, storage units) are built on [`Pool::call`] and
 //! [`Handler`] by the crates that own those operations.
 
+mod awake;
 mod client;
 mod endpoint;
 mod error;
@@ -34,7 +35,7 @@ pub use endpoint::Endpoint;
 pub use error::WireError;
 pub use frame::{Limits, Message, MessageKind};
 pub use handshake::PROTOCOL_VERSION;
-pub use server::{ConnectionCount, Handler, Server, ServerConfig};
+pub use server::{ConnectionCount, Handler, Server, ServerConfig, DEFAULT_STAY_AWAKE};
 
 /// Re-exported so handler implementations use the same macro version as the trait.
 pub use async_trait::async_trait;

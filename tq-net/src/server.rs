@@ -65,7 +65,14 @@ pub struct ServerConfig {
     pub max_in_flight_per_connection: usize,
     /// How long [`Server::shutdown`] waits for in-flight handlers and their answers. Default 5 s.
     pub shutdown_timeout: Duration,
+    /// After each request, a connection stays awake this long for the next one before it
+    /// sleeps (a thread woken from sleep costs 40–120 µs on a VM; see decision 0046).
+    /// `Duration::ZERO` sleeps at once. Default 200 µs.
+    pub stay_awake: Duration,
 }
+
+/// The default of [`ServerConfig::stay_awake`].
+pub const DEFAULT_STAY_AWAKE: Duration = Duration::from_micros(200);
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -76,6 +83,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(5),
             max_in_flight_per_connection: 256,
             shutdown_timeout: Duration::from_secs(5),
+            stay_awake: DEFAULT_STAY_AWAKE,
         }
     }
 }
@@ -373,6 +381,11 @@ async fn serve_connection(
         .clamp(1, Semaphore::MAX_PERMITS);
     let in_flight = Arc::new(Semaphore::new(max_in_flight));
     let mut handlers = JoinSet::new();
+    // Whether the last request came within the stay-awake window of the wait before it: only a
+    // connection whose requests follow each other that closely stays awake for the next one
+    // (a conversation of small calls); one fed by bulk transfers or idle between calls sleeps
+    // at once and leaves the cores to the work (decision 0046).
+    let mut quick_peer = false;
 
     loop {
         // Back-pressure: do not read another request while the connection is at its limit.
@@ -384,6 +397,12 @@ async fn serve_connection(
                 Err(_) => break,
             },
         };
+        let window = if quick_peer {
+            config.stay_awake
+        } else {
+            Duration::ZERO
+        };
+        let waiting_since = std::time::Instant::now();
         let read = tokio::select! {
             _ = stopped(&mut stop) => break,
             written = &mut writer_task, if !writer_done => {
@@ -395,8 +414,9 @@ async fn serve_connection(
                 }
                 break;
             }
-            read = read_traced(&mut reader, &config.limits) => read,
+            read = crate::awake::awake_for(read_traced(&mut reader, &config.limits), window) => read,
         };
+        quick_peer = waiting_since.elapsed() <= config.stay_awake;
         let (id, kind, trace, request) = match read {
             Ok(Some(m)) => m,
             Ok(None) => {

@@ -22,7 +22,7 @@ use tq_controller::{
 
 pub use tq_backend_simple::UnitServer;
 pub use tq_controller::ControllerServer;
-pub use tq_net::{Endpoint, Server, ServerConfig};
+pub use tq_net::{Endpoint, Server, ServerConfig, DEFAULT_STAY_AWAKE};
 
 /// How [`Deployment::start`] serves (the flags of `tq serve`).
 #[derive(Debug, Clone)]
@@ -86,6 +86,7 @@ pub fn server_config(config: &Config, name: &str) -> ServerConfig {
     ServerConfig {
         token: config.net.token.clone(),
         name: name.to_string(),
+        stay_awake: std::time::Duration::from_micros(config.net.server_stay_awake_us),
         ..ServerConfig::default()
     }
 }
@@ -503,5 +504,26 @@ async fn register_at_start(control: &RemoteControlPlane, info: &UnitInfo) -> Res
             Err(e) => return Err(e),
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_stay_awake_as_configured_and_the_defaults_agree() {
+        let default = server_config(&Config::default(), "controller");
+        assert_eq!(default.stay_awake, DEFAULT_STAY_AWAKE);
+        let mut config = Config::default();
+        config.net.server_stay_awake_us = 0;
+        assert_eq!(
+            server_config(&config, "unit").stay_awake,
+            std::time::Duration::ZERO
+        );
+        config.net.server_stay_awake_us = 750;
+        let set = server_config(&config, "unit");
+        assert_eq!(set.stay_awake, std::time::Duration::from_micros(750));
+        assert_eq!(set.name, "unit");
     }
 }

@@ -235,6 +235,15 @@ pub const KEYS: &[KeyDoc] = &[
               cells are known to total less stays on TCP). Falls back to TCP with one log line \
               saying why. Linux only.",
     },
+    KeyDoc {
+        key: "net.server_stay_awake_us",
+        example: "[net]\nserver_stay_awake_us = 0",
+        doc: "Servers (controller, storage units): how long a connection stays awake after \
+              each request for the next one before its thread sleeps, in microseconds. Waking \
+              a sleeping thread costs 40–120 µs on a VM, more than the gap between a put's \
+              write and its notice; a connection costs at most this much CPU per request. \
+              `0`: sleep at once (a machine short of cores for other work).",
+    },
 ];
 
 /// The environment variable of `key` (the rule of `env.rs`), or `None` for keys inside a

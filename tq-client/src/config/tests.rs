@@ -257,3 +257,20 @@ fn the_configuration_page_is_the_generated_reference() {
          `cargo run -p tq-cli -- config reference > docs/configuration.md`"
     );
 }
+
+#[test]
+fn servers_stay_awake_setting_comes_from_the_environment() {
+    let mut c = Config::default();
+    assert_eq!(c.net.server_stay_awake_us, 200);
+    c.apply_env(env(&[("TQ_NET_SERVER_STAY_AWAKE_US", "0")]))
+        .unwrap();
+    assert_eq!(c.net.server_stay_awake_us, 0);
+    let e = c
+        .apply_env(env(&[("TQ_NET_SERVER_STAY_AWAKE_US", "soon")]))
+        .unwrap_err();
+    assert!(e.message().contains("TQ_NET_SERVER_STAY_AWAKE_US"), "{e}");
+    assert_eq!(
+        c.net.server_stay_awake_us, 0,
+        "a refused override changes nothing"
+    );
+}
