@@ -53,9 +53,6 @@ pub struct Security {
     /// variables override it, and flags override both.
     #[arg(long)]
     config: Option<std::path::PathBuf>,
-    /// `net.server_stay_awake_us` of the configuration, once loaded.
-    #[arg(skip)]
-    stay_awake: Option<std::time::Duration>,
 }
 
 impl Security {
@@ -66,24 +63,12 @@ impl Security {
             Some(t) => config.net.token = Some(t.clone()),
             None => self.token = config.net.token.clone(),
         }
-        self.stay_awake = Some(std::time::Duration::from_micros(
-            config.net.server_stay_awake_us,
-        ));
         Ok(config)
     }
 
     /// Refuses to expose a server beyond this host without a token, unless `--insecure`.
     fn check(&self, endpoint: &Endpoint) -> Result<()> {
         tq::server::check_exposure(endpoint, self.token.as_deref(), self.insecure)
-    }
-
-    fn server_config(&self, name: &str) -> ServerConfig {
-        ServerConfig {
-            token: self.token.clone(),
-            name: name.to_string(),
-            stay_awake: self.stay_awake.unwrap_or(tq::server::DEFAULT_STAY_AWAKE),
-            ..ServerConfig::default()
-        }
     }
 }
 
@@ -227,17 +212,12 @@ pub async fn serve(mut args: ServeArgs) -> Result<()> {
 /// metrics endpoint (the controller and the units this process hosts).
 async fn start_controller(
     listen: &Endpoint,
-    security: &Security,
+    server_config: ServerConfig,
     service: Arc<ControllerServer>,
     units: Vec<Arc<UnitServer>>,
     storage: Option<Arc<dyn tq_core::StorageManager>>,
 ) -> Result<(Server, Arc<dyn Probe>)> {
-    let server = Server::bind(
-        listen,
-        security.server_config("controller"),
-        service.clone(),
-    )
-    .await?;
+    let server = Server::bind(listen, server_config, service.clone()).await?;
     service.count_connections(server.connection_count());
     println!("listening controller {}", server.local_endpoint());
     let probe = Arc::new(ServerProbe {
@@ -275,8 +255,14 @@ pub async fn controller_server(mut args: ControllerArgs) -> Result<()> {
         let service = service.clone();
         tokio::spawn(async move { service.renew_claim().await })
     };
-    let (server, probe) =
-        start_controller(&listen, &args.security, service, Vec::new(), storage).await?;
+    let (server, probe) = start_controller(
+        &listen,
+        tq::server::server_config(&config, "controller"),
+        service,
+        Vec::new(),
+        storage,
+    )
+    .await?;
     let _metrics = args.metrics.serve(exporter, probe).await?;
     shutdown.await;
     eprintln!("shutting down");

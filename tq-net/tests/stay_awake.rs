@@ -21,6 +21,16 @@ fn awake(window: Duration) -> ServerConfig {
     }
 }
 
+/// A server that stays awake for an hour, and a pool that made one request: its connection is
+/// a quick peer, so the server is now waiting for the next request inside the window.
+async fn awake_after_one_request() -> (tq_net::Server, tq_net::Endpoint, tq_net::Pool) {
+    let server = common::serve(common::Echo, awake(FOREVER)).await;
+    let peer = server.local_endpoint().clone();
+    let pool = common::pool();
+    common::assert_serving(&pool, &peer).await;
+    (server, peer, pool)
+}
+
 #[test]
 fn the_default_window_is_short() {
     assert_eq!(ServerConfig::default().stay_awake, DEFAULT_STAY_AWAKE);
@@ -45,13 +55,9 @@ async fn requests_in_and_after_the_window_are_answered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_leaves_inside_the_window_is_noticed() {
-    let server = common::serve(common::Echo, awake(FOREVER)).await;
-    let peer = server.local_endpoint().clone();
-    {
-        let pool = common::pool();
-        common::assert_serving(&pool, &peer).await;
-        assert_eq!(server.open_connections(), 1);
-    } // the pool and its connection are dropped: the socket closes.
+    let (server, peer, pool) = awake_after_one_request().await;
+    assert_eq!(server.open_connections(), 1);
+    drop(pool); // the pool and its connection are dropped: the socket closes.
     assert!(
         common::eventually(Duration::from_secs(5), || server.open_connections() == 0).await,
         "the connection is still counted open"
@@ -65,10 +71,7 @@ async fn a_peer_that_leaves_inside_the_window_is_noticed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_connections_that_are_awake() {
-    let server = common::serve(common::Echo, awake(FOREVER)).await;
-    let peer = server.local_endpoint().clone();
-    let pool = common::pool();
-    common::assert_serving(&pool, &peer).await;
+    let (server, _peer, _pool) = awake_after_one_request().await;
     let started = Instant::now();
     server.shutdown().await;
     assert!(
