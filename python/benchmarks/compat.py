@@ -12,12 +12,19 @@ Each implementation runs in a process of its own (``--worker``), which imports i
 - ``put 1 MiB`` / ``get 1 MiB``: the same with 32 keys x 1 MiB;
 - ``round trip``: ``kv_put`` of one 4 KiB sample and ``kv_batch_get`` of it (median of 200).
 
+Each row also shows its floor. For the data rows that is ``memcpy``: one ``numpy.copyto`` of
+the same bytes. For the round trip it is the four request/answer exchanges a tq round trip
+makes (put: reserve, write, notice; get: read, with the key cache), with the same sizes (the
+4 KiB going out in the second and back in the fourth), over loopback TCP to a plain echo thread that sleeps between messages: in the worker's own process for the
+in-process deployment (where tq.compat's servers are threads of that process too), in a Ray
+actor's process under Ray (where its controller and units are). tq's round trip cannot take
+less than that; on VMs whose idle cores halt, most of it is waking the other side.
+
 Deployments: ``tq.compat`` in process (no Ray: the controller and its 2 storage units serve
 over loopback from the driver's process), ``tq.compat`` under Ray (controller and units in
-actors, other processes), and TransferQueue under Ray (its only deployment). Each row also
-shows ``memcpy``: one ``numpy.copyto`` of the same bytes, the floor of any put or get. It
-prints medians (min-max) in ms and the TransferQueue / tq.compat ratios; figures and the
-command go in a dated file of docs/benchmarks/log/ and the table in docs/benchmarks.md.
+actors, other processes), and TransferQueue under Ray (its only deployment). It prints medians
+(min-max) in ms, the floors, and the TransferQueue / tq.compat ratios; figures and the command
+go in a dated file of docs/benchmarks/log/ and the table in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -25,9 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
+import struct
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Dict, List
 
@@ -38,6 +48,68 @@ DEPLOYMENTS = [("tq.compat", False), ("tq.compat", True), ("transfer_queue", Tru
 
 def _median_ms(times: List[float]) -> List[float]:
     return [statistics.median(times) * 1e3, min(times) * 1e3, max(times) * 1e3]
+
+
+#: The exchanges of one tq round trip with the key cache, as (request, answer) bytes: the
+#: put's reservation, its write of the 4 KiB, its production notice, then the get's read.
+EXCHANGES = [(64, 64), (4096, 64), (64, 64), (64, 4096)]
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = conn.recv(n)
+        if not chunk:
+            raise ConnectionError("echo peer closed")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _serve_echo(listener: socket.socket) -> None:
+    """Answers each request (8-byte header: request length, answer length) with the asked
+    number of bytes; blocks in ``recv`` (the thread sleeps) between requests."""
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with conn:
+        while True:
+            try:
+                size, answer = struct.unpack("<II", _recv_exactly(conn, 8))
+                _recv_exactly(conn, size)
+            except ConnectionError:
+                return
+            conn.sendall(bytes(answer))
+
+
+def start_echo() -> int:
+    """A loopback echo server on a thread of this process; returns its port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_serve_echo, args=(listener,), daemon=True).start()
+    return listener.getsockname()[1]
+
+
+class EchoActor:
+    """Under Ray: the echo server in an actor's process, as tq.compat's servers are."""
+
+    def start(self) -> int:
+        return start_echo()
+
+
+def raw_round_trips(port: int, rounds: int) -> List[float]:
+    """Seconds per round of the four :data:`EXCHANGES` with the echo server at ``port``."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    payloads = {n: bytes(n) for n, _ in EXCHANGES}
+    times = []
+    with conn:
+        for i in range(rounds + 10):
+            t = time.perf_counter()
+            for size, answer in EXCHANGES:
+                conn.sendall(struct.pack("<II", size, answer) + payloads[size])
+                _recv_exactly(conn, answer)
+            if i >= 10:
+                times.append(time.perf_counter() - t)
+    return times
 
 
 def worker(impl: str, ray_mode: bool, reps: int) -> Dict[str, Any]:
@@ -96,6 +168,14 @@ def worker(impl: str, ray_mode: bool, reps: int) -> Dict[str, Any]:
             if i >= 10:
                 trips.append(time.perf_counter() - t)
         out["round trip 4 KiB"] = _median_ms(trips)
+        if ray_mode:
+            import ray
+
+            actor = ray.remote(num_cpus=0)(EchoActor).remote()
+            port = ray.get(actor.start.remote())
+        else:
+            port = start_echo()
+        out["floor round trip 4 KiB"] = _median_ms(raw_round_trips(port, ROUND_TRIPS))
     finally:
         tq_api.close()
         if ray_mode:
@@ -127,14 +207,14 @@ def main() -> None:
             sys.exit(f"{label} failed:\n{done.stderr[-4000:]}")
         results[label] = json.loads(done.stdout.strip().splitlines()[-1])
     labels = list(results)
-    rows = [r for r in results[labels[0]] if not r.startswith("memcpy")]
+    rows = [r for r in results[labels[0]] if not r.startswith(("memcpy", "floor"))]
     print(f"reps={args.reps}, medians (min-max) in ms\n")
-    print("| workload | " + " | ".join(labels) + " | memcpy | TransferQueue / tq.compat (in process, Ray) |")
+    print("| workload | " + " | ".join(labels) + " | floor (in process, Ray) | TransferQueue / tq.compat (in process, Ray) |")
     print("|---" * (len(labels) + 3) + "|")
     for row in rows:
         cells = [f"{results[l][row][0]:.3f} ({results[l][row][1]:.3f}-{results[l][row][2]:.3f})" for l in labels]
-        floor_key = "memcpy " + row.split(" ", 1)[1] if not row.startswith("round") else None
-        floor = f"{results[labels[0]][floor_key][0]:.3f}" if floor_key in results[labels[0]] else "-"
+        floor_key = "floor " + row if row.startswith("round") else "memcpy " + row.split(" ", 1)[1]
+        floor = ", ".join(f"{results[l][floor_key][0]:.3f}" for l in labels[:-1] if floor_key in results[l])
         original = results[labels[-1]][row][0]
         ratios = ", ".join(f"{original / results[l][row][0]:.1f}x" for l in labels[:-1])
         print(f"| {row} | " + " | ".join(cells) + f" | {floor} | {ratios} |")
