@@ -30,7 +30,8 @@ mod writes;
 pub(crate) use components::leases::LeaseTable;
 use order::AllocationOrder;
 use tq_core::{
-    BackendMeta, BatchMeta, Error, FieldMeta, FieldName, LeaseId, Result, SampleId, Tags,
+    BackendMeta, BatchMeta, BatchMetaParts, Error, FieldMeta, FieldName, LeaseId, Result, SampleId,
+    Tags,
 };
 
 /// How per-row production is reported in a built [`BatchMeta`].
@@ -179,13 +180,17 @@ impl Partition {
                     .unwrap_or_default()
             })
             .collect();
-        BatchMeta::new(self.name.clone(), samples)
-            .with_fields(fields)
-            .and_then(|m| m.with_production(production))
-            .and_then(|m| m.with_links(links))
-            .and_then(|m| m.with_tags(slots.iter().map(|&s| self.slots.tags(s).clone()).collect()))
-            .and_then(|m| m.with_backend_meta(backend_meta))
-            .expect("per-row vectors are built from the same slots")
+        BatchMeta::from_parts(BatchMetaParts {
+            partition: self.name.clone(),
+            samples,
+            fields,
+            production,
+            tags: slots.iter().map(|&s| self.slots.tags(s).clone()).collect(),
+            backend_meta,
+            lease: None,
+            links,
+        })
+        .expect("per-row vectors are built from the same slots")
     }
 
     /// Field ids of `names`, or `None` if any is not registered.

@@ -31,7 +31,10 @@ pub use dtype::{DType, Element};
 pub use epoch::{epoch_mismatch, new_epoch};
 pub use error::{Error, ErrorKind, Result, Retry, Subject};
 pub use merge::{apply_merge, MergeRegistry};
-pub use meta::{BackendMeta, BatchMeta, LeaseId, Links, SampleId, TagValue, Tags};
+pub use meta::{
+    snapshot_layout as meta_snapshot_layout, BackendMeta, BatchMeta, BatchMetaParts, LeaseId,
+    Links, SampleId, TagValue, Tags,
+};
 pub use resend::Resend;
 pub use schema::{FieldKind, FieldMeta};
 pub use storage::{

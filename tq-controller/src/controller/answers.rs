@@ -42,8 +42,9 @@ pub(crate) struct ClientAnswers {
 /// A remembered answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Answer {
-    /// Of a `get_meta` (an insert, an at-most-once fetch).
-    Meta(BatchMeta),
+    /// Of a `get_meta` (an insert, an at-most-once fetch). Kept in the layout snapshots and
+    /// state dirs have always held, whatever the wire's (protocol 10 sends it sparser).
+    Meta(#[serde(with = "tq_core::meta_snapshot_layout")] BatchMeta),
     /// Of a production notice: the backend meta it replaced.
     Replaced(Vec<BackendMeta>),
 }

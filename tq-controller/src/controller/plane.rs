@@ -134,8 +134,8 @@ impl ControlPlane for Controller {
         create: bool,
     ) -> Result<KvMeta> {
         tokio::task::consume_budget().await;
-        check_keys(partition, keys)?;
         if create {
+            check_keys(partition, keys)?;
             return self.in_partition(
                 partition,
                 |_| Ok(()),
@@ -149,6 +149,7 @@ impl ControlPlane for Controller {
         // A lookup changes nothing that spans partitions.
         let st = self.shared();
         let Some(p) = st.partitions.get(partition) else {
+            check_keys(partition, keys)?;
             return Ok(KvMeta {
                 meta: BatchMeta::empty(partition),
                 keys: Vec::new(),
@@ -156,7 +157,7 @@ impl ControlPlane for Controller {
                 clearing: Vec::new(),
             });
         };
-        let (slots, missing) = p.resolve_keys(keys, false)?;
+        let (slots, missing) = p.lookup_keys(keys)?;
         Ok(found_keys_meta(&p, keys, &slots, missing))
     }
 

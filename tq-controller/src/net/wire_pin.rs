@@ -4,12 +4,13 @@
 //! order, a field's type or place, a new operation) that would make a peer of the same
 //! protocol version misread a request fails here; such a change needs a new protocol version
 //! (`tq_net::PROTOCOL_VERSION`), and then `TQ_BLESS_WIRE=1` writes the new version's file.
-//! Every operation of the table must have its example here.
+//! Every operation of the table must have its example here. Answers whose layout is written by
+//! hand (a `BatchMeta`'s) are pinned the same way, in `control-answers-protocol<version>.hex`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use super::*;
 use std::collections::BTreeMap;
-use tq_core::{DType, FieldMeta, SampleId, TagValue, Tags};
+use tq_core::{BatchMeta, DType, FieldMeta, SampleId, TagValue, Tags};
 
 fn examples() -> Vec<(&'static str, ControlRequest)> {
     let partition = || "train".to_string();
@@ -304,12 +305,86 @@ fn every_operation_of_the_table_has_an_example() {
 
 #[test]
 fn every_controller_request_encodes_as_this_protocol_version_does() {
+    check_pinned("control-requests", &encoded(), |bytes| {
+        postcard::from_bytes::<ControlEnvelope>(bytes).map(drop)
+    });
+}
+
+/// Answers whose layout is not the plain derive of their types: a [`BatchMeta`] (its per-row
+/// maps as the rows that have one, production as one flag when every row agrees; tq-core's
+/// `meta/wire.rs`) alone and inside a key lookup's answer.
+fn answer_examples() -> Vec<(&'static str, ControlResponse)> {
+    let samples = vec![
+        SampleId::new(3, 1),
+        SampleId::new(70_000, 9),
+        SampleId::new(4, 0),
+    ];
+    let fields = BTreeMap::from([(
+        "input_ids".to_string(),
+        FieldMeta::dense(DType::I64, vec![4]),
+    )]);
+    let mut tags = vec![Tags::new(); 3];
+    tags[1].insert("score".to_string(), TagValue::Float(0.5));
+    let mut backend_meta = vec![BackendMeta::new(); 3];
+    backend_meta[2].insert("input_ids".to_string(), Bytes::from_static(b"at"));
+    let mut links = vec![tq_core::Links::new(); 3];
+    links[0].insert("input_ids".to_string(), SampleId::new(9, 2));
+    let mixed = BatchMeta::from_parts(tq_core::BatchMetaParts {
+        partition: "train".to_string(),
+        samples: samples.clone(),
+        fields: fields.clone(),
+        production: vec![true, false, true],
+        tags,
+        backend_meta,
+        lease: Some(42),
+        links,
+    })
+    .unwrap();
+    let plain = BatchMeta::new("train", samples)
+        .with_fields(fields)
+        .unwrap()
+        .with_production(vec![true; 3])
+        .unwrap();
+    vec![
+        ("meta_mixed", ControlResponse::Meta(mixed)),
+        ("meta_plain", ControlResponse::Meta(plain.clone())),
+        (
+            "meta_empty",
+            ControlResponse::Meta(BatchMeta::empty("train")),
+        ),
+        (
+            "kv_meta",
+            ControlResponse::KvMeta(KvMeta {
+                meta: plain,
+                keys: vec!["k0".into(), "k1".into(), "k2".into()],
+                missing: vec!["k9".into()],
+                clearing: Vec::new(),
+            }),
+        ),
+    ]
+}
+
+#[test]
+fn batch_meta_answers_encode_as_this_protocol_version_does() {
+    let mut now = String::new();
+    for (name, answer) in answer_examples() {
+        let bytes = postcard::to_allocvec(&answer).unwrap();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        now.push_str(&format!("{name} {hex}\n"));
+    }
+    check_pinned("control-answers", &now, |bytes| {
+        postcard::from_bytes::<ControlResponse>(bytes).map(drop)
+    });
+}
+
+/// Compares `now` (lines of `name hex`) with `tests/data/<stem>-protocol<version>.hex`, and
+/// checks that every pinned line still decodes; `TQ_BLESS_WIRE=1` writes the file first.
+fn check_pinned(stem: &str, now: &str, decode: impl Fn(&[u8]) -> postcard::Result<()>) {
     let version = tq_net::PROTOCOL_VERSION;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("tests/data/control-requests-protocol{version}.hex"));
-    let now = encoded();
+        .join(format!("tests/data/{stem}-protocol{version}.hex"));
     if std::env::var_os("TQ_BLESS_WIRE").is_some() {
-        std::fs::write(&path, &now).unwrap();
+        std::fs::write(&path, now).unwrap();
     }
     let pinned = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
@@ -320,22 +395,21 @@ fn every_controller_request_encodes_as_this_protocol_version_does() {
     for (want, got) in pinned.lines().zip(now.lines()) {
         assert_eq!(
             got, want,
-            "a controller request no longer encodes as protocol {version} did"
+            "{stem}: a message no longer encodes as protocol {version} did"
         );
     }
     assert_eq!(
         pinned.lines().count(),
         now.lines().count(),
-        "requests added or removed"
+        "{stem}: messages added or removed"
     );
-    // Every pinned request decodes back.
     for line in pinned.lines() {
-        let (_, hex) = line.split_once(' ').unwrap();
+        let (name, hex) = line.split_once(' ').unwrap();
         let bytes: Vec<u8> = (0..hex.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
             .collect();
-        let _: ControlEnvelope = postcard::from_bytes(&bytes).unwrap();
+        decode(&bytes).unwrap_or_else(|e| panic!("{stem}: pinned `{name}` does not decode: {e}"));
     }
 }
 

@@ -30,6 +30,58 @@ impl Partition {
         Ok((slots, missing))
     }
 
+    /// [`Partition::resolve_keys`] without `create` for a caller's key list, checked as
+    /// `check_keys` checks one (not empty, no empty key, no key twice) in the same pass.
+    ///
+    /// Why not `check_keys` first: it hashes every key into a set of its own before the key
+    /// table hashes them again. A key names one slot and a slot one key, so a key asked twice
+    /// finds its slot twice: a bit per slot catches that, and only keys the table does not
+    /// hold need a set. The first offending key in order is reported, as `check_keys` does.
+    pub fn lookup_keys(&self, keys: &[String]) -> Result<(Vec<Option<u32>>, Vec<String>)> {
+        if keys.is_empty() {
+            return Err(Error::invalid(format!(
+                "partition `{}`: empty key list",
+                self.name
+            )));
+        }
+        let mut seen_slots = vec![0u64; self.slots.capacity().div_ceil(64)];
+        let mut seen_missing: HashSet<&str> = HashSet::new();
+        let mut slots = Vec::with_capacity(keys.len());
+        let mut missing = Vec::new();
+        for k in keys {
+            let slot = self.keys.get(k);
+            let first = match slot {
+                Some(s) => {
+                    let (word, bit) = (s as usize / 64, 1u64 << (s % 64));
+                    let first = seen_slots[word] & bit == 0;
+                    seen_slots[word] |= bit;
+                    first
+                }
+                None if k.is_empty() => {
+                    return Err(Error::invalid(format!(
+                        "partition `{}`: empty key",
+                        self.name
+                    )))
+                }
+                None => seen_missing.insert(k.as_str()),
+            };
+            if !first {
+                return Err(Error::invalid(format!(
+                    "partition `{}`: key `{k}` appears twice",
+                    self.name
+                )));
+            }
+            match slot {
+                Some(s) if self.slots.visible(s) => slots.push(Some(s)),
+                _ => {
+                    slots.push(None);
+                    missing.push(k.clone());
+                }
+            }
+        }
+        Ok((slots, missing))
+    }
+
     /// Resolves `keys`, creating the missing ones (refusing keys being cleared). Returns the
     /// slots in key order and the keys that were created.
     pub fn resolve_or_create(
