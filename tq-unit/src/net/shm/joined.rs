@@ -37,7 +37,7 @@ impl AsRef<[u8]> for Joined {
 
 impl Drop for Joined {
     fn drop(&mut self) {
-        unsafe { libc::munmap(self.addr, self.len) };
+        super::unmap::unmap_later(self.addr, self.len);
     }
 }
 

@@ -141,10 +141,10 @@ impl Drop for Segment {
     fn drop(&mut self) {
         let mut registry = registry().lock().unwrap_or_else(|p| p.into_inner());
         // Only this segment's entry: a new mapping at the same address replaces it only
-        // after this unmap, below.
+        // after the unmap, which happens after this (on the unmapping thread).
         registry.remove(&(self.addr as usize));
         drop(registry);
-        unsafe { libc::munmap(self.addr, self.len) };
+        super::unmap::unmap_later(self.addr, self.len);
     }
 }
 
