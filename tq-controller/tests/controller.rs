@@ -379,6 +379,31 @@ async fn kv_keys_resolve_create_and_list() {
         c.kv_retrieve_meta("p", &[], true).await.unwrap_err().kind(),
         &ErrorKind::Invalid
     );
+    // A lookup checks its list while resolving it: the first bad key in order is named,
+    // whether the partition holds it or not (and whether the partition exists), and nothing
+    // changes.
+    let strings = |ks: &[&str]| ks.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+    for (list, bad) in [
+        (strings(&["a", "b", "a"]), "key `a` appears twice"),
+        (strings(&["x", "b", "x", "a", "a"]), "key `x` appears twice"),
+        (strings(&["a", "x", "a", "x"]), "key `a` appears twice"),
+        (strings(&["x", "", "x"]), "empty key"),
+        (strings(&["a", ""]), "empty key"),
+        (Vec::new(), "empty key list"),
+    ] {
+        for partition in ["p", "nope"] {
+            let err = c
+                .kv_retrieve_meta(partition, &list, false)
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), &ErrorKind::Invalid, "{list:?} in {partition}");
+            assert!(
+                err.message().contains(bad),
+                "{list:?} in {partition}: {err}"
+            );
+        }
+    }
+    assert_eq!(c.list_partitions().await.unwrap(), vec!["p"]);
     // After production the common field shows up; tags in key order.
     let mut n = notice("p", kv.meta.samples(), &[("data", f32s(vec![1]))]);
     n.tags = Some(
