@@ -36,6 +36,7 @@ mod fdpass;
 pub(crate) mod joined;
 mod segment;
 mod sizes;
+mod spare;
 mod unmap;
 
 pub(crate) use channel::{ShmLink, ShmListener};

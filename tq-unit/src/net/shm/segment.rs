@@ -192,13 +192,16 @@ pub(crate) fn write_sealed<P: AsRef<[u8]>>(
     offsets: &[u64],
     len: u64,
 ) -> Result<OwnedFd> {
-    let fd = create(len)?;
+    let fd = match super::spare::take(len) {
+        Some(fd) => fd,
+        None => create(len)?,
+    };
     write_parts(&fd, parts, offsets)?;
     seal(&fd)?;
     Ok(fd)
 }
 
-fn create(len: u64) -> Result<OwnedFd> {
+pub(super) fn create(len: u64) -> Result<OwnedFd> {
     let name = c"tq-cells";
     let fd =
         unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
