@@ -3,10 +3,11 @@
 //! A same-host put copies its cells into a fresh memfd; `perf` of a 1024 × 4 KiB put loop under
 //! Ray put 44 % of the writer's CPU in that `pwritev`, half of it the kernel allocating the
 //! segment's pages (`shmem_alloc_and_add_folio`) and half the copy. A writer tends to put
-//! batches of one shape again and again, so after a put of a segment of `len` bytes a
-//! background thread allocates the next one of that length (`fallocate`: zeroed pages, nothing
-//! of anyone's), and the next put of that length only copies. At most [`SPARES_PER_LEN`] per
-//! length and [`MAX_SPARE_BYTES`] in all are kept; a length not seen again keeps its spare
+//! batches of one shape again and again, so once a segment's length repeats, a background
+//! thread allocates the next one of that length after each put of it (`fallocate`: zeroed
+//! pages, nothing of anyone's), and the next put of that length only copies. Lengths that do
+//! not repeat within the last puts (ragged rows) get nothing ahead. At most [`SPARES_PER_LEN`]
+//! per length and [`MAX_SPARE_BYTES`] in all are kept; a length not seen again keeps its spare
 //! until newer lengths push it out.
 
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -83,8 +84,19 @@ fn keep(len: u64, fd: OwnedFd) {
     }
 }
 
-/// A spare segment of exactly `len` bytes, if one is ready; either way another of that length
-/// is asked for.
+/// Lengths of the last puts, newest last: a length is allocated ahead only once it repeats.
+fn recent() -> &'static Mutex<std::collections::VecDeque<u64>> {
+    static RECENT: Mutex<std::collections::VecDeque<u64>> =
+        Mutex::new(std::collections::VecDeque::new());
+    &RECENT
+}
+
+/// How many puts back a length must have been put before to be allocated ahead.
+const RECENT_PUTS: usize = 16;
+
+/// A spare segment of exactly `len` bytes, if one is ready. Another of that length is asked
+/// for when this one was there or the length was put within the last [`RECENT_PUTS`] puts:
+/// a writer of ragged rows, whose segment lengths rarely repeat, allocates nothing ahead.
 pub(crate) fn take(len: u64) -> Option<OwnedFd> {
     if len > MAX_SPARE_BYTES / SPARES_PER_LEN as u64 {
         return None;
@@ -96,6 +108,18 @@ pub(crate) fn take(len: u64) -> Option<OwnedFd> {
             .position(|(l, _)| *l == len)
             .map(|i| spares.remove(i).1)
     };
+    let repeated = {
+        let mut recent = recent().lock().unwrap_or_else(|p| p.into_inner());
+        let seen = recent.contains(&len);
+        if recent.len() == RECENT_PUTS {
+            recent.pop_front();
+        }
+        recent.push_back(len);
+        seen
+    };
+    if found.is_none() && !repeated {
+        return None;
+    }
     if let Some(worker) = allocator() {
         // A full queue means allocations are behind already: this put's length can wait.
         let _ = worker.try_send(Job::Allocate(len));
@@ -130,12 +154,20 @@ mod tests {
     fn a_length_put_again_finds_its_pages_allocated_and_zeroed() {
         // A length no other test uses, so that spares of other tests do not interfere.
         let len = 3 * 4096 + 4096 * 7;
-        assert!(
-            take(len).is_none(),
-            "nothing of this length was asked for before"
-        );
+        assert!(take(len).is_none(), "nothing of this length was put before");
         settle();
-        let spare = take(len).expect("a spare of the length just taken");
+        assert!(take(len).is_none(), "put once: nothing allocated ahead");
+        settle();
+        // Put twice: the next take finds a spare. Other tests put through `take` in parallel
+        // and may push this length out of the recent ones in between; a few more puts of it
+        // bring it back.
+        let spare = (0..8)
+            .find_map(|_| {
+                let got = take(len);
+                settle();
+                got
+            })
+            .expect("a length put again and again gets a spare");
         assert_eq!(
             allocated_bytes(&spare),
             len,
@@ -153,6 +185,20 @@ mod tests {
         assert!(back[100..8192].iter().all(|&x| x == 0));
         assert_eq!(&back[8192..8192 + 4096], &b[..]);
         assert!(back[8192 + 4096..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn lengths_that_do_not_repeat_get_no_spare() {
+        let lengths: Vec<u64> = (0..40).map(|i| 4096 * (1000 + i)).collect();
+        for &len in &lengths {
+            assert!(take(len).is_none());
+        }
+        settle();
+        let spares = spares().lock().unwrap();
+        assert!(
+            !spares.iter().any(|(l, _)| lengths.contains(l)),
+            "a writer of ragged rows allocates nothing ahead"
+        );
     }
 
     #[test]
