@@ -233,7 +233,8 @@ pub const KEYS: &[KeyDoc] = &[
               storage unit runs on the same machine and offers it (sealed memfd segments \
               passed over a Unix socket; a get maps them instead of reading TCP; a get whose \
               cells are known to total less stays on TCP). Falls back to TCP with one log line \
-              saying why. Linux only.",
+              saying why. A writing process keeps up to 64 MiB of segments allocated ahead for \
+              the segment lengths it puts again and again (decision 0042). Linux only.",
     },
     KeyDoc {
         key: "net.server_stay_awake_us",
