@@ -31,6 +31,7 @@
 //! channel, a transport error on it) sends the request over the network instead, with one log
 //! line saying why, and the client stops trying the channel of that unit.
 
+mod background;
 mod channel;
 mod fdpass;
 pub(crate) mod joined;

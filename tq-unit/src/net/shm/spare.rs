@@ -11,8 +11,9 @@
 //! until newer lengths push it out.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
+
+use super::background::Background;
 
 /// Most bytes of spare segments a process keeps.
 pub const MAX_SPARE_BYTES: u64 = 64 << 20;
@@ -25,44 +26,19 @@ fn spares() -> &'static Mutex<Vec<(u64, OwnedFd)>> {
     &SPARES
 }
 
-enum Job {
-    Allocate(u64),
-    /// Answered once every allocation asked for before it is done.
-    #[cfg(test)]
-    Settle(std::sync::mpsc::Sender<()>),
-}
+/// Allocates segments of the lengths asked for (at most 64 waiting: more means allocations are
+/// behind already, and a put's length can wait for the next one).
+static ALLOCATOR: Background<u64> = Background::new(
+    "tq-segments",
+    64,
+    allocate_spare,
+    "puts allocate their own segments",
+);
 
-fn allocator() -> Option<&'static SyncSender<Job>> {
-    static WORKER: OnceLock<Option<SyncSender<Job>>> = OnceLock::new();
-    WORKER
-        .get_or_init(|| {
-            let (tx, rx) = sync_channel::<Job>(64);
-            let started = std::thread::Builder::new()
-                .name("tq-segments".into())
-                .spawn(move || {
-                    for job in rx {
-                        match job {
-                            Job::Allocate(len) => {
-                                if let Some(fd) = allocated(len) {
-                                    keep(len, fd);
-                                }
-                            }
-                            #[cfg(test)]
-                            Job::Settle(done) => {
-                                let _ = done.send(());
-                            }
-                        }
-                    }
-                });
-            match started {
-                Ok(_) => Some(tx),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no thread for allocating segments ahead: puts allocate their own");
-                    None
-                }
-            }
-        })
-        .as_ref()
+fn allocate_spare(len: u64) {
+    if let Some(fd) = allocated(len) {
+        keep(len, fd);
+    }
 }
 
 /// A new unsealed memfd of `len` bytes with its pages allocated, or `None`.
@@ -120,22 +96,9 @@ pub(crate) fn take(len: u64) -> Option<OwnedFd> {
     if found.is_none() && !repeated {
         return None;
     }
-    if let Some(worker) = allocator() {
-        // A full queue means allocations are behind already: this put's length can wait.
-        let _ = worker.try_send(Job::Allocate(len));
-    }
+    // Not queued (no thread, or allocations are behind): this put's length can wait.
+    let _ = ALLOCATOR.try_run(len);
     found
-}
-
-/// Waits until every allocation asked for before this call is done.
-#[cfg(test)]
-pub(crate) fn settle() {
-    let (tx, rx) = std::sync::mpsc::channel();
-    if let Some(worker) = allocator() {
-        if worker.send(Job::Settle(tx)).is_ok() {
-            let _ = rx.recv();
-        }
-    }
 }
 
 #[cfg(test)]
@@ -155,16 +118,16 @@ mod tests {
         // A length no other test uses, so that spares of other tests do not interfere.
         let len = 3 * 4096 + 4096 * 7;
         assert!(take(len).is_none(), "nothing of this length was put before");
-        settle();
+        ALLOCATOR.settle();
         assert!(take(len).is_none(), "put once: nothing allocated ahead");
-        settle();
+        ALLOCATOR.settle();
         // Put twice: the next take finds a spare. Other tests put through `take` in parallel
         // and may push this length out of the recent ones in between; a few more puts of it
         // bring it back.
         let spare = (0..8)
             .find_map(|_| {
                 let got = take(len);
-                settle();
+                ALLOCATOR.settle();
                 got
             })
             .expect("a length put again and again gets a spare");
@@ -174,7 +137,7 @@ mod tests {
             "its pages are allocated ahead"
         );
         drop(spare);
-        settle();
+        ALLOCATOR.settle();
         // A put of that length writes into a spare: the gap between its parts reads as zeros,
         // and the bytes are the put's.
         let (a, b) = (vec![7u8; 100], vec![9u8; 4096]);
@@ -193,7 +156,7 @@ mod tests {
         for &len in &lengths {
             assert!(take(len).is_none());
         }
-        settle();
+        ALLOCATOR.settle();
         let spares = spares().lock().unwrap();
         assert!(
             !spares.iter().any(|(l, _)| lengths.contains(l)),
@@ -205,7 +168,7 @@ mod tests {
     fn spares_stay_under_their_byte_limit() {
         let big = MAX_SPARE_BYTES / SPARES_PER_LEN as u64 + 4096;
         assert!(take(big).is_none());
-        settle();
+        ALLOCATOR.settle();
         assert!(take(big).is_none(), "a length over the limit is never kept");
         let kept: u64 = spares().lock().unwrap().iter().map(|(l, _)| *l).sum();
         assert!(kept <= MAX_SPARE_BYTES);

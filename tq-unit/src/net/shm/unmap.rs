@@ -9,54 +9,25 @@
 //! can reach it any more (the last reference is gone). When that thread cannot be started, or
 //! too many mappings wait already, the caller unmaps at once as before.
 
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::OnceLock;
+use super::background::Background;
 
 /// Mappings that may wait for the unmapping thread; one more is unmapped by its dropper.
 const MAX_WAITING: usize = 4096;
 
-enum Job {
-    Unmap {
-        addr: usize,
-        len: usize,
-    },
-    /// Answered once every mapping queued before it is gone.
-    #[cfg(test)]
-    Settle(std::sync::mpsc::Sender<()>),
+/// A mapping's address range, owned by the job.
+struct Unmap {
+    addr: usize,
+    len: usize,
 }
 
-fn worker() -> Option<&'static SyncSender<Job>> {
-    static WORKER: OnceLock<Option<SyncSender<Job>>> = OnceLock::new();
-    WORKER
-        .get_or_init(|| {
-            let (tx, rx) = sync_channel(MAX_WAITING);
-            let started = std::thread::Builder::new()
-                .name("tq-unmap".into())
-                .spawn(move || run(rx));
-            match started {
-                Ok(_) => Some(tx),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no thread for unmapping segments: readers unmap them themselves");
-                    None
-                }
-            }
-        })
-        .as_ref()
-}
+static UNMAPPER: Background<Unmap> = Background::new(
+    "tq-unmap",
+    MAX_WAITING,
+    unmap_now,
+    "readers unmap segments themselves",
+);
 
-fn run(jobs: Receiver<Job>) {
-    for job in jobs {
-        match job {
-            Job::Unmap { addr, len } => unmap_now(addr, len),
-            #[cfg(test)]
-            Job::Settle(done) => {
-                let _ = done.send(());
-            }
-        }
-    }
-}
-
-fn unmap_now(addr: usize, len: usize) {
+fn unmap_now(Unmap { addr, len }: Unmap) {
     // SAFETY: `addr..addr + len` is a mapping its owner handed over when it dropped the last
     // reference to it; nothing reads it any more.
     unsafe { libc::munmap(addr as *mut libc::c_void, len) };
@@ -65,30 +36,12 @@ fn unmap_now(addr: usize, len: usize) {
 /// Unmaps `addr..addr + len` soon, on the unmapping thread (at once when it cannot take it).
 /// The caller must own the mapping and never touch it again.
 pub(crate) fn unmap_later(addr: *mut libc::c_void, len: usize) {
-    let job = Job::Unmap {
+    let job = Unmap {
         addr: addr as usize,
         len,
     };
-    let Some(worker) = worker() else {
-        return unmap_now(addr as usize, len);
-    };
-    if let Err(
-        TrySendError::Full(Job::Unmap { addr, len })
-        | TrySendError::Disconnected(Job::Unmap { addr, len }),
-    ) = worker.try_send(job)
-    {
-        unmap_now(addr, len);
-    }
-}
-
-/// Waits until every mapping handed over before this call is unmapped.
-#[cfg(test)]
-pub(crate) fn settle() {
-    let (tx, rx) = std::sync::mpsc::channel();
-    if let Some(worker) = worker() {
-        if worker.send(Job::Settle(tx)).is_ok() {
-            let _ = rx.recv();
-        }
+    if let Err(job) = UNMAPPER.try_run(job) {
+        unmap_now(job);
     }
 }
 
@@ -119,7 +72,7 @@ mod tests {
         assert_ne!(addr, libc::MAP_FAILED);
         assert!(mapped(addr));
         unmap_later(addr, len);
-        settle();
+        UNMAPPER.settle();
         assert!(!mapped(addr));
     }
 }
