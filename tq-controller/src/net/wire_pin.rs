@@ -270,8 +270,7 @@ fn examples() -> Vec<(&'static str, ControlRequest)> {
 }
 
 fn encoded() -> String {
-    let mut text = String::new();
-    for (name, request) in examples() {
+    hex_lines(examples().into_iter().map(|(name, request)| {
         let envelope = ControlEnvelope {
             epoch: 0x0123_4567_89ab_cdef,
             request,
@@ -281,9 +280,20 @@ fn encoded() -> String {
                 done_below: 4,
             }),
         };
-        let bytes = postcard::to_allocvec(&envelope).unwrap();
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        text.push_str(&format!("{name} {hex}\n"));
+        (name, postcard::to_allocvec(&envelope).unwrap())
+    }))
+}
+
+/// The lines of a pin file: `name hex` per encoded message.
+fn hex_lines(messages: impl Iterator<Item = (&'static str, Vec<u8>)>) -> String {
+    let mut text = String::new();
+    for (name, bytes) in messages {
+        text.push_str(name);
+        text.push(' ');
+        for b in bytes {
+            text.push_str(&format!("{b:02x}"));
+        }
+        text.push('\n');
     }
     text
 }
@@ -366,12 +376,11 @@ fn answer_examples() -> Vec<(&'static str, ControlResponse)> {
 
 #[test]
 fn batch_meta_answers_encode_as_this_protocol_version_does() {
-    let mut now = String::new();
-    for (name, answer) in answer_examples() {
-        let bytes = postcard::to_allocvec(&answer).unwrap();
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        now.push_str(&format!("{name} {hex}\n"));
-    }
+    let now = hex_lines(
+        answer_examples()
+            .into_iter()
+            .map(|(name, answer)| (name, postcard::to_allocvec(&answer).unwrap())),
+    );
     check_pinned("control-answers", &now, |bytes| {
         postcard::from_bytes::<ControlResponse>(bytes).map(drop)
     });
