@@ -7,6 +7,10 @@ wheels (the table of ``compat.py`` moves with TransferQueue's own noise; this do
 The controller and its 2 units run in Ray actors, as in ``compat.py``'s Ray column. Prints the
 median get in ms (with ``--after-put``: the first get after each put, a second one straight
 after it, and a third after 2 ms idle). Run it with each wheel installed in turn, alternating.
+
+Its floor, measured between the gets of the same run: ``memcpy`` of the same 4 MiB with
+``numpy.copyto`` into a buffer used before, and into a new one (as a get's answer is: the
+kernel's page faults included).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40, help="rounds with --after-put")
     args = parser.parse_args()
 
+    import numpy as np
     import ray
     import torch
     from tensordict import TensorDict
@@ -42,6 +47,19 @@ def main() -> None:
         assert back["x"].shape == (n, size)
         return took
 
+    source = data["x"].numpy()
+    reused = np.empty_like(source)
+    warm, fresh = [], []
+
+    def copies() -> None:
+        t = time.perf_counter()
+        np.copyto(reused, source)
+        warm.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        target = np.empty_like(source)
+        np.copyto(target, source)
+        fresh.append(time.perf_counter() - t)
+
     def ms(values: list) -> str:
         return f"{statistics.median(values) * 1e3:.3f}"
 
@@ -54,6 +72,7 @@ def main() -> None:
                 second.append(timed())
                 time.sleep(0.002)
                 idle.append(timed())
+                copies()
                 tq_api.kv_clear(keys=keys, partition_id="bench")
             print(f"get after a put {ms(first)} ms, straight again {ms(second)} ms, after 2 ms idle {ms(idle)} ms")
         else:
@@ -62,7 +81,9 @@ def main() -> None:
             start = time.time()
             while time.time() - start < args.seconds:
                 gets.append(timed())
+                copies()
             print(f"get {ms(gets)} ms (median of {len(gets)})")
+        print(f"floor: memcpy {ms(warm)} ms into a buffer used before, {ms(fresh)} ms into a new one")
     finally:
         tq_api.close()
         ray.shutdown()
