@@ -379,9 +379,17 @@ async fn kv_keys_resolve_create_and_list() {
         c.kv_retrieve_meta("p", &[], true).await.unwrap_err().kind(),
         &ErrorKind::Invalid
     );
-    // A lookup checks its list while resolving it: the first bad key in order is named,
-    // whether the partition holds it or not (and whether the partition exists), and nothing
-    // changes.
+    // A lookup, a lookup that creates and a put check their list while resolving it: the
+    // first bad key in order is named, whether the partition holds it or not (and whether the
+    // partition exists), and nothing changes.
+    let listed = |listing: Vec<tq_controller::KeyListing>| -> Vec<(String, usize)> {
+        listing
+            .into_iter()
+            .map(|l| (l.partition, l.entries.len()))
+            .collect()
+    };
+    let before = listed(c.kv_list(None).await.unwrap());
+    let put_fields: BTreeMap<_, _> = [("data".to_string(), f32s(vec![1]))].into();
     let strings = |ks: &[&str]| ks.iter().map(|s| s.to_string()).collect::<Vec<String>>();
     for (list, bad) in [
         (strings(&["a", "b", "a"]), "key `a` appears twice"),
@@ -392,18 +400,27 @@ async fn kv_keys_resolve_create_and_list() {
         (Vec::new(), "empty key list"),
     ] {
         for partition in ["p", "nope"] {
-            let err = c
-                .kv_retrieve_meta(partition, &list, false)
-                .await
-                .unwrap_err();
-            assert_eq!(err.kind(), &ErrorKind::Invalid, "{list:?} in {partition}");
-            assert!(
-                err.message().contains(bad),
-                "{list:?} in {partition}: {err}"
-            );
+            let errors = [
+                ("lookup", c.kv_retrieve_meta(partition, &list, false).await),
+                ("create", c.kv_retrieve_meta(partition, &list, true).await),
+                ("put", c.kv_prepare_put(partition, &list, &put_fields).await),
+            ];
+            for (op, result) in errors {
+                let err = result.unwrap_err();
+                assert_eq!(
+                    err.kind(),
+                    &ErrorKind::Invalid,
+                    "{op} {list:?} in {partition}"
+                );
+                assert!(
+                    err.message().contains(bad),
+                    "{op} {list:?} in {partition}: {err}"
+                );
+            }
         }
     }
     assert_eq!(c.list_partitions().await.unwrap(), vec!["p"]);
+    assert_eq!(listed(c.kv_list(None).await.unwrap()), before);
     // After production the common field shows up; tags in key order.
     let mut n = notice("p", kv.meta.samples(), &[("data", f32s(vec![1]))]);
     n.tags = Some(

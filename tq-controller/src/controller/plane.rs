@@ -135,12 +135,14 @@ impl ControlPlane for Controller {
     ) -> Result<KvMeta> {
         tokio::task::consume_budget().await;
         if create {
-            check_keys(partition, keys)?;
             return self.in_partition(
                 partition,
-                |_| Ok(()),
+                // A bad key list creates no partition; in one that exists it is checked while
+                // resolving.
+                |_| check_keys(partition, keys),
                 |st, p| {
-                    let (slots, created) = p.resolve_or_create(&mut st.alloc(), keys)?;
+                    let bound = p.checked_key_slots(keys)?;
+                    let (slots, created) = p.create_keys(&mut st.alloc(), keys, bound)?;
                     let slots: Vec<Option<u32>> = slots.into_iter().map(Some).collect();
                     Ok(found_keys_meta(p, keys, &slots, created))
                 },
@@ -472,31 +474,26 @@ impl ControlPlane for Controller {
         keys: &[String],
         fields: &BTreeMap<FieldName, FieldMeta>,
     ) -> Result<KvMeta> {
-        check_keys(partition, keys)?;
         tokio::task::consume_budget().await;
         self.in_partition(
             partition,
-            |_| Ok(()),
+            // A bad key list creates no partition; in one that exists it is checked while
+            // resolving (`put_keys`).
+            |_| check_keys(partition, keys),
             |st, p| {
-                let clearing = p.clearing_keys(keys);
-                if !clearing.is_empty() {
+                let put = p.put_keys(keys)?;
+                if !put.clearing.is_empty() {
                     return Ok(KvMeta {
                         meta: BatchMeta::empty(partition),
                         keys: Vec::new(),
                         missing: Vec::new(),
-                        clearing,
+                        clearing: put.clearing,
                     });
                 }
                 // Existing keys are checked before any key is created: a refused put leaves nothing.
-                let (slots, _) = p.resolve_keys(keys, false)?;
-                let existing: Vec<SampleId> = slots
-                    .into_iter()
-                    .flatten()
-                    .map(|s| p.sample_of(s))
-                    .collect();
-                p.check_write(&existing, fields)?;
-                st.refuse_linked(partition, &existing, "write")?;
-                let (slots, created) = p.resolve_or_create(&mut st.alloc(), keys)?;
+                p.check_write(&put.existing, fields)?;
+                st.refuse_linked(partition, &put.existing, "write")?;
+                let (slots, created) = p.create_keys(&mut st.alloc(), keys, put.bound)?;
                 p.note_fields_written(fields.keys());
                 Ok(KvMeta {
                     meta: p.write_meta(&slots),

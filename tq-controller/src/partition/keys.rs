@@ -2,42 +2,26 @@
 
 use super::*;
 
-impl Partition {
-    /// Resolves keys to visible slots. Missing keys are returned separately; keys whose sample
-    /// is being cleared count as missing, unless `create` is set, which refuses them.
-    pub fn resolve_keys(
-        &self,
-        keys: &[String],
-        create: bool,
-    ) -> Result<(Vec<Option<u32>>, Vec<String>)> {
-        let mut slots = Vec::with_capacity(keys.len());
-        let mut missing = Vec::new();
-        for k in keys {
-            match self.keys.get(k) {
-                Some(s) if self.slots.visible(s) => slots.push(Some(s)),
-                Some(_) if create => {
-                    return Err(Error::conflict(format!(
-                        "partition `{}`: key `{k}` is being cleared",
-                        self.name
-                    )))
-                }
-                _ => {
-                    slots.push(None);
-                    missing.push(k.clone());
-                }
-            }
-        }
-        Ok((slots, missing))
-    }
+/// A put's keys: see [`Partition::put_keys`].
+pub struct PutKeys {
+    /// The key table's slot of each key, in order (any state).
+    pub bound: Vec<Option<u32>>,
+    /// The keys whose sample is being cleared, in order: a put of them must wait.
+    pub clearing: Vec<String>,
+    /// The samples of the keys that are visible, in order: the put overwrites their fields.
+    pub existing: Vec<SampleId>,
+}
 
-    /// [`Partition::resolve_keys`] without `create` for a caller's key list, checked as
-    /// `check_keys` checks one (not empty, no empty key, no key twice) in the same pass.
+impl Partition {
+    /// The key table's slot of each of a caller's keys (visible, being cleared, or `None`),
+    /// with the key list checked as `check_keys` checks one (not empty, no empty key, no key
+    /// twice) in the same pass.
     ///
     /// Why not `check_keys` first: it hashes every key into a set of its own before the key
     /// table hashes them again. A key names one slot and a slot one key, so a key asked twice
     /// finds its slot twice: a bit per slot catches that, and only keys the table does not
     /// hold need a set. The first offending key in order is reported, as `check_keys` does.
-    pub fn lookup_keys(&self, keys: &[String]) -> Result<(Vec<Option<u32>>, Vec<String>)> {
+    pub fn checked_key_slots(&self, keys: &[String]) -> Result<Vec<Option<u32>>> {
         if keys.is_empty() {
             return Err(Error::invalid(format!(
                 "partition `{}`: empty key list",
@@ -45,9 +29,8 @@ impl Partition {
             )));
         }
         let mut seen_slots = vec![0u64; self.slots.capacity().div_ceil(64)];
-        let mut seen_missing: HashSet<&str> = HashSet::new();
+        let mut seen_unbound: HashSet<&str> = HashSet::new();
         let mut slots = Vec::with_capacity(keys.len());
-        let mut missing = Vec::new();
         for k in keys {
             let slot = self.keys.get(k);
             let first = match slot {
@@ -63,7 +46,7 @@ impl Partition {
                         self.name
                     )))
                 }
-                None => seen_missing.insert(k.as_str()),
+                None => seen_unbound.insert(k.as_str()),
             };
             if !first {
                 return Err(Error::invalid(format!(
@@ -71,25 +54,79 @@ impl Partition {
                     self.name
                 )));
             }
-            match slot {
-                Some(s) if self.slots.visible(s) => slots.push(Some(s)),
-                _ => {
-                    slots.push(None);
-                    missing.push(k.clone());
-                }
+            slots.push(slot);
+        }
+        Ok(slots)
+    }
+
+    /// A lookup of a caller's key list (checked, see [`Partition::checked_key_slots`]): the
+    /// visible slot of each key, and the keys that have none (unknown or being cleared).
+    pub fn lookup_keys(&self, keys: &[String]) -> Result<(Vec<Option<u32>>, Vec<String>)> {
+        let mut slots = self.checked_key_slots(keys)?;
+        let mut missing = Vec::new();
+        for (k, slot) in keys.iter().zip(slots.iter_mut()) {
+            if !slot.is_some_and(|s| self.slots.visible(s)) {
+                *slot = None;
+                missing.push(k.clone());
             }
         }
         Ok((slots, missing))
     }
 
+    /// A put's key list, checked (see [`Partition::checked_key_slots`]) and resolved in one
+    /// pass: what [`Partition::create_keys`] needs, and what the put must check first.
+    pub fn put_keys(&self, keys: &[String]) -> Result<PutKeys> {
+        let bound = self.checked_key_slots(keys)?;
+        let mut clearing = Vec::new();
+        let mut existing = Vec::new();
+        for (k, slot) in keys.iter().zip(&bound) {
+            match *slot {
+                Some(s) if self.slots.is_clearing(s) => clearing.push(k.clone()),
+                Some(s) if self.slots.visible(s) => existing.push(self.slots.id(s)),
+                _ => {}
+            }
+        }
+        Ok(PutKeys {
+            bound,
+            clearing,
+            existing,
+        })
+    }
+
     /// Resolves `keys`, creating the missing ones (refusing keys being cleared). Returns the
-    /// slots in key order and the keys that were created.
+    /// slots in key order and the keys that were created. The caller has checked the list.
     pub fn resolve_or_create(
         &mut self,
         alloc: &mut IndexAllocator,
         keys: &[String],
     ) -> Result<(Vec<u32>, Vec<String>)> {
-        let (mut slots, missing) = self.resolve_keys(keys, true)?;
+        let bound = keys.iter().map(|k| self.keys.get(k)).collect();
+        self.create_keys(alloc, keys, bound)
+    }
+
+    /// Gives every key of `keys` without a slot in `bound` (its key table slots, in order) a
+    /// new one; a key bound to a slot that is not visible is being cleared and is refused
+    /// before anything is created. Returns the slots in key order and the keys created.
+    pub fn create_keys(
+        &mut self,
+        alloc: &mut IndexAllocator,
+        keys: &[String],
+        bound: Vec<Option<u32>>,
+    ) -> Result<(Vec<u32>, Vec<String>)> {
+        let mut missing = Vec::new();
+        for (k, slot) in keys.iter().zip(&bound) {
+            match *slot {
+                Some(s) if self.slots.visible(s) => {}
+                Some(_) => {
+                    return Err(Error::conflict(format!(
+                        "partition `{}`: key `{k}` is being cleared",
+                        self.name
+                    )))
+                }
+                None => missing.push(k.clone()),
+            }
+        }
+        let mut slots = bound;
         if !missing.is_empty() {
             if missing.len() as u64 > alloc.available() {
                 return Err(Error::capacity_exceeded(format!(

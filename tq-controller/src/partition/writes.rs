@@ -75,18 +75,6 @@ impl Partition {
             .expect("one backend meta per slot")
     }
 
-    /// Of `keys`, those whose sample is being cleared (in `keys` order).
-    pub fn clearing_keys(&self, keys: &[String]) -> Vec<String> {
-        keys.iter()
-            .filter(|k| {
-                self.keys
-                    .get(k.as_str())
-                    .is_some_and(|s| self.slots.is_clearing(s))
-            })
-            .cloned()
-            .collect()
-    }
-
     /// The slots of `keys` that a whole-key clear touches: visible ones and those already being
     /// cleared (so a clear whose storage step failed is finished by the next one). Unknown
     /// keys are skipped; each slot appears once.
