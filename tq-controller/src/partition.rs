@@ -111,6 +111,7 @@ impl Partition {
     /// Allocates `count` new samples, in one contiguous run of allocation order.
     pub fn allocate(&mut self, alloc: &mut IndexAllocator, count: usize) -> Vec<u32> {
         let mut out = Vec::with_capacity(count);
+        self.slots.reserve(count);
         for _ in 0..count {
             let slot = self.slots.allocate(alloc);
             self.order_allocated(slot);

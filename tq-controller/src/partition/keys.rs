@@ -139,6 +139,7 @@ impl Partition {
             }
             // `allocate` hands out exactly one slot per missing key, so every key gets one.
             let mut fresh = self.allocate(alloc, missing.len()).into_iter();
+            self.keys.reserve(missing.len());
             for (k, s) in keys.iter().zip(slots.iter_mut()) {
                 if s.is_none() {
                     if let Some(slot) = fresh.next() {

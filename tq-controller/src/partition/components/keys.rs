@@ -47,6 +47,11 @@ impl KeyTable {
         self.keys.get(key).copied()
     }
 
+    /// Makes room for `count` more keys at once (see `SlotTable::reserve`).
+    pub fn reserve(&mut self, count: usize) {
+        self.keys.reserve(count);
+    }
+
     pub fn bind(&mut self, key: &str, slot: u32) {
         self.keys.insert(key.to_string(), slot);
         self.slot_key[slot as usize] = Some(key.to_string());
