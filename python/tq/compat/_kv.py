@@ -36,12 +36,13 @@ async def write(
         raise ValueError("partition_id must be a non-empty str")
     columns = None if fields is None else _convert.columns_in(fields, native.is_embedded)
     # One request: tq merges the tags into the keys' (as the original does) and answers what
-    # the keys hold after the write.
+    # the keys hold after the write (their tags in the order of ``keys``, a list this call
+    # made: the meta takes it over).
     if columns is None:
         done = await call(native.kv_set_tags, partition, keys, [dict(t) for t in tags or []])
     else:
         done = await call(native.kv_batch_put, partition, keys, columns, None if tags is None else [dict(t) for t in tags])
-    return KVBatchMeta._owning(done["keys"], done["tags"], partition, done["fields"])
+    return KVBatchMeta._owning(keys, done["tags"], partition, done["fields"])
 
 
 async def kv_batch_put(
