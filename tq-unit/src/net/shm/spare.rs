@@ -10,6 +10,7 @@
 //! per length and [`MAX_SPARE_BYTES`] in all are kept; a length not seen again keeps its spare
 //! until newer lengths push it out.
 
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;
 
@@ -20,10 +21,23 @@ pub const MAX_SPARE_BYTES: u64 = 64 << 20;
 /// Spare segments kept per length.
 const SPARES_PER_LEN: usize = 2;
 
-/// Spares, oldest first.
-fn spares() -> &'static Mutex<Vec<(u64, OwnedFd)>> {
-    static SPARES: Mutex<Vec<(u64, OwnedFd)>> = Mutex::new(Vec::new());
-    &SPARES
+/// What a process keeps for its puts, under one lock (`take` runs on every same-host put).
+struct Kept {
+    /// Spare segments with their lengths, oldest first.
+    spares: Vec<(u64, OwnedFd)>,
+    /// Lengths of the last [`RECENT_PUTS`] puts, newest last: a length is allocated ahead
+    /// only once it repeats.
+    recent: VecDeque<u64>,
+}
+
+static KEPT: Mutex<Kept> = Mutex::new(Kept {
+    spares: Vec::new(),
+    recent: VecDeque::new(),
+});
+
+fn kept() -> std::sync::MutexGuard<'static, Kept> {
+    // Only pushes and removes run under the lock; a poisoned state is still a valid one.
+    KEPT.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Allocates segments of the lengths asked for (at most 64 waiting: more means allocations are
@@ -49,7 +63,7 @@ fn allocated(len: u64) -> Option<OwnedFd> {
 }
 
 fn keep(len: u64, fd: OwnedFd) {
-    let mut spares = spares().lock().unwrap_or_else(|p| p.into_inner());
+    let spares = &mut kept().spares;
     if spares.iter().filter(|(l, _)| *l == len).count() >= SPARES_PER_LEN {
         return;
     }
@@ -58,13 +72,6 @@ fn keep(len: u64, fd: OwnedFd) {
     while total > MAX_SPARE_BYTES && !spares.is_empty() {
         total -= spares.remove(0).0;
     }
-}
-
-/// Lengths of the last puts, newest last: a length is allocated ahead only once it repeats.
-fn recent() -> &'static Mutex<std::collections::VecDeque<u64>> {
-    static RECENT: Mutex<std::collections::VecDeque<u64>> =
-        Mutex::new(std::collections::VecDeque::new());
-    &RECENT
 }
 
 /// How many puts back a length must have been put before to be allocated ahead.
@@ -77,21 +84,19 @@ pub(crate) fn take(len: u64) -> Option<OwnedFd> {
     if len > MAX_SPARE_BYTES / SPARES_PER_LEN as u64 {
         return None;
     }
-    let found = {
-        let mut spares = spares().lock().unwrap_or_else(|p| p.into_inner());
-        spares
+    let (found, repeated) = {
+        let mut kept = kept();
+        let found = kept
+            .spares
             .iter()
             .position(|(l, _)| *l == len)
-            .map(|i| spares.remove(i).1)
-    };
-    let repeated = {
-        let mut recent = recent().lock().unwrap_or_else(|p| p.into_inner());
-        let seen = recent.contains(&len);
-        if recent.len() == RECENT_PUTS {
-            recent.pop_front();
+            .map(|i| kept.spares.remove(i).1);
+        let repeated = kept.recent.contains(&len);
+        if kept.recent.len() == RECENT_PUTS {
+            kept.recent.pop_front();
         }
-        recent.push_back(len);
-        seen
+        kept.recent.push_back(len);
+        (found, repeated)
     };
     if found.is_none() && !repeated {
         return None;
@@ -157,9 +162,9 @@ mod tests {
             assert!(take(len).is_none());
         }
         ALLOCATOR.settle();
-        let spares = spares().lock().unwrap();
+        let kept = kept();
         assert!(
-            !spares.iter().any(|(l, _)| lengths.contains(l)),
+            !kept.spares.iter().any(|(l, _)| lengths.contains(l)),
             "a writer of ragged rows allocates nothing ahead"
         );
     }
@@ -170,7 +175,7 @@ mod tests {
         assert!(take(big).is_none());
         ALLOCATOR.settle();
         assert!(take(big).is_none(), "a length over the limit is never kept");
-        let kept: u64 = spares().lock().unwrap().iter().map(|(l, _)| *l).sum();
-        assert!(kept <= MAX_SPARE_BYTES);
+        let held: u64 = kept().spares.iter().map(|(l, _)| *l).sum();
+        assert!(held <= MAX_SPARE_BYTES);
     }
 }
