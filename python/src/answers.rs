@@ -42,8 +42,8 @@ pub(crate) fn none(py: Python<'_>, (): ()) -> PyResult<Py<PyAny>> {
 
 /// What a KV write answers, for Python: `{"tags" (each key's after the write, in the order of
 /// the keys written), "fields" (what every key now holds, sorted)}`. The keys themselves are
-/// the caller's, in its order: not built again as 1024 new `str` (a quarter of the Python
-/// thread's time spent in this answer, `perf` of a put loop under Ray).
+/// the caller's, in its order: not built again as 1024 new `str` (about half of this answer's
+/// time, `perf` of a put loop under Ray).
 pub(crate) fn kv_meta_to_py(py: Python<'_>, meta: tq::KvBatchMeta) -> PyResult<Py<PyAny>> {
     let d = PyDict::new(py);
     let tags = PyList::empty(py);

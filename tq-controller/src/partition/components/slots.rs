@@ -143,7 +143,6 @@ impl SlotTable {
         None
     }
 
-    /// Allocates one sample in a free slot (or a new one); returns the slot.
     /// Makes room for `count` more live slots at once, so that allocating them one by one
     /// grows no vector or map on the way (a batch of new keys into an empty partition rehashed
     /// `slot_of` ten times for 1024 of them).
@@ -156,6 +155,7 @@ impl SlotTable {
         self.slot_of.reserve(count);
     }
 
+    /// Allocates one sample in a free slot (or a new one); returns the slot.
     pub fn allocate(&mut self, alloc: &mut IndexAllocator) -> u32 {
         let id = alloc.allocate(&mut self.unit_counts);
         let slot = match self.free_slots.pop() {
