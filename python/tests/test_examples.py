@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
 
+import pytest
 from conftest import serve
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
@@ -53,3 +55,26 @@ def test_the_python_benchmark_reports_python_next_to_rust_and_memcpy() -> None:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[4]) > 0, row  # the python / rust ratio
     assert "no tq binary" in done.stdout
+
+
+def test_the_ray_cpu_benchmark_takes_a_get_and_a_round_trip_apart() -> None:
+    """``python/benchmarks/ray_cpu.py`` runs as documented (briefly): each step of a get next to
+    its floor, and the CPU per call of the controller's and units' actor processes."""
+    # Skipped without Ray and torch, unless CI says they are there (then a missing one fails).
+    for module, required_by in (("torch", "TQ_REQUIRE_TORCH"), ("tensordict", "TQ_REQUIRE_TORCH"), ("ray", "TQ_REQUIRE_RAY")):
+        if not os.environ.get(required_by):
+            pytest.importorskip(module)
+    bench = EXAMPLES.parent / "benchmarks" / "ray_cpu.py"
+    for args, rows in (
+        (["get", "--reps", "3", "--seconds", "0.5"], ["key lookup (kv_meta)", "storage read (get_data)", "floor: numpy.copyto"]),
+        (["round-trip", "--seconds", "0.5"], ["tq.compat round trip", "floor: the same 4 exchanges"]),
+    ):
+        done = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        for row in rows:
+            line = next((line for line in done.stdout.splitlines() if line.startswith(row)), None)
+            assert line is not None, f"no `{row}` line in:\n{done.stdout}"
+            assert float(line.split(" ms")[0].split()[-1]) > 0, line
+        # The servers run in actor processes of their own, and their CPU is counted there.
+        assert "ray::TransferQueueController" in done.stdout, done.stdout
+        assert "us CPU per round" in done.stdout, done.stdout

@@ -1,0 +1,179 @@
+"""Where the time and the CPU of tq.compat's calls under Ray go, next to their floors from the
+same run: what ``compat.py``'s Ray column measures, taken apart.
+
+    python python/benchmarks/ray_cpu.py round-trip --seconds 6
+    python python/benchmarks/ray_cpu.py get --reps 100
+
+The controller and its 2 units run in Ray actors, as in ``compat.py``'s Ray column.
+
+- ``round-trip``: ``kv_put`` of one 4 KiB sample and ``kv_batch_get`` of it, repeated for
+  ``--seconds``; prints the median, and the CPU each process (and each thread of the driver)
+  used per round, from ``/proc``. Then the floor: the same four exchanges to a plain echo
+  thread in a Ray actor (``compat.py``'s ``raw_round_trips``), with its CPU per round the same
+  way. A process that spins while it waits shows here as CPU beyond its share of the work.
+- ``get``: a 1024 x 4 KiB read taken apart, each step timed ``--reps`` times after a warm-up:
+  the key lookup alone (the native ``kv_meta``), the storage read alone with that metadata
+  (``get_data``), both as one native ``kv_batch_get``, and ``tq.compat.kv_batch_get`` (the
+  same plus the TensorDict); the floor is ``numpy.copyto`` of the same 4 MiB. Then the read
+  alone and the whole ``tq.compat`` get, each repeated for ``--seconds``, with the CPU each
+  process used per get.
+
+Medians in ms. It prints; the figures and the command go in a dated file of
+docs/benchmarks/log/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compat  # noqa: E402  (the floor's echo server and exchanges)
+
+Ticks = Dict[Tuple[int, str], int]
+
+
+def cpu_ticks() -> Ticks:
+    """User + system clock ticks of every process, and of every thread of this one."""
+    ticks: Ticks = {}
+
+    def read(path: str, label: str) -> None:
+        try:
+            with open(f"{path}/stat") as f:
+                stat = f.read()
+            with open(f"{path}/cmdline", "rb") as f:
+                # Ray names its workers' processes after the actor (``ray::TransferQueueController``);
+                # the stat file's name is cut at 15 characters.
+                title = f.read().split(b"\0")[0].decode(errors="replace")
+        except OSError:  # the process or thread ended meanwhile
+            return
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if label == "" and title:
+            name = os.path.basename(title)
+        fields = stat[stat.rindex(")") + 2 :].split()
+        ticks[(int(path.split("/")[-1]), label + name)] = int(fields[11]) + int(fields[12])
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        read(f"/proc/{pid}", "")
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        read(f"/proc/{os.getpid()}/task/{tid}", "driver thread ")
+    return ticks
+
+
+def print_cpu(before: Ticks, after: Ticks, rounds: int) -> None:
+    """The CPU per round of each process or driver thread that used at least 2 us of it."""
+    hz = os.sysconf("SC_CLK_TCK")
+    used = {key: (after[key] - before[key]) / hz * 1e6 / rounds for key in after if key in before}
+    for (pid, name), us in sorted(used.items(), key=lambda kv: -kv[1]):
+        if us >= 2:
+            print(f"  {name:<40} {pid:>7}  {us:8.1f} us CPU per round")
+
+
+def timed_for(seconds: float, call: Callable[[], None]) -> Tuple[List[float], Ticks, Ticks]:
+    """Times `call` repeatedly for `seconds`, with the CPU counters before and after."""
+    times: List[float] = []
+    before = cpu_ticks()
+    start = time.time()
+    while time.time() - start < seconds:
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return times, before, cpu_ticks()
+
+
+def ms(times: List[float]) -> str:
+    return f"{statistics.median(times) * 1e3:.3f}"
+
+
+def round_trip(tq_api, seconds: float) -> None:
+    import ray
+    import torch
+
+    one = {"x": torch.randint(0, 255, (4096,), dtype=torch.uint8)}
+
+    def trip() -> None:
+        tq_api.kv_put(key="rt", partition_id="trip", fields=one)
+        tq_api.kv_batch_get(keys=["rt"], partition_id="trip")
+
+    for _ in range(200):
+        trip()
+    times, before, after = timed_for(seconds, trip)
+    print(f"tq.compat round trip {ms(times)} ms (median of {len(times)})")
+    print_cpu(before, after, len(times))
+
+    actor = ray.remote(num_cpus=0)(compat.EchoActor).remote()
+    port = ray.get(actor.start.remote())
+    # The echo serves one connection; raw_round_trips warms up on it before it times.
+    before = cpu_ticks()
+    raw = compat.raw_round_trips(port, len(times))
+    after = cpu_ticks()
+    print(f"floor: the same 4 exchanges to an echo actor {ms(raw)} ms (median of {len(raw)})")
+    print_cpu(before, after, len(raw))
+
+
+def get(tq_api, reps: int, seconds: float) -> None:
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+
+    n, size = 1024, 4096
+    keys = [f"k{i}" for i in range(n)]
+    data = TensorDict({"x": torch.randint(0, 255, (n, size), dtype=torch.uint8)}, batch_size=[n])
+    tq_api.kv_batch_put(keys=keys, partition_id="bench", fields=data)
+    native = tq_api._native()
+    meta = native.kv_meta("bench", keys)
+    source, target = data["x"].numpy(), np.empty((n, size), dtype=np.uint8)
+    steps = {
+        "key lookup (kv_meta)": lambda: native.kv_meta("bench", keys),
+        "storage read (get_data)": lambda: native.get_data(meta),
+        "native kv_batch_get": lambda: native.kv_batch_get("bench", keys),
+        "tq.compat kv_batch_get": lambda: tq_api.kv_batch_get(keys=keys, partition_id="bench"),
+        "floor: numpy.copyto of 4 MiB": lambda: np.copyto(target, source),
+    }
+    times: Dict[str, List[float]] = {name: [] for name in steps}
+    for rep in range(reps + 10):
+        # Interleaved, so that a slow moment of the VM hits every step alike.
+        for name, step in steps.items():
+            t = time.perf_counter()
+            out = step()
+            took = time.perf_counter() - t
+            del out
+            if rep >= 10:
+                times[name].append(took)
+    for name, values in times.items():
+        print(f"{name:<30} {ms(values)} ms")
+    for name in ("storage read (get_data)", "tq.compat kv_batch_get"):
+        looped, before, after = timed_for(seconds, steps[name])
+        print(f"{name} alone for {seconds:g} s: {ms(looped)} ms (median of {len(looped)})")
+        print_cpu(before, after, len(looped))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["round-trip", "get"])
+    parser.add_argument("--seconds", type=float, default=6.0, help="how long to repeat a call while its CPU is counted")
+    parser.add_argument("--reps", type=int, default=100, help="timed repetitions of each get step")
+    args = parser.parse_args()
+
+    import ray
+
+    ray.init(namespace="tq-bench", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    import tq.compat as tq_api
+
+    tq_api.init({"backend": {"tq": {"host": "127.0.0.1"}}})
+    try:
+        if args.what == "round-trip":
+            round_trip(tq_api, args.seconds)
+        else:
+            get(tq_api, args.reps, args.seconds)
+    finally:
+        tq_api.close()
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
