@@ -3,7 +3,11 @@ names the error carries (partition, key, field, unit)."""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -155,3 +159,22 @@ def test_every_kind_has_its_class() -> None:
     # The names an error carries are keyword arguments, None when absent.
     e = tq.NotFoundError("partition `p`: key `k` not found", "never", partition="p", key="k")
     assert (e.partition, e.key, e.field, e.unit) == ("p", "k", None, None)
+
+
+def test_importing_the_source_tree_says_to_install_the_package(tmp_path: pathlib.Path) -> None:
+    """A script run next to tq's sources (or a Ray worker started there) imports the source
+    tree, which has no compiled module: the error says what happened and what to do."""
+    sources = pathlib.Path(tq.__file__).resolve().parent
+    tree = tmp_path / "tq"
+    shutil.copytree(sources, tree, ignore=shutil.ignore_patterns("_native*.so", "_native*.pyd", "__pycache__"))
+    done = subprocess.run(
+        [sys.executable, "-c", "import tq"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "ImportError: tq's compiled module (tq._native) cannot be imported from " + str(tree) in done.stderr, done.stderr
+    assert "pip install ./python" in done.stderr, done.stderr

@@ -25,8 +25,20 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, 
 
 from . import _aio, _convert, _sampler_args
 from . import stream as _stream
-from ._native import BatchMeta, Buffer, NativeClient, NativeServer, NativeUnit
-from ._native import install_metrics as _native_install_metrics
+try:
+    from ._native import BatchMeta, Buffer, NativeClient, NativeServer, NativeUnit
+    from ._native import install_metrics as _native_install_metrics
+except ImportError as _missing:
+    # Typically Python imported the source tree (a script run from the repository's `python`
+    # directory, or a Ray worker started there: Ray puts the driver's working directory first
+    # on its workers' path) instead of the installed package, which holds the compiled module.
+    raise ImportError(
+        f"tq's compiled module (tq._native) cannot be imported from {os.path.dirname(os.path.abspath(__file__))}: "
+        "this looks like tq's source tree rather than an installed package. Install it with "
+        "`pip install ./python` from the repository's root, and run scripts from a directory that "
+        "has no `tq` folder of tq's sources in it (under Ray also the driver's working directory, "
+        f"which Ray's workers import from). ({_missing})"
+    ) from _missing
 from .errors import *  # noqa: F401,F403 (the exception classes are part of the package API)
 from .errors import TqError, __all__ as _error_names
 
