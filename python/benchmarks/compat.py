@@ -46,6 +46,15 @@ ROUND_TRIPS = 200
 DEPLOYMENTS = [("tq.compat", False), ("tq.compat", True), ("transfer_queue", True)]
 
 
+#: ``ray.init`` as every benchmark here starts Ray. Logical CPUs: TransferQueue reserves one per
+#: actor (controller + 2 units), more than this 2-core machine has; both implementations run
+#: under the same setting.
+RAY_INIT: Dict[str, Any] = dict(namespace="tq-bench", num_cpus=4, include_dashboard=False, log_to_driver=False)
+
+#: tq.compat's ``init`` under Ray: its actors serve on loopback.
+TQ_COMPAT_RAY_CONF: Dict[str, Any] = {"backend": {"tq": {"host": "127.0.0.1"}}}
+
+
 def _median_ms(times: List[float]) -> List[float]:
     return [statistics.median(times) * 1e3, min(times) * 1e3, max(times) * 1e3]
 
@@ -123,13 +132,11 @@ def worker(impl: str, ray_mode: bool, reps: int) -> Dict[str, Any]:
     if ray_mode:
         import ray
 
-        # Logical CPUs: TransferQueue reserves one per actor (controller + 2 units), more than
-        # this 2-core machine has; both implementations run under the same setting.
-        ray.init(namespace="tq-bench", num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(**RAY_INIT)
     if impl == "tq.compat":
         import tq.compat as tq_api
 
-        tq_api.init({"backend": {"tq": {"host": "127.0.0.1"}}} if ray_mode else None)
+        tq_api.init(TQ_COMPAT_RAY_CONF if ray_mode else None)
     else:
         import transfer_queue as tq_api
 

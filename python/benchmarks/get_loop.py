@@ -16,8 +16,13 @@ kernel's page faults included).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compat  # noqa: E402  (how the benchmarks here start Ray and tq.compat)
 
 
 def main() -> None:
@@ -32,10 +37,10 @@ def main() -> None:
     import torch
     from tensordict import TensorDict
 
-    ray.init(namespace="tq-bench", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(**compat.RAY_INIT)
     import tq.compat as tq_api
 
-    tq_api.init({"backend": {"tq": {"host": "127.0.0.1"}}})
+    tq_api.init(compat.TQ_COMPAT_RAY_CONF)
     n, size = 1024, 4096
     keys = [f"k{i}" for i in range(n)]
     data = TensorDict({"x": torch.randint(0, 255, (n, size), dtype=torch.uint8)}, batch_size=[n])

@@ -32,7 +32,7 @@ import time
 from typing import Callable, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compat  # noqa: E402  (the floor's echo server and exchanges)
+import compat  # noqa: E402  (Ray's setup, and the round trip floor's echo server and exchanges)
 
 Ticks = Dict[Tuple[int, str], int]
 
@@ -161,10 +161,10 @@ def main() -> None:
 
     import ray
 
-    ray.init(namespace="tq-bench", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(**compat.RAY_INIT)
     import tq.compat as tq_api
 
-    tq_api.init({"backend": {"tq": {"host": "127.0.0.1"}}})
+    tq_api.init(compat.TQ_COMPAT_RAY_CONF)
     try:
         if args.what == "round-trip":
             round_trip(tq_api, args.seconds)
