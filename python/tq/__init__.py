@@ -29,9 +29,12 @@ try:
     from ._native import BatchMeta, Buffer, NativeClient, NativeServer, NativeUnit
     from ._native import install_metrics as _native_install_metrics
 except ImportError as _missing:
-    # Typically Python imported the source tree (a script run from the repository's `python`
-    # directory, or a Ray worker started there: Ray puts the driver's working directory first
-    # on its workers' path) instead of the installed package, which holds the compiled module.
+    # With no compiled module beside this file, Python imported the source tree (a script run
+    # from the repository's `python` directory, or a Ray worker started there: Ray puts the
+    # driver's working directory first on its workers' path) instead of the installed package.
+    # A compiled module that is there but fails to load keeps its own error.
+    if any(n.startswith("_native") and not n.endswith(".pyi") for n in os.listdir(os.path.dirname(os.path.abspath(__file__)))):
+        raise
     raise ImportError(
         f"tq's compiled module (tq._native) cannot be imported from {os.path.dirname(os.path.abspath(__file__))}: "
         "this looks like tq's source tree rather than an installed package. Install it with "
