@@ -8,7 +8,7 @@
 //! `always` or `madvise` mode, harmless otherwise) before anything is written to them.
 
 mod pool;
-pub use pool::{BufferPool, PoolBuffer, DEFAULT_POOL_MIB, POOL_MIN_BYTES};
+pub use pool::{BufferPool, PoolBuffer, BUFFER_ALIGN, DEFAULT_POOL_MIB, POOL_MIN_BYTES};
 
 /// Buffers at least this large ask for huge pages; below, the saving is small and the buffer
 /// may share pages with other allocations.
