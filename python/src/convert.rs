@@ -66,9 +66,9 @@ enum Data {
     /// This buffer's alone, from tq's pool of read buffers (warm memory), to which it returns
     /// when the buffer is dropped.
     Pooled(tq::buffer::PoolBuffer),
-    /// This buffer's alone: a column a read packed into a buffer of tq's pool and that this
-    /// buffer claimed ([`tq::buffer::BufferPool::claim_filled`]); it returns to the pool when
-    /// the buffer is dropped.
+    /// This buffer's alone: a column a read packed into a buffer of tq's pool, or mapped
+    /// copy-on-write from shared memory, and that this buffer claimed ([`tq::buffer::claim`]);
+    /// a pooled one returns to the pool when the buffer is dropped.
     Claimed(Bytes),
 }
 
@@ -170,7 +170,7 @@ fn buffer(tensor: Tensor) -> Buffer {
     let (dtype, shape) = (tensor.dtype(), tensor.shape().to_vec());
     let data = match tensor.into_data().try_into_mut() {
         Ok(alone) => Data::Owned(alone),
-        Err(shared) if tq::buffer::BufferPool::global().claim_filled(&shared) => {
+        Err(shared) if tq::buffer::claim(&shared) => {
             Data::Claimed(shared)
         }
         Err(shared) => Data::Shared(shared),

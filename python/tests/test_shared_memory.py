@@ -37,11 +37,14 @@ def test_a_same_host_get_returns_arrays_over_the_units_memory() -> None:
             got = p.kv_batch_get(keys)
             np.testing.assert_array_equal(got["x"], data)
             np.testing.assert_array_equal(got["ids"], ids)
-            # No copy: the column is the units' pages, mapped side by side, and read-only.
+            # No copy: the column is the units' pages, mapped side by side copy-on-write, so
+            # it is the reader's own: writable, and a write stays out of the store.
             assert _in_shared_memory(got["x"]) and _in_shared_memory(got["ids"])
-            assert not got["x"].flags.writeable
-            with pytest.raises(ValueError):
-                got["x"][0, 0] = 1.0
+            assert got["x"].flags.writeable and got["ids"].flags.writeable
+            got["x"][0, 0] = 1234.5
+            assert got["x"][0, 0] == 1234.5
+            np.testing.assert_array_equal(p.kv_batch_get(keys[:2])["x"], data[:2])
+            got["x"][0, 0] = data[0, 0]
             # Rows in another order, and a TCP-only client, read the same bytes.
             back = p.kv_batch_get(keys[::-1])["x"]
             np.testing.assert_array_equal(back, data[::-1])
@@ -61,3 +64,22 @@ def test_small_puts_go_over_tcp_and_read_back_the_same() -> None:
         got = p.kv_batch_get([f"s{i}" for i in range(8)])["x"]
         np.testing.assert_array_equal(got, small)
         assert not _in_shared_memory(got)
+
+
+def test_torch_views_a_same_host_column_without_copying_it() -> None:
+    torch = pytest.importorskip("torch")
+    keys = [f"t{i}" for i in range(32)]
+    # 32 rows of 64 KiB, as test above: joined from the units' pages.
+    data = np.random.default_rng(2).integers(0, 255, (32, 65536), dtype=np.uint8)
+    with serve() as url:
+        with tq.connect(url, net={"shared_memory": True}) as c:
+            p = c.partition("same-host-torch")
+            p.kv_batch_put(keys, {"x": data})
+            got = p.kv_batch_get(keys, format="torch")["x"]
+            assert isinstance(got, torch.Tensor)
+            np.testing.assert_array_equal(got.numpy(), data)
+            # torch tensors are writable: the mapped column is handed over as it is (no copy
+            # out of the shared pages), and writing into it does not reach the store.
+            assert _in_shared_memory(got.numpy())
+            got[0, 0] = int(data[0, 0]) ^ 0xFF
+            np.testing.assert_array_equal(p.kv_batch_get(keys[:1], format="torch")["x"].numpy(), data[:1])

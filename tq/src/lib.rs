@@ -76,7 +76,8 @@ pub mod control {
 /// pool of read buffers (`TQ_BUFFER_POOL_MIB`).
 pub mod buffer {
     pub use tq_core::buffer::{
-        concatenated, copied, zeroed, BufferPool, PoolBuffer, DEFAULT_POOL_MIB, POOL_MIN_BYTES,
+        claim, concatenated, copied, zeroed, BufferPool, PoolBuffer, DEFAULT_POOL_MIB,
+        POOL_MIN_BYTES,
     };
 }
 

@@ -9,6 +9,13 @@
 //! lie back to back in one segment, so rows shorter than [`MIN_RUN_BYTES`] on average are
 //! copied instead: mappings are a per-process resource (`vm.max_map_count`, 65530 by default).
 //! When any mapping fails (that limit, say) the caller copies as before.
+//!
+//! The pieces are mapped private and writable (copy-on-write): reading them reads the units'
+//! pages, and a write copies the page it touches into this process alone, never into the
+//! segment (sealed against writes; the kernel allows private mappings of it). So the column is
+//! the reader's own like any freshly assembled one, and is registered as claimable
+//! ([`tq_core::buffer::claim`]): a reader that hands it to torch, whose tensors are always
+//! writable, need not copy it first.
 
 use super::segment::{page_size_is_expected, Segment, PAGE};
 use bytes::Bytes;
@@ -19,13 +26,14 @@ use std::sync::Arc;
 /// mapping each: the column is copied.
 pub const MIN_RUN_BYTES: usize = 64 << 10;
 
-/// A read-only range of this process's address space made of pieces of segments.
+/// A range of this process's address space made of copy-on-write pieces of segments.
 struct Joined {
     addr: *mut libc::c_void,
     len: usize,
 }
 
-// Read-only and immutable (every piece is of a sealed segment); only read through.
+// Read through `as_ref`; written only by whoever claimed it (`tq_core::buffer::claim`), which
+// then holds the only reference, and writes land in private copies of the pages.
 unsafe impl Send for Joined {}
 unsafe impl Sync for Joined {}
 
@@ -37,6 +45,7 @@ impl AsRef<[u8]> for Joined {
 
 impl Drop for Joined {
     fn drop(&mut self) {
+        tq_core::buffer::unregister_claimable(self.addr as *const u8);
         super::unmap::unmap_later(self.addr, self.len);
     }
 }
@@ -113,8 +122,9 @@ fn map_runs(runs: &[Run], total: usize) -> Option<Bytes> {
             libc::mmap(
                 target,
                 run.len as usize,
-                libc::PROT_READ,
-                libc::MAP_SHARED | libc::MAP_FIXED,
+                libc::PROT_READ | libc::PROT_WRITE,
+                // Copy-on-write; no swap reserved for pages that are never written.
+                libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE,
                 run.segment.fd().as_raw_fd(),
                 run.offset as libc::off_t,
             )
@@ -126,6 +136,7 @@ fn map_runs(runs: &[Run], total: usize) -> Option<Bytes> {
         at += run.len as usize;
     }
     populate(addr, total);
+    tq_core::buffer::register_claimable(addr as *const u8, total);
     Some(Bytes::from_owner(joined))
 }
 
@@ -172,6 +183,27 @@ mod tests {
         drop((rows, ra, rb, sa, sb));
         assert_eq!(&joined[..], &expected[..]);
         assert!(Segment::containing(&joined).is_none());
+    }
+
+    #[test]
+    fn a_joined_column_is_claimed_once_and_writes_stay_out_of_the_segment() {
+        let row = MIN_RUN_BYTES;
+        let data = vec![5u8; 2 * row];
+        let (offsets, len) = layout([row, row]);
+        let parts: Vec<&[u8]> = data.chunks(row).collect();
+        let seg = Segment::write(&parts, &offsets, len).unwrap();
+        let rows = rows_of(&seg, &offsets, row as u64);
+        let joined = join(&rows).expect("joinable");
+        assert!(!tq_core::buffer::claim(&joined.slice(1..)), "only whole");
+        assert!(tq_core::buffer::claim(&joined));
+        assert!(!tq_core::buffer::claim(&joined), "claimed once");
+        // The claimer writes through it: the column changes, the segment does not.
+        unsafe { *(joined.as_ptr() as *mut u8) = 9 };
+        assert_eq!((joined[0], joined[1]), (9, 5));
+        assert_eq!(rows[0][0], 5);
+        // A new join of the same rows reads the segment's bytes, not the write.
+        let again = join(&rows).expect("joinable");
+        assert_eq!(again[0], 5);
     }
 
     #[test]
