@@ -170,9 +170,7 @@ fn buffer(tensor: Tensor) -> Buffer {
     let (dtype, shape) = (tensor.dtype(), tensor.shape().to_vec());
     let data = match tensor.into_data().try_into_mut() {
         Ok(alone) => Data::Owned(alone),
-        Err(shared) if tq::buffer::claim(&shared) => {
-            Data::Claimed(shared)
-        }
+        Err(shared) if tq::buffer::claim(&shared) => Data::Claimed(shared),
         Err(shared) => Data::Shared(shared),
     };
     Buffer { data, dtype, shape }

@@ -15,10 +15,11 @@
 //!
 //! Pooled buffers start at a page boundary ([`BUFFER_ALIGN`]), not where malloc puts a large
 //! allocation (16 bytes past one). Packing copies rows of a few KiB, which glibc copies with
-//! `rep movsb`; on the AMD EPYC VMs we measure on, that instruction ran 5–8 times slower when
+//! `rep movsb`; on the AMD EPYC VMs we measure on, that instruction ran 5–12 times slower when
 //! the destination sat 16 bytes past a page boundary and the source at one (the case of rows
 //! mapped from shared memory): a 1024 × 4 KiB column took 1.7–2.7 ms to pack into a malloc'd
-//! buffer and 0.33 ms into one at another offset, in the same process.
+//! buffer and 0.33 ms into one at another offset, in the same process (criterion's
+//! `embedded/read-buffers-aligned` measures both).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
