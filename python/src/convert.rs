@@ -67,7 +67,8 @@ enum Data {
     /// when the buffer is dropped.
     Pooled(tq::buffer::PoolBuffer),
     /// This buffer's alone: a column a read packed into a buffer of tq's pool, or mapped
-    /// copy-on-write from shared memory, and that this buffer claimed ([`tq::buffer::claim`]);
+    /// copy-on-write from shared memory, and that this buffer claimed
+    /// ([`tq::buffer::BufferPool::claim_filled`]);
     /// a pooled one returns to the pool when the buffer is dropped.
     Claimed(Bytes),
 }
@@ -170,7 +171,9 @@ fn buffer(tensor: Tensor) -> Buffer {
     let (dtype, shape) = (tensor.dtype(), tensor.shape().to_vec());
     let data = match tensor.into_data().try_into_mut() {
         Ok(alone) => Data::Owned(alone),
-        Err(shared) if tq::buffer::claim(&shared) => Data::Claimed(shared),
+        Err(shared) if tq::buffer::BufferPool::global().claim_filled(&shared) => {
+            Data::Claimed(shared)
+        }
         Err(shared) => Data::Shared(shared),
     };
     Buffer { data, dtype, shape }

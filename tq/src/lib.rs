@@ -76,8 +76,7 @@ pub mod control {
 /// pool of read buffers (`TQ_BUFFER_POOL_MIB`).
 pub mod buffer {
     pub use tq_core::buffer::{
-        claim, concatenated, copied, zeroed, BufferPool, PoolBuffer, DEFAULT_POOL_MIB,
-        POOL_MIN_BYTES,
+        concatenated, copied, zeroed, BufferPool, PoolBuffer, DEFAULT_POOL_MIB, POOL_MIN_BYTES,
     };
 }
 

@@ -7,9 +7,7 @@
 //! buffers ask for transparent huge pages (`madvise(MADV_HUGEPAGE)`; honoured when THP is in
 //! `always` or `madvise` mode, harmless otherwise) before anything is written to them.
 
-mod claim;
 mod pool;
-pub use claim::{claim, register_claimable, unregister_claimable};
 pub use pool::{BufferPool, PoolBuffer, BUFFER_ALIGN, DEFAULT_POOL_MIB, POOL_MIN_BYTES};
 
 /// Buffers at least this large ask for huge pages; below, the saving is small and the buffer

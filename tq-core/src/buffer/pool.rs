@@ -54,8 +54,9 @@ struct State {
     held: usize,
     /// Free buffers by size class.
     free: HashMap<usize, Vec<Slab>>,
-    /// Frozen buffers no one has claimed yet ([`BufferPool::claim_filled`]): start address →
-    /// filled length. An entry goes when it is claimed or its buffer comes back.
+    /// Frozen buffers no one has claimed yet ([`BufferPool::claim_filled`]), and memory other
+    /// makers registered ([`BufferPool::register_unclaimed`]): start address → length. An entry
+    /// goes when it is claimed, its buffer comes back, or its maker forgets it.
     unclaimed: HashMap<usize, usize>,
 }
 
@@ -184,6 +185,19 @@ impl BufferPool {
             }
             _ => false,
         }
+    }
+
+    /// Registers `len` writable bytes at `start` that are not this pool's but are a fresh read
+    /// result like its filled buffers (a column mapped copy-on-write from shared memory, in
+    /// `tq-unit`), so that [`BufferPool::claim_filled`] claims them the same way. The maker
+    /// calls [`BufferPool::forget_unclaimed`] before the memory goes away.
+    pub fn register_unclaimed(&self, start: *const u8, len: usize) {
+        self.shared.lock().unclaimed.insert(start as usize, len);
+    }
+
+    /// Forgets memory registered with [`BufferPool::register_unclaimed`], claimed or not.
+    pub fn forget_unclaimed(&self, start: *const u8) {
+        self.shared.lock().unclaimed.remove(&(start as usize));
     }
 
     /// For a pooled `len`: its size class and a free buffer of that class if the pool has one.
@@ -515,6 +529,27 @@ mod tests {
         assert!(pool.shared.lock().unclaimed.is_empty());
         let c = pool.filled(200_000, |b| b.fill(6));
         assert!(pool.claim_filled(&c));
+    }
+
+    #[test]
+    fn registered_memory_is_claimed_once_and_only_whole() {
+        let pool = BufferPool::new(16 << 20);
+        let memory = Bytes::from(vec![3u8; POOL_MIN_BYTES + 10]);
+        assert!(!pool.claim_filled(&memory), "not registered");
+        pool.register_unclaimed(memory.as_ptr(), memory.len());
+        assert!(
+            !pool.claim_filled(&memory.slice(1..)),
+            "not the whole result"
+        );
+        assert!(
+            !pool.claim_filled(&memory.slice(..memory.len() - 1)),
+            "not the whole result"
+        );
+        assert!(pool.claim_filled(&memory));
+        assert!(!pool.claim_filled(&memory), "a second claim is refused");
+        pool.register_unclaimed(memory.as_ptr(), memory.len());
+        pool.forget_unclaimed(memory.as_ptr());
+        assert!(!pool.claim_filled(&memory), "forgotten");
     }
 
     #[test]

@@ -13,14 +13,15 @@
 //! The pieces are mapped private and writable (copy-on-write): reading them reads the units'
 //! pages, and a write copies the page it touches into this process alone, never into the
 //! segment (sealed against writes; the kernel allows private mappings of it). So the column is
-//! the reader's own like any freshly assembled one, and is registered as claimable
-//! ([`tq_core::buffer::claim`]): a reader that hands it to torch, whose tensors are always
+//! the reader's own like any freshly assembled one, and is registered as claimable with the
+//! read-buffer pool ([`BufferPool::register_unclaimed`]): a reader that hands it to torch, whose tensors are always
 //! writable, need not copy it first.
 
 use super::segment::{page_size_is_expected, Segment, PAGE};
 use bytes::Bytes;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use tq_core::buffer::BufferPool;
 
 /// Runs of rows (back to back in one segment) shorter than this on average are not worth a
 /// mapping each: the column is copied.
@@ -32,7 +33,7 @@ struct Joined {
     len: usize,
 }
 
-// Read through `as_ref`; written only by whoever claimed it (`tq_core::buffer::claim`), which
+// Read through `as_ref`; written only by whoever claimed it (`BufferPool::claim_filled`), which
 // then holds the only reference, and writes land in private copies of the pages.
 unsafe impl Send for Joined {}
 unsafe impl Sync for Joined {}
@@ -45,7 +46,7 @@ impl AsRef<[u8]> for Joined {
 
 impl Drop for Joined {
     fn drop(&mut self) {
-        tq_core::buffer::unregister_claimable(self.addr as *const u8);
+        BufferPool::global().forget_unclaimed(self.addr as *const u8);
         super::unmap::unmap_later(self.addr, self.len);
     }
 }
@@ -136,7 +137,7 @@ fn map_runs(runs: &[Run], total: usize) -> Option<Bytes> {
         at += run.len as usize;
     }
     populate(addr, total);
-    tq_core::buffer::register_claimable(addr as *const u8, total);
+    BufferPool::global().register_unclaimed(addr as *const u8, total);
     Some(Bytes::from_owner(joined))
 }
 
@@ -194,9 +195,12 @@ mod tests {
         let seg = Segment::write(&parts, &offsets, len).unwrap();
         let rows = rows_of(&seg, &offsets, row as u64);
         let joined = join(&rows).expect("joinable");
-        assert!(!tq_core::buffer::claim(&joined.slice(1..)), "only whole");
-        assert!(tq_core::buffer::claim(&joined));
-        assert!(!tq_core::buffer::claim(&joined), "claimed once");
+        assert!(
+            !BufferPool::global().claim_filled(&joined.slice(1..)),
+            "only whole"
+        );
+        assert!(BufferPool::global().claim_filled(&joined));
+        assert!(!BufferPool::global().claim_filled(&joined), "claimed once");
         // The claimer writes through it: the column changes, the segment does not.
         unsafe { *(joined.as_ptr() as *mut u8) = 9 };
         assert_eq!((joined[0], joined[1]), (9, 5));
