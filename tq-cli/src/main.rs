@@ -100,6 +100,11 @@ fn backends() -> Vec<&'static str> {
     out
 }
 
+/// Small blocks from mimalloc, payload buffers from the system allocator (`tq::alloc`; why in
+/// docs/decisions/0050-programs-allocate-small-blocks-with-mimalloc.md).
+#[global_allocator]
+static ALLOCATOR: tq::alloc::SplitAllocator = tq::alloc::SplitAllocator;
+
 fn main() -> ExitCode {
     // Built once per process, so leaking it is the same as a static.
     let version: &'static str = Box::leak(

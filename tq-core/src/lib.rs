@@ -9,6 +9,8 @@
 //!
 //! This crate does no I/O ([`buffer`] only advises the kernel how to back large buffers).
 
+#[cfg(feature = "mimalloc")]
+pub mod alloc;
 pub mod buffer;
 pub mod cells;
 mod column;

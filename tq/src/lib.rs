@@ -80,6 +80,14 @@ pub mod buffer {
     };
 }
 
+/// The global allocator tq's own programs use (feature `mimalloc`): small blocks from
+/// mimalloc, payload-sized ones from the system allocator. A program opts in with
+/// `#[global_allocator] static A: tq::alloc::SplitAllocator = tq::alloc::SplitAllocator;`.
+#[cfg(feature = "mimalloc")]
+pub mod alloc {
+    pub use tq_core::alloc::{SplitAllocator, LARGE};
+}
+
 #[cfg(feature = "server")]
 pub mod server;
 
