@@ -3,6 +3,7 @@ very same code with the other import, measured in the same run.
 
     pip install ./python "transferqueue==0.1.11"      # both in one environment (with torch, ray)
     python python/benchmarks/compat.py --reps 5
+    python python/benchmarks/compat.py --reps 5 --units 1   # one storage unit for both (default 2)
 
 Each implementation runs in a process of its own (``--worker``), which imports it as
 ``tq_api`` (``import tq.compat as tq_api`` or ``import transfer_queue as tq_api``) and runs:
@@ -15,10 +16,13 @@ Each implementation runs in a process of its own (``--worker``), which imports i
 Each row also shows its floor. For the data rows that is ``memcpy``: one ``numpy.copyto`` of
 the same bytes. For the round trip it is the four request/answer exchanges a tq round trip
 makes (put: reserve, write, notice; get: read, with the key cache), with the same sizes (the
-4 KiB going out in the second and back in the fourth), over loopback TCP to a plain echo thread that sleeps between messages: in the worker's own process for the
-in-process deployment (where tq.compat's servers are threads of that process too), in a Ray
-actor's process under Ray (where its controller and units are). tq's round trip cannot take
-less than that; on VMs whose idle cores halt, most of it is waking the other side.
+4 KiB going out in the second and back in the fourth), over loopback TCP to a plain echo thread
+that sleeps between messages, in a Ray actor's process (where tq.compat's controller and units
+are). tq's round trip under Ray cannot take less than that; on VMs whose idle cores halt, most
+of it is waking the other side. In process there is no such floor to print: tq.compat's servers
+are then native threads of the worker's process that never take the GIL, while a Python echo
+thread there must, on every message (it took 0.33-0.39 ms for the four exchanges, against
+0.03-0.04 ms for tq's whole round trip), so that cell shows a dash.
 
 Deployments: ``tq.compat`` in process (no Ray: the controller and its 2 storage units serve
 over loopback from the driver's process), ``tq.compat`` under Ray (controller and units in
@@ -123,8 +127,8 @@ def raw_round_trips(port: int, rounds: int) -> List[float]:
     return times
 
 
-def worker(impl: str, ray_mode: bool, reps: int) -> Dict[str, Any]:
-    """One implementation's figures (run in its own process)."""
+def worker(impl: str, ray_mode: bool, reps: int, units: int = 2) -> Dict[str, Any]:
+    """One implementation's figures (run in its own process), with ``units`` storage units."""
     import numpy as np
     import torch
     from tensordict import TensorDict
@@ -133,14 +137,17 @@ def worker(impl: str, ray_mode: bool, reps: int) -> Dict[str, Any]:
         import ray
 
         ray.init(**RAY_INIT)
+    # The original's own key, which both implementations read.
+    storage = {"backend": {"SimpleStorage": {"num_data_storage_units": units}}}
     if impl == "tq.compat":
         import tq.compat as tq_api
 
-        tq_api.init(TQ_COMPAT_RAY_CONF if ray_mode else None)
+        conf = dict(storage, backend=dict(storage["backend"], **TQ_COMPAT_RAY_CONF["backend"])) if ray_mode else storage
+        tq_api.init(conf)
     else:
         import transfer_queue as tq_api
 
-        tq_api.init()
+        tq_api.init(storage)
     out: Dict[str, Any] = {}
     try:
         for name, n, size in WORKLOADS:
@@ -182,9 +189,7 @@ def worker(impl: str, ray_mode: bool, reps: int) -> Dict[str, Any]:
 
             actor = ray.remote(num_cpus=0)(EchoActor).remote()
             port = ray.get(actor.start.remote())
-        else:
-            port = start_echo()
-        out["floor round trip 4 KiB"] = _median_ms(raw_round_trips(port, ROUND_TRIPS))
+            out["floor round trip 4 KiB"] = _median_ms(raw_round_trips(port, ROUND_TRIPS))
     finally:
         tq_api.close()
         if ray_mode:
@@ -197,17 +202,18 @@ def worker(impl: str, ray_mode: bool, reps: int) -> Dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--units", type=int, default=2, help="storage units (the original's default: 2)")
     parser.add_argument("--worker", nargs=2, metavar=("IMPL", "RAY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         impl, ray_mode = args.worker
-        print(json.dumps(worker(impl, ray_mode == "ray", args.reps)))
+        print(json.dumps(worker(impl, ray_mode == "ray", args.reps, args.units)))
         return
     results: Dict[str, Dict[str, Any]] = {}
     for impl, ray_mode in DEPLOYMENTS:
         label = f"{impl} ({'Ray' if ray_mode else 'in process'})"
         done = subprocess.run(
-            [sys.executable, __file__, "--reps", str(args.reps), "--worker", impl, "ray" if ray_mode else "local"],
+            [sys.executable, __file__, "--reps", str(args.reps), "--units", str(args.units), "--worker", impl, "ray" if ray_mode else "local"],
             capture_output=True,
             text=True,
             env=dict(os.environ, PYTHONWARNINGS="ignore"),
@@ -217,13 +223,13 @@ def main() -> None:
         results[label] = json.loads(done.stdout.strip().splitlines()[-1])
     labels = list(results)
     rows = [r for r in results[labels[0]] if not r.startswith(("memcpy", "floor"))]
-    print(f"reps={args.reps}, medians (min-max) in ms\n")
+    print(f"reps={args.reps}, units={args.units}, medians (min-max) in ms\n")
     print("| workload | " + " | ".join(labels) + " | floor (in process, Ray) | TransferQueue / tq.compat (in process, Ray) |")
     print("|---" * (len(labels) + 3) + "|")
     for row in rows:
         cells = [f"{results[l][row][0]:.3f} ({results[l][row][1]:.3f}-{results[l][row][2]:.3f})" for l in labels]
         floor_key = "floor " + row if row.startswith("round") else "memcpy " + row.split(" ", 1)[1]
-        floor = ", ".join(f"{results[l][floor_key][0]:.3f}" for l in labels[:-1] if floor_key in results[l])
+        floor = ", ".join(f"{results[l][floor_key][0]:.3f}" if floor_key in results[l] else "-" for l in labels[:-1])
         original = results[labels[-1]][row][0]
         ratios = ", ".join(f"{original / results[l][row][0]:.1f}x" for l in labels[:-1])
         print(f"| {row} | " + " | ".join(cells) + f" | {floor} | {ratios} |")

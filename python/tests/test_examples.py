@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -78,3 +79,27 @@ def test_the_ray_cpu_benchmark_takes_a_get_and_a_round_trip_apart() -> None:
         # The servers run in actor processes of their own, and their CPU is counted there.
         assert "ray::TransferQueueController" in done.stdout, done.stdout
         assert "us CPU per round" in done.stdout, done.stdout
+
+
+def test_the_compat_benchmark_worker_measures_the_asked_number_of_units() -> None:
+    """``python/benchmarks/compat.py``'s tq.compat worker, in process, with one storage unit
+    (``--units``): every workload next to its ``memcpy``, and no round-trip floor in process
+    (a Python echo thread there is slower than tq's round trip, so it bounds nothing)."""
+    for module, required_by in (("torch", "TQ_REQUIRE_TORCH"), ("tensordict", "TQ_REQUIRE_TORCH")):
+        if not os.environ.get(required_by):
+            pytest.importorskip(module)
+    bench = EXAMPLES.parent / "benchmarks" / "compat.py"
+    done = subprocess.run(
+        [sys.executable, str(bench), "--reps", "1", "--units", "1", "--worker", "tq.compat", "local"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in ("4 KiB", "1 MiB"):
+        for row in (f"put {name}", f"get {name}", f"memcpy {name}"):
+            median, low, high = figures[row]
+            assert 0 < low <= median <= high, (row, figures[row])
+    assert figures["round trip 4 KiB"][0] > 0
+    assert "floor round trip 4 KiB" not in figures, figures

@@ -360,3 +360,38 @@ async fn a_manager_over_same_host_units_returns_what_was_put() {
         batch.select_rows(&[4, 1, 4]).unwrap()
     );
 }
+
+/// Rows of one page (below the size gets place into offered buffers) are still mapped side by
+/// side when the column's rows lie in long enough runs of one segment (one unit holds them
+/// all), and copied when they alternate between two units' segments; both read back equal.
+#[tokio::test]
+async fn page_rows_in_long_runs_are_joined_and_alternating_ones_copied() {
+    for units_count in [1usize, 2] {
+        let mut servers = Vec::new();
+        let mut units: Vec<Arc<dyn StorageUnit>> = Vec::new();
+        for u in 0..units_count {
+            let id = format!("u{u}");
+            let (server, _, handler) = unit_server(&id, true).await;
+            units.push(Arc::new(stub(&server, &id)));
+            servers.push((server, handler));
+        }
+        let storage = SimpleStorage::new(units).unwrap();
+        let rows = 160; // 640 KiB: over the size below which gets go over TCP, on each unit
+        let batch = Batch::from_columns([("x", Column::Dense(pattern(rows, 4096, 9)))]).unwrap();
+        let meta = BatchMeta::new("p", ids(rows as u32))
+            .with_fields(batch.schemas())
+            .unwrap();
+        storage.put(&meta, &batch).await.unwrap();
+        let got = storage.get(&meta).await.unwrap();
+        assert_eq!(got, batch, "{units_count} unit(s)");
+        let Column::Dense(column) = &got.columns()["x"] else {
+            panic!("{units_count} unit(s): not a dense column");
+        };
+        // One unit: one run of 640 KiB in its segment, mapped. Two: runs of one 4 KiB row.
+        assert_eq!(
+            all_in_memfd(column.data()),
+            units_count == 1,
+            "{units_count} unit(s)"
+        );
+    }
+}

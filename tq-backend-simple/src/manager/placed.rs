@@ -121,7 +121,11 @@ impl SimpleStorage {
                         .into_iter()
                         .map(Fetched::into_value)
                         .collect::<Result<Vec<_>>>()?;
-                    match plan.as_ref().and_then(|p| joined_dense(p, &values)) {
+                    let dense = plan.as_ref().and_then(|p| match &p.shapes {
+                        RowShapes::Dense(shape) => joined_dense(p.dtype, shape, &values),
+                        RowShapes::Ragged(_) => None,
+                    });
+                    match dense {
                         Some(tensor) => Column::Dense(tensor?),
                         None => Column::from_values(field, values)?,
                     }
@@ -135,20 +139,26 @@ impl SimpleStorage {
     }
 }
 
-/// A dense column whose rows came back as views of same-host units' shared memory (rows of
-/// whole pages, not copied into the offered pieces), as one tensor over those pages mapped
-/// side by side: no copy at all. `None` when the rows are not all such views of the planned
-/// dtype and shape, or cannot be joined; the column is then assembled by copying.
-fn joined_dense(plan: &Placement, values: &[Value]) -> Option<Result<Tensor>> {
+/// A dense column of `dtype` rows of `shape` whose rows came back as views of same-host
+/// units' shared memory (rows of whole pages, not copied into offered pieces), as one tensor
+/// over those pages mapped side by side: no copy at all. `None` when the rows are not all such
+/// views of that dtype and shape, or cannot be joined (runs of rows too short: see
+/// `ROWS_PER_UNIT_RUN` in tq-controller); the column is then assembled by copying.
+pub(super) fn joined_dense(
+    dtype: DType,
+    shape: &[usize],
+    values: &[Value],
+) -> Option<Result<Tensor>> {
     #[cfg(feature = "net")]
     {
-        let RowShapes::Dense(shape) = &plan.shapes else {
-            return None;
-        };
+        match values.first() {
+            Some(Value::Tensor(first)) if tq_unit::net::in_shared_memory(first.data()) => {}
+            _ => return None,
+        }
         let rows = values
             .iter()
             .map(|v| match v {
-                Value::Tensor(t) if t.dtype() == plan.dtype && t.shape() == shape.as_slice() => {
+                Value::Tensor(t) if t.dtype() == dtype && t.shape() == shape => {
                     Some(t.data().clone())
                 }
                 _ => None,
@@ -158,11 +168,11 @@ fn joined_dense(plan: &Placement, values: &[Value]) -> Option<Result<Tensor>> {
         let mut full = Vec::with_capacity(shape.len() + 1);
         full.push(values.len());
         full.extend_from_slice(shape);
-        Some(Tensor::new(plan.dtype, full, whole))
+        Some(Tensor::new(dtype, full, whole))
     }
     #[cfg(not(feature = "net"))]
     {
-        let _ = (plan, values);
+        let _ = (dtype, shape, values);
         None
     }
 }

@@ -32,9 +32,16 @@ pub fn join_shared_rows(rows: &[bytes::Bytes]) -> Option<bytes::Bytes> {
     }
 }
 
-/// Whether `bytes` lies in a shared-memory segment mapped in this process (a cell a same-host
-/// client put through the channel). The memory unit frees such cells behind a clear's answer.
-#[cfg(target_os = "linux")]
-pub(crate) fn in_shared_memory(bytes: &bytes::Bytes) -> bool {
-    shm::Segment::containing(bytes).is_some()
+/// Whether `bytes` lies in a shared-memory segment mapped in this process: in a reader, a row
+/// a same-host get returned (a cheap test before collecting a column's rows for
+/// [`join_shared_rows`]); in a unit, a cell a same-host client put through the channel (the
+/// memory unit frees those behind a clear's answer).
+pub fn in_shared_memory(bytes: &bytes::Bytes) -> bool {
+    #[cfg(target_os = "linux")]
+    return shm::Segment::containing(bytes).is_some();
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = bytes;
+        false
+    }
 }
