@@ -142,8 +142,9 @@ impl SimpleStorage {
 /// A dense column of `dtype` rows of `shape` whose rows came back as views of same-host
 /// units' shared memory (rows of whole pages, not copied into offered pieces), as one tensor
 /// over those pages mapped side by side: no copy at all. `None` when the rows are not all such
-/// views of that dtype and shape, or cannot be joined (runs of rows too short: see
-/// `ROWS_PER_UNIT_RUN` in tq-controller); the column is then assembled by copying.
+/// views of that dtype and shape, or cannot be joined (rows that alternate between units'
+/// segments make runs too short to map: see [`tq_unit::net::join_shared_rows`]); the column is
+/// then assembled by copying.
 pub(super) fn joined_dense(
     dtype: DType,
     shape: &[usize],
