@@ -461,22 +461,12 @@ impl StorageManager for SimpleStorage {
             self.read(meta, meta.samples(), &fields).await?
         };
         // Pack each field once: equal-shaped tensors are copied exactly once into one pre-sized
-        // contiguous buffer (a dense column); anything else keeps the shared handles.
+        // contiguous buffer (a dense column), or not at all when they are same-host views that
+        // map side by side (`placed::column_of`); anything else keeps the shared handles.
         let mut batch = Batch::empty(len);
         for (field, values) in fields.into_iter().zip(values) {
-            // Rows of whole pages read from same-host units in long enough runs are mapped
-            // side by side instead of packed (placed.rs); anything else is packed.
-            let joined = match values.first() {
-                Some(Value::Tensor(first)) => {
-                    placed::joined_dense(first.dtype(), first.shape(), &values)
-                }
-                _ => None,
-            };
-            let column = match joined {
-                Some(tensor) => tensor.map(Column::Dense),
-                None => Column::from_values(&field, values),
-            }
-            .map_err(|e| e.context(format!("partition `{}`: get", meta.partition())))?;
+            let column = placed::column_of(&field, values)
+                .map_err(|e| e.context(format!("partition `{}`: get", meta.partition())))?;
             batch.insert(field, column)?;
         }
         Ok(batch)

@@ -121,14 +121,7 @@ impl SimpleStorage {
                         .into_iter()
                         .map(Fetched::into_value)
                         .collect::<Result<Vec<_>>>()?;
-                    let dense = plan.as_ref().and_then(|p| match &p.shapes {
-                        RowShapes::Dense(shape) => joined_dense(p.dtype, shape, &values),
-                        RowShapes::Ragged(_) => None,
-                    });
-                    match dense {
-                        Some(tensor) => Column::Dense(tensor?),
-                        None => Column::from_values(field, values)?,
-                    }
+                    column_of(field, values)?
                 }
             };
             batch
@@ -139,33 +132,39 @@ impl SimpleStorage {
     }
 }
 
-/// A dense column of `dtype` rows of `shape` whose rows came back as views of same-host
-/// units' shared memory (rows of whole pages, not copied into offered pieces), as one tensor
-/// over those pages mapped side by side: no copy at all. `None` when the rows are not all such
-/// views of that dtype and shape, or cannot be joined (rows that alternate between units'
-/// segments make runs too short to map: see [`tq_unit::net::join_shared_rows`]); the column is
-/// then assembled by copying.
-pub(super) fn joined_dense(
-    dtype: DType,
-    shape: &[usize],
-    values: &[Value],
-) -> Option<Result<Tensor>> {
+/// A field's column from the values a get read: one tensor over the rows' own pages when
+/// they are views of same-host units' shared memory that can be joined ([`joined_dense`]),
+/// else packed or kept as they are ([`Column::from_values`]).
+pub(super) fn column_of(field: &str, values: Vec<Value>) -> Result<Column> {
+    match joined_dense(&values) {
+        Some(tensor) => tensor.map(Column::Dense),
+        None => Column::from_values(field, values),
+    }
+}
+
+/// A dense column whose rows came back as views of same-host units' shared memory (rows of
+/// whole pages, not copied into offered pieces), all of the first row's dtype and shape, as
+/// one tensor over those pages mapped side by side: no copy at all. `None` when the rows are
+/// not all such views of one dtype and shape, or cannot be joined (rows that alternate between
+/// units' segments make runs too short to map: see [`tq_unit::net::join_shared_rows`]); the
+/// column is then assembled by copying.
+fn joined_dense(values: &[Value]) -> Option<Result<Tensor>> {
     #[cfg(feature = "net")]
     {
-        match values.first() {
-            Some(Value::Tensor(first)) if tq_unit::net::in_shared_memory(first.data()) => {}
-            _ => return None,
+        let Some(Value::Tensor(first)) = values.first() else {
+            return None;
+        };
+        if !tq_unit::net::in_shared_memory(first.data()) {
+            return None;
         }
-        let rows = values
+        let (dtype, shape) = (first.dtype(), first.shape());
+        let uniform = values
             .iter()
-            .map(|v| match v {
-                Value::Tensor(t) if t.dtype() == dtype && t.shape() == shape => {
-                    Some(t.data().clone())
-                }
-                _ => None,
-            })
-            .collect::<Option<Vec<tq_core::Bytes>>>()?;
-        let whole = tq_unit::net::join_shared_rows(&rows)?;
+            .all(|v| matches!(v, Value::Tensor(t) if t.dtype() == dtype && t.shape() == shape));
+        if !uniform {
+            return None;
+        }
+        let whole = tq_unit::net::join_shared_rows(values.iter().map(Value::bytes))?;
         let mut full = Vec::with_capacity(shape.len() + 1);
         full.push(values.len());
         full.extend_from_slice(shape);
@@ -173,7 +172,7 @@ pub(super) fn joined_dense(
     }
     #[cfg(not(feature = "net"))]
     {
-        let _ = (dtype, shape, values);
+        let _ = values;
         None
     }
 }

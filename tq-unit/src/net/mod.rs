@@ -22,7 +22,11 @@ pub use server::{UnitFactory, UnitServer};
 /// units' own shared-memory pages, without copying them; `None` when they cannot be joined that
 /// way (not all in shared memory, not whole pages, rows too short to be worth a mapping each,
 /// the kernel refusing) and the caller should copy. See the module `shm::joined`.
-pub fn join_shared_rows(rows: &[bytes::Bytes]) -> Option<bytes::Bytes> {
+pub fn join_shared_rows<'a, I>(rows: I) -> Option<bytes::Bytes>
+where
+    I: IntoIterator<Item = &'a bytes::Bytes>,
+    I::IntoIter: Clone,
+{
     #[cfg(target_os = "linux")]
     return shm::joined::join(rows);
     #[cfg(not(target_os = "linux"))]

@@ -67,34 +67,53 @@ pub(crate) fn joinable(offset: u64, len: u64) -> bool {
 /// `rows` back to back as one `Bytes`, made of the rows' own pages, or `None` when they
 /// cannot be joined that way (a row not in a segment, not of whole pages at a page offset,
 /// rows too short, or the kernel refusing a mapping); the caller then copies.
-pub fn join(rows: &[Bytes]) -> Option<Bytes> {
-    if rows.is_empty() || !page_size_is_expected() {
+///
+/// It gives up as soon as the runs seen can no longer average [`MIN_RUN_BYTES`] (rows that
+/// alternate between two units' segments, say: after a few dozen rows, not after all of them),
+/// and looks a row up in the process's segment registry only when it is not in the segment of
+/// the run before it.
+pub fn join<'a, I>(rows: I) -> Option<Bytes>
+where
+    I: IntoIterator<Item = &'a Bytes>,
+    I::IntoIter: Clone,
+{
+    let rows = rows.into_iter();
+    let total: usize = rows.clone().map(Bytes::len).sum();
+    // The most runs `total` bytes can be cut into with each at least MIN_RUN_BYTES on average.
+    let max_runs = total / MIN_RUN_BYTES;
+    if max_runs == 0 || !page_size_is_expected() {
         return None;
     }
     let mut runs: Vec<Run> = Vec::new();
-    let mut total = 0u64;
     for row in rows {
-        let (segment, offset) = Segment::containing(row)?;
+        let in_last = runs
+            .last()
+            .and_then(|run| Some((run.segment.clone(), run.segment.offset_of(row)?)));
+        let (segment, offset) = match in_last {
+            Some(found) => found,
+            None => Segment::containing(row)?,
+        };
         let len = row.len() as u64;
         if !joinable(offset, len) {
             return None;
         }
-        total += len;
         match runs.last_mut() {
             Some(run) if Arc::ptr_eq(&run.segment, &segment) && run.offset + run.len == offset => {
                 run.len += len;
             }
-            _ => runs.push(Run {
-                segment,
-                offset,
-                len,
-            }),
+            _ => {
+                runs.push(Run {
+                    segment,
+                    offset,
+                    len,
+                });
+                if runs.len() > max_runs {
+                    return None;
+                }
+            }
         }
     }
-    if (total as usize) / runs.len() < MIN_RUN_BYTES {
-        return None;
-    }
-    map_runs(&runs, total as usize)
+    map_runs(&runs, total)
 }
 
 fn map_runs(runs: &[Run], total: usize) -> Option<Bytes> {
@@ -227,7 +246,7 @@ mod tests {
             .map(|i| seg.slice((3 - i) * PAGE, PAGE).unwrap())
             .collect();
         assert!(join(&small).is_none());
-        assert!(join(&[]).is_none());
+        assert!(join(&[] as &[Bytes]).is_none());
         // One run of whole pages joins, even from one segment.
         let one = join(std::slice::from_ref(&whole)).unwrap();
         assert_eq!(&one[..], &data[..]);

@@ -130,10 +130,16 @@ impl Segment {
     pub(crate) fn containing(bytes: &Bytes) -> Option<(Arc<Segment>, u64)> {
         let at = bytes.as_ptr() as usize;
         let registry = registry().lock().unwrap_or_else(|p| p.into_inner());
-        let (start, weak) = registry.range(..=at).next_back()?;
+        let (_, weak) = registry.range(..=at).next_back()?;
         let segment = weak.upgrade()?;
-        let offset = at - start;
-        (offset + bytes.len() <= segment.len).then_some((segment, offset as u64))
+        let offset = segment.offset_of(bytes)?;
+        Some((segment, offset))
+    }
+
+    /// Where `bytes` starts in this segment's mapping, when it lies wholly inside it.
+    pub(crate) fn offset_of(&self, bytes: &[u8]) -> Option<u64> {
+        let offset = (bytes.as_ptr() as usize).checked_sub(self.addr as usize)?;
+        (offset + bytes.len() <= self.len).then_some(offset as u64)
     }
 }
 
