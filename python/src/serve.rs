@@ -91,7 +91,8 @@ impl NativeServer {
             if let Some(host) = unit_host {
                 options.unit_host = host;
             }
-            let runtime = runtime()?;
+            // The servers' own runtime, sized by `net.server_threads` (decision 0051).
+            let runtime = tq::server::server_runtime(&config)?;
             let deployment = runtime.block_on(Deployment::start(config, options))?;
             // Before anyone has the address, so no fetch can name them before they exist.
             for (name, object) in samplers.unwrap_or_default() {
@@ -197,7 +198,7 @@ impl NativeUnit {
                 capacity,
                 ssd: None,
             };
-            let runtime = runtime()?;
+            let runtime = tq::server::server_runtime(&config)?;
             let unit = runtime.block_on(RegisteredUnit::start(&config, &controller, options))?;
             Ok((runtime, unit))
         });

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -134,3 +135,42 @@ def test_closing_a_client_right_after_a_clear_leaves_the_clear_finished() -> Non
             p.kv_clear(["a", "b"])
             c.close()
             assert f"p{round}" not in observer.list_partitions(), f"round {round}"
+
+
+def _server_threads(expected: int) -> int:
+    """Threads of this process named ``tq-server`` (the servers' runtime, Linux), read until
+    there are ``expected`` or 10 s passed: a new thread names itself once it runs."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        found = _threads_named("tq-server")
+        if found == expected or time.monotonic() > deadline:
+            return found
+        time.sleep(0.01)
+
+
+def _threads_named(name: str) -> int:
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return names.count(name)
+
+
+def test_hosted_servers_run_the_configured_worker_threads() -> None:
+    """One worker thread per hosted deployment or unit by default (decision 0051);
+    ``net.server_threads`` sets it, and a bad count is refused before anything starts."""
+    before = _threads_named("tq-server")
+    with tq.serve(units=2) as server:
+        assert _server_threads(before + 1) == before + 1
+        with tq.serve(units=1, net={"server_threads": 3}) as wider:
+            assert _server_threads(before + 4) == before + 4
+            with wider.connect() as c:
+                c.partition("p").kv_batch_put(["k"], {"x": np.arange(3).reshape(1, 3)})
+                assert c.partition("p").kv_batch_get(["k"])["x"].tolist() == [[0, 1, 2]]
+    with pytest.raises(tq.InvalidError, match="net.server_threads"):
+        tq.serve(units=1, net={"server_threads": 0})

@@ -105,6 +105,16 @@ fn backends() -> Vec<&'static str> {
 #[global_allocator]
 static ALLOCATOR: tq::alloc::SplitAllocator = tq::alloc::SplitAllocator;
 
+/// Runs a command's future on the runtime of the commands that are not servers (servers run on
+/// one sized by their configuration: `tq::server::server_runtime`).
+fn on_runtime(command: impl std::future::Future<Output = tq::Result<()>>) -> tq::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| tq::Error::internal("cannot start the async runtime").with_source(e))?
+        .block_on(command)
+}
+
 fn main() -> ExitCode {
     // Built once per process, so leaking it is the same as a static.
     let version: &'static str = Box::leak(
@@ -131,33 +141,23 @@ fn main() -> ExitCode {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let result = match cli.command {
-        Command::Demo(args) => runtime.block_on(demo::run(args)),
+        Command::Demo(args) => on_runtime(demo::run(args)),
         #[cfg(feature = "bench")]
         Command::Bench(args) => bench::run(args),
-        Command::Serve(args) => runtime.block_on(serve::serve(args)),
-        Command::Controller(args) => runtime.block_on(serve::controller_server(args)),
-        Command::StorageUnit(args) => runtime.block_on(serve::storage_unit(args)),
-        Command::Produce(args) => runtime.block_on(work::produce(args)),
-        Command::Consume(args) => runtime.block_on(work::consume(args)),
+        Command::Serve(args) => serve::serve(args),
+        Command::Controller(args) => serve::controller_server(args),
+        Command::StorageUnit(args) => serve::storage_unit(args),
+        Command::Produce(args) => on_runtime(work::produce(args)),
+        Command::Consume(args) => on_runtime(work::consume(args)),
         #[cfg(feature = "soak")]
         Command::Soak(args) => soak::run(args),
         #[cfg(feature = "soak")]
-        Command::SoakWorker(args) => runtime.block_on(soak::worker::run(args)),
-        Command::Checkpoint(args) => runtime.block_on(checkpoint::run(args)),
-        Command::Stats(args) => runtime.block_on(observe::stats(args)),
-        Command::Health(args) => runtime.block_on(observe::health(args)),
-        Command::Partition(args) => runtime.block_on(partition::run(args)),
+        Command::SoakWorker(args) => on_runtime(soak::worker::run(args)),
+        Command::Checkpoint(args) => on_runtime(checkpoint::run(args)),
+        Command::Stats(args) => on_runtime(observe::stats(args)),
+        Command::Health(args) => on_runtime(observe::health(args)),
+        Command::Partition(args) => on_runtime(partition::run(args)),
         Command::Config(args) => config_cmd::run(args),
     };
     match result {

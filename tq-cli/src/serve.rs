@@ -176,10 +176,15 @@ fn controller(
 }
 
 /// `tq serve`: a controller and N storage units in one process.
-pub async fn serve(mut args: ServeArgs) -> Result<()> {
+pub fn serve(mut args: ServeArgs) -> Result<()> {
+    let config = args.security.load()?;
+    // On the runtime the configuration sizes (`net.server_threads`).
+    tq::server::server_runtime(&config)?.block_on(serve_with(args, config))
+}
+
+async fn serve_with(args: ServeArgs, config: Config) -> Result<()> {
     let shutdown = shutdown_signal()?;
     let exporter = args.metrics.install()?;
-    let config = args.security.load()?;
     let options = tq::server::ServeOptions {
         listen: args.listen.clone(),
         units: args.units,
@@ -229,10 +234,15 @@ async fn start_controller(
 }
 
 /// `tq controller`: the controller alone; storage units register with it.
-pub async fn controller_server(mut args: ControllerArgs) -> Result<()> {
+pub fn controller_server(mut args: ControllerArgs) -> Result<()> {
+    let config = args.security.load()?;
+    // On the runtime the configuration sizes (`net.server_threads`).
+    tq::server::server_runtime(&config)?.block_on(controller_with(args, config))
+}
+
+async fn controller_with(args: ControllerArgs, config: Config) -> Result<()> {
     let shutdown = shutdown_signal()?;
     let exporter = args.metrics.install()?;
-    let config = args.security.load()?;
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
     let mut service = controller(&config, args.units, args.default_sampler)?;
@@ -399,11 +409,16 @@ impl Probe for ServerProbe {
 
 /// `tq storage-unit`: one storage unit that registers with a controller (and keeps doing so:
 /// `tq::server::RegisteredUnit`).
-pub async fn storage_unit(mut args: UnitArgs) -> Result<()> {
+pub fn storage_unit(mut args: UnitArgs) -> Result<()> {
+    let config = args.security.load()?;
+    // On the runtime the configuration sizes (`net.server_threads`).
+    tq::server::server_runtime(&config)?.block_on(storage_unit_with(args, config))
+}
+
+async fn storage_unit_with(args: UnitArgs, config: Config) -> Result<()> {
     let shutdown = shutdown_signal()?;
     tokio::pin!(shutdown);
     let exporter = args.metrics.install()?;
-    let config = args.security.load()?;
     let listen: Endpoint = args.listen.parse()?;
     args.security.check(&listen)?;
     let controller: Endpoint = args.controller.parse()?;

@@ -822,14 +822,7 @@ fn signal(pid: u32, signal: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_update_reports_outcome_unknown_and_a_timed_out_read_is_safe() {
-    let mut controller = Tq::spawn(&[
-        "controller",
-        "--listen",
-        "tcp://127.0.0.1:0",
-        "--units",
-        "1",
-    ]);
-    let url = Tq::controller_endpoint(&controller.listening(1));
+    let (mut controller, url) = common::controller(1);
     let mut unit = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-0"]);
     unit.listening(1);
     let tq = Client::connect_with(&url, config(400)).await.unwrap();
@@ -986,4 +979,57 @@ async fn a_checkpoint_carries_storage_unit_payloads_to_new_processes() {
         u.kill();
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The threads of process `pid` named `name` (Linux: `/proc/<pid>/task/*/comm`), read until
+/// there are `expected` or 10 s passed: a new thread names itself once it runs.
+fn threads_named(pid: u32, name: &str, expected: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == name)
+            .count();
+        if found == expected || Instant::now() > deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_run_the_configured_worker_threads_and_refuse_a_bad_count() {
+    // The default: one worker thread per server process (decision 0051).
+    let (mut controller, url) = common::controller(1);
+    let mut unit = Tq::spawn_env(
+        &["storage-unit", "--controller", &url, "--id", "unit-0"],
+        &[("TQ_NET_SERVER_THREADS", "3")],
+    );
+    unit.listening(1);
+    assert_eq!(threads_named(controller.pid(), "tq-server", 1), 1);
+    assert_eq!(threads_named(unit.pid(), "tq-server", 3), 3);
+    // And they serve: a put and a get through both.
+    let tq = Client::connect_with(&url, config(10_000)).await.unwrap();
+    tq.partition("threads")
+        .kv_put("k", &rows(1, 5), None)
+        .await
+        .unwrap();
+    let back = tq
+        .partition("threads")
+        .kv_batch_get(&["k"], None)
+        .await
+        .unwrap();
+    assert_eq!(back.len(), 1);
+    drop(tq);
+    let _ = unit.terminate(Duration::from_secs(5));
+    let _ = controller.terminate(Duration::from_secs(5));
+
+    let refused = Tq::spawn_env(
+        &["serve", "--listen", "tcp://127.0.0.1:0", "--units", "1"],
+        &[("TQ_NET_SERVER_THREADS", "0")],
+    );
+    let (status, stderr) = refused.wait_exit(Duration::from_secs(10));
+    assert!(!status.success());
+    assert!(stderr.contains("net.server_threads"), "{stderr}");
 }

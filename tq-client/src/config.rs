@@ -65,6 +65,9 @@ mod env;
 pub mod reference;
 use env::set_from_env;
 
+/// Most worker threads `net.server_threads` may ask for.
+const MAX_SERVER_THREADS: usize = 1024;
+
 /// Everything a client needs. `Config::default()` is a working setup.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
@@ -105,6 +108,13 @@ pub struct NetSection {
     /// from sleep costs 40–120 µs on a VM; a conversation's next request (a put's notice after
     /// its write) usually comes sooner. `0`: sleep at once. Decision 0046.
     pub server_stay_awake_us: u64,
+    /// Servers (controller, storage units): worker threads of the runtime a tq program or the
+    /// Python package runs them on. One by default: a request costs a server microseconds, and
+    /// with more workers the thread woken by the socket hands each request to another
+    /// (a second wake-up per message), while a connection staying awake keeps a sibling worker
+    /// waking and searching. More threads help a server whose requests are long and
+    /// concurrent (many clients on many cores). Decision 0051.
+    pub server_threads: usize,
 }
 
 impl std::fmt::Debug for NetSection {
@@ -117,6 +127,7 @@ impl std::fmt::Debug for NetSection {
             .field("retry_max_elapsed_ms", &self.retry_max_elapsed_ms)
             .field("shared_memory", &self.shared_memory)
             .field("server_stay_awake_us", &self.server_stay_awake_us)
+            .field("server_threads", &self.server_threads)
             .finish()
     }
 }
@@ -132,6 +143,7 @@ impl Default for NetSection {
             shared_memory: false,
             // tq_net::DEFAULT_STAY_AWAKE (tq-net is optional here; the facade tests they agree).
             server_stay_awake_us: 200,
+            server_threads: 1,
         }
     }
 }
@@ -399,6 +411,12 @@ impl Config {
             return Err(Error::invalid(
                 "storage.capacity_per_unit must be at least 1",
             ));
+        }
+        if !(1..=MAX_SERVER_THREADS).contains(&self.net.server_threads) {
+            return Err(Error::invalid(format!(
+                "net.server_threads must be between 1 and {MAX_SERVER_THREADS}, got {}",
+                self.net.server_threads
+            )));
         }
         self.validate_kv()?;
         self.validate_ssd()?;

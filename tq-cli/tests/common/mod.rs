@@ -180,6 +180,21 @@ impl Drop for Tq {
     }
 }
 
+/// `tq controller` on a free loopback port for `units` storage units (started separately);
+/// returns the process and its URL.
+pub fn controller(units: u32) -> (Tq, String) {
+    let units = units.to_string();
+    let mut tq = Tq::spawn(&[
+        "controller",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--units",
+        &units,
+    ]);
+    let url = Tq::controller_endpoint(&tq.listening(1));
+    (tq, url)
+}
+
 /// `tq serve` with `units` storage units on free loopback ports; returns the process and the
 /// controller URL.
 pub fn serve(units: u32, extra: &[&str]) -> (Tq, String) {

@@ -245,6 +245,17 @@ pub const KEYS: &[KeyDoc] = &[
               write and its notice; a connection costs at most this much CPU per request. \
               `0`: sleep at once (a machine short of cores for other work).",
     },
+    KeyDoc {
+        key: "net.server_threads",
+        example: "[net]\nserver_threads = 4",
+        doc: "Servers (`tq serve`, `tq controller`, `tq storage-unit`, and the servers the \
+              Python package hosts, e.g. tq.compat's Ray actors): worker threads of their \
+              runtime, 1 to 1024. One by default: a request costs a server microseconds, and \
+              with several workers each message wakes a second thread to run it. Raise it for \
+              a controller or unit serving many clients at once on a machine with cores to \
+              spare (decision 0051). A Rust program that hosts servers itself sizes its own \
+              runtime.",
+    },
 ];
 
 /// The environment variable of `key` (the rule of `env.rs`), or `None` for keys inside a

@@ -274,3 +274,20 @@ fn servers_stay_awake_setting_comes_from_the_environment() {
         "a refused override changes nothing"
     );
 }
+
+#[test]
+fn servers_run_one_thread_unless_configured_and_the_count_is_checked() {
+    let mut c = Config::default();
+    assert_eq!(c.net.server_threads, 1);
+    c.apply_env(env(&[("TQ_NET_SERVER_THREADS", "4")])).unwrap();
+    assert_eq!(c.net.server_threads, 4);
+    c.validate().unwrap();
+    for bad in [0, 1025] {
+        c.net.server_threads = bad;
+        let e = c.validate().unwrap_err();
+        assert!(e.message().contains("net.server_threads"), "{e}");
+        assert!(e.message().contains(&bad.to_string()), "{e}");
+    }
+    let parsed: Config = toml::from_str("[net]\nserver_threads = 2").unwrap();
+    assert_eq!(parsed.net.server_threads, 2);
+}
