@@ -339,7 +339,8 @@ def serve(
     (port 0 picks a free one) and ``units`` storage units (default ``storage.num_units``) on
     free ports of ``unit_host``. A non-loopback address needs a token (``net.token`` or
     ``TQ_NET_TOKEN``) unless ``insecure``. The configuration is as for
-    :meth:`Client.embedded`; its samplers are the controller's.
+    :meth:`Client.embedded`; its samplers are the controller's. The servers run on a thread
+    of their own (``net.server_threads`` threads: one by default), never the caller's.
 
     With ``remote_units``, the units run elsewhere: this process serves the controller alone,
     and the ``units`` storage units register with it (:func:`serve_unit`, ``tq storage-unit``)
