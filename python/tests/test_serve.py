@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -140,8 +141,6 @@ def test_closing_a_client_right_after_a_clear_leaves_the_clear_finished() -> Non
 def _server_threads(expected: int) -> int:
     """Threads of this process named ``tq-server`` (the servers' runtime, Linux), read until
     there are ``expected`` or 10 s passed: a new thread names itself once it runs."""
-    import time
-
     deadline = time.monotonic() + 10
     while True:
         found = _threads_named("tq-server")

@@ -90,7 +90,7 @@ pub fn check_exposure(endpoint: &Endpoint, token: Option<&str>, insecure: bool) 
 /// is often not the one that runs its task, so every request costs a second wake-up, and a
 /// connection staying awake for the next request (`net.server_stay_awake_us`) makes the idle
 /// workers wake each other while it waits. Under Ray on two cores that halved the put + get
-/// round trip (0.33–0.38 to 0.17–0.27 ms).
+/// round trip (0.32–0.38 to 0.17–0.27 ms).
 pub fn server_runtime(config: &Config) -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.net.server_threads.max(1))
