@@ -199,16 +199,37 @@ def worker(impl: str, ray_mode: bool, reps: int, units: int = 2) -> Dict[str, An
     return out
 
 
+def refuse_debug_build(allow: bool) -> None:
+    """Exits with status 2 when tq's native module is a debug build, unless ``allow``.
+
+    A debug build's figures are several times a release build's (a 4 KiB get under Ray took
+    7 ms against 1.5), and one is easy to have without knowing: ``scripts/test.sh`` installs a
+    debug build into the shared virtual environment these benchmarks run in. Every benchmark
+    here calls this first; ``--allow-debug`` is for a smoke test."""
+    from tq import _native
+
+    if _native.debug_build and not allow:
+        print(
+            "tq's native module is a debug build (scripts/test.sh installs one): install a release "
+            "build with `pip install --force-reinstall --no-deps ./python`, or pass --allow-debug "
+            "for a smoke test",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--units", type=int, default=2, help="storage units (the original's default: 2)")
+    parser.add_argument("--allow-debug", action="store_true", help="run on a debug build (smoke test only)")
     parser.add_argument("--worker", nargs=2, metavar=("IMPL", "RAY"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         impl, ray_mode = args.worker
         print(json.dumps(worker(impl, ray_mode == "ray", args.reps, args.units)))
         return
+    refuse_debug_build(args.allow_debug)
     results: Dict[str, Dict[str, Any]] = {}
     for impl, ray_mode in DEPLOYMENTS:
         label = f"{impl} ({'Ray' if ray_mode else 'in process'})"

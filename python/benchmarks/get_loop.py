@@ -30,7 +30,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="how long to repeat the get")
     parser.add_argument("--after-put", action="store_true", help="put before each round of gets")
     parser.add_argument("--rounds", type=int, default=40, help="rounds with --after-put")
+    parser.add_argument("--allow-debug", action="store_true", help="run on a debug build (smoke test only)")
     args = parser.parse_args()
+    compat.refuse_debug_build(args.allow_debug)
 
     import numpy as np
     import ray

@@ -35,6 +35,9 @@ import numpy as np
 import tq
 from tq import _native
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compat  # noqa: E402  (refuse_debug_build, shared by the benchmarks here)
+
 WORKLOADS = [("small", 1024, 4 * 1024), ("medium", 256, 64 * 1024), ("large", 32, 1024 * 1024)]
 
 
@@ -122,9 +125,7 @@ def main() -> int:
     parser.add_argument("--tq-bin", help="the tq binary for the remote rows (default: tq on PATH)")
     parser.add_argument("--allow-debug", action="store_true", help="run on a debug build (smoke test only)")
     args = parser.parse_args()
-    if _native.debug_build and not args.allow_debug:
-        print("tq's native module is a debug build: install a release one (pip install ./python)", file=sys.stderr)
-        return 2
+    compat.refuse_debug_build(args.allow_debug)
     print(f"# tq Python API vs Rust, {args.reps} rounds each (python {sys.version.split()[0]}, numpy {np.__version__})")
     with tq.Client.embedded() as client:
         measure(client, "embedded (controller and 2 storage units in this process)", args.reps)

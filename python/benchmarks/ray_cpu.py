@@ -157,7 +157,9 @@ def main() -> None:
     parser.add_argument("what", choices=["round-trip", "get"])
     parser.add_argument("--seconds", type=float, default=6.0, help="how long to repeat a call while its CPU is counted")
     parser.add_argument("--reps", type=int, default=100, help="timed repetitions of each get step")
+    parser.add_argument("--allow-debug", action="store_true", help="run on a debug build (smoke test only)")
     args = parser.parse_args()
+    compat.refuse_debug_build(args.allow_debug)
 
     import ray
 

@@ -70,6 +70,7 @@ def test_the_ray_cpu_benchmark_takes_a_get_and_a_round_trip_apart() -> None:
         (["get", "--reps", "3", "--seconds", "0.5"], ["key lookup (kv_meta)", "storage read (get_data)", "floor: numpy.copyto"]),
         (["round-trip", "--seconds", "0.5"], ["tq.compat round trip", "floor: the same 4 exchanges"]),
     ):
+        args.append("--allow-debug")
         done = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
         for row in rows:
@@ -103,3 +104,36 @@ def test_the_compat_benchmark_worker_measures_the_asked_number_of_units() -> Non
             assert 0 < low <= median <= high, (row, figures[row])
     assert figures["round trip 4 KiB"][0] > 0
     assert "floor round trip 4 KiB" not in figures, figures
+
+
+def test_the_benchmarks_refuse_a_debug_build_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every benchmark script refuses to measure a debug build of the native module (which
+    ``scripts/test.sh`` installs into the shared virtual environment) unless ``--allow-debug``
+    says it is a smoke test: its figures would be several times a release build's."""
+    sys.path.insert(0, str(EXAMPLES.parent / "benchmarks"))
+    try:
+        import compat
+    finally:
+        sys.path.pop(0)
+    from tq import _native
+
+    monkeypatch.setattr(_native, "debug_build", True)
+    with pytest.raises(SystemExit) as refused:
+        compat.refuse_debug_build(allow=False)
+    assert refused.value.code == 2
+    compat.refuse_debug_build(allow=True)
+    monkeypatch.setattr(_native, "debug_build", False)
+    compat.refuse_debug_build(allow=False)
+
+    # The scripts themselves, as a user runs them, on the build installed here: refused before
+    # they start anything when it is a debug build (as in CI).
+    monkeypatch.undo()
+    if not _native.debug_build:
+        return
+    for script, args in (("compat.py", []), ("ray_cpu.py", ["get"]), ("get_loop.py", []), ("kv.py", ["--tq-bin", ""])):
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLES.parent / "benchmarks" / script), *args], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2, (script, done.stdout, done.stderr)
+        assert "debug build" in done.stderr and "--allow-debug" in done.stderr, (script, done.stderr)
+        assert done.stdout == "", (script, done.stdout)
