@@ -114,28 +114,41 @@ impl PayloadCheckpoint for SimpleStorage {
         all_ok(units, results).map(|_| ())
     }
 
+    /// Each cell goes to the unit that holds its sample now ([`SimpleStorage::unit_for`]),
+    /// whichever part saved it: a checkpoint written before routing by runs saved index `i`
+    /// in part `i % units`.
     async fn load(&self, part: usize, cells: Vec<FieldCells>) -> Result<()> {
-        let unit = self.part(part)?;
+        self.part(part)?;
         for fc in cells {
-            if let Some(s) = fc.samples.iter().find(|s| self.unit_for(s.index) != part) {
+            if fc.samples.len() != fc.values.len() {
                 return Err(Error::corrupted(format!(
-                    "checkpoint cells of storage unit {part} include sample {s} of field `{}`, \
-                     which unit {} holds",
+                    "checkpoint cells of storage unit {part}: field `{}` has {} samples and {} \
+                     values",
                     fc.field,
-                    self.unit_for(s.index)
+                    fc.samples.len(),
+                    fc.values.len()
                 )));
             }
-            let field = fc.field.clone();
-            let put = UnitPut {
-                samples: fc.samples,
-                fields: BTreeMap::from([(fc.field, UnitRows::shared(fc.values))]),
-            };
-            unit.put(put).await.map_err(|e| {
-                e.context(format!(
-                    "loading field `{field}` into storage unit `{}`",
-                    unit.id()
-                ))
-            })?;
+            let mut by_unit: BTreeMap<usize, UnitPut> = BTreeMap::new();
+            for (sample, value) in fc.samples.into_iter().zip(fc.values) {
+                let put = by_unit.entry(self.unit_for(sample.index)).or_default();
+                put.samples.push(sample);
+                put.fields
+                    .entry(fc.field.clone())
+                    .or_insert_with(|| UnitRows::shared(Vec::new()))
+                    .values
+                    .push(value);
+            }
+            for (u, put) in by_unit {
+                let unit = self.part(u)?;
+                unit.put(put).await.map_err(|e| {
+                    e.context(format!(
+                        "loading field `{}` of checkpoint part {part} into storage unit `{}`",
+                        fc.field,
+                        unit.id()
+                    ))
+                })?;
+            }
         }
         Ok(())
     }

@@ -25,7 +25,7 @@ pub const PLACE_MIN_ROW_BYTES: usize = 16 << 10;
 #[derive(Debug, Clone)]
 pub struct SimpleConfig {
     /// Capacity of each unit in samples (distinct indexes); `None` is unlimited. Routing is by
-    /// `index % units`, so a unit can fill up before the total is reached when indexes are not
+    /// runs of indexes ([`tq_core::routing`]), so a unit can fill up before the total is reached when indexes are not
     /// spread evenly.
     pub capacity_per_unit: Option<usize>,
     /// Live fraction of a shared allocation below which units copy its survivors out
@@ -49,7 +49,8 @@ impl Default for SimpleConfig {
 /// The default storage backend: samples spread over storage units by index.
 ///
 /// The order of the units given to [`SimpleStorage::new`] is the routing table: the sample with
-/// index `i` lives on unit `i % units.len()`. Every process that talks to the same units must
+/// index `i` lives on unit `(i / ROUTING_RUN) % units.len()` ([`tq_core::routing`]: runs of
+/// consecutive indexes share a unit). Every process that talks to the same units must
 /// use the same order (the controller hands it out), and changing the number of units without
 /// moving data makes stored samples unreachable.
 ///
@@ -120,9 +121,9 @@ impl SimpleStorage {
         &self.units
     }
 
-    /// The position of the unit that holds sample index `index`.
+    /// The position of the unit that holds sample index `index` ([`tq_core::routing`]).
     pub fn unit_for(&self, index: u32) -> usize {
-        index as usize % self.units.len()
+        tq_core::routing::unit_of(index, self.units.len() as u32)
     }
 
     /// Every unit's counters, in routing order.

@@ -362,8 +362,9 @@ async fn a_manager_over_same_host_units_returns_what_was_put() {
 }
 
 /// Rows of one page (below the size gets place into offered buffers) are still mapped side by
-/// side when the column's rows lie in long enough runs of one segment (one unit holds them
-/// all), and copied when they alternate between two units' segments; both read back equal.
+/// side when the column's rows lie in long enough runs of one segment: a batch of consecutive
+/// indexes on one unit, or on two (runs of 16 rows, 64 KiB, per unit), and copied when they
+/// alternate between two units' segments row by row; all read back equal.
 #[tokio::test]
 async fn page_rows_in_long_runs_are_joined_and_alternating_ones_copied() {
     for units_count in [1usize, 2] {
@@ -387,11 +388,21 @@ async fn page_rows_in_long_runs_are_joined_and_alternating_ones_copied() {
         let Column::Dense(column) = &got.columns()["x"] else {
             panic!("{units_count} unit(s): not a dense column");
         };
-        // One unit: one run of 640 KiB in its segment, mapped. Two: runs of one 4 KiB row.
-        assert_eq!(
-            all_in_memfd(column.data()),
-            units_count == 1,
-            "{units_count} unit(s)"
-        );
+        // One unit: one run of 640 KiB in its segment. Two: runs of 64 KiB. Both mapped.
+        assert!(all_in_memfd(column.data()), "{units_count} unit(s)");
+        if units_count == 2 {
+            // Row by row from alternating units (indexes 0, 16, 1, 17, ...): runs of 4 KiB.
+            let alternating: Vec<usize> = (0..rows / 2)
+                .map(|i| (i % 16) + (i / 16) * 32)
+                .flat_map(|p| [p, p + 16])
+                .collect();
+            let sub = meta.select_samples(&alternating).unwrap();
+            let got = storage.get(&sub).await.unwrap();
+            assert_eq!(got, batch.select_rows(&alternating).unwrap());
+            let Column::Dense(column) = &got.columns()["x"] else {
+                panic!("alternating rows: not a dense column");
+            };
+            assert!(!all_in_memfd(column.data()), "alternating rows were mapped");
+        }
     }
 }

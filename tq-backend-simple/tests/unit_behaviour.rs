@@ -198,12 +198,13 @@ async fn manager_capacity_is_per_unit_and_names_the_unit() {
     let batch = |n: usize| {
         Batch::from_columns([("x", Column::Objects(vec![Bytes::from_static(b"v"); n]))]).unwrap()
     };
-    s.put(&meta_for(ids([0, 1], 0), &batch(2)), &batch(2))
+    // One sample on each unit (runs of 16 indexes share a unit).
+    s.put(&meta_for(ids([0, 16], 0), &batch(2)), &batch(2))
         .await
         .unwrap();
-    // Index 2 routes to unit 0, which is full.
+    // Index 1 routes to unit 0, which is full.
     let e = assert_kind(
-        s.put(&meta_for(ids([2], 0), &batch(1)), &batch(1)).await,
+        s.put(&meta_for(ids([1], 0), &batch(1)), &batch(1)).await,
         ErrorKind::CapacityExceeded,
     );
     assert!(e.message().contains("unit-0"), "{e}");
@@ -431,7 +432,8 @@ async fn manager_put_is_zero_copy_and_get_packs_one_dense_column() {
     let s = SimpleStorage::in_memory(2, SimpleConfig::default()).unwrap();
     let t = dense_u8(6, 8, 3);
     let batch = Batch::from_columns([("x", Column::Dense(t.clone()))]).unwrap();
-    let meta = meta_for(ids(10..16, 0), &batch);
+    // Indexes 13-15 on unit 0 and 16-18 on unit 1 (runs of 16).
+    let meta = meta_for(ids(13..19, 0), &batch);
     s.put(&meta, &batch).await.unwrap();
     for (pos, sample) in meta.samples().iter().enumerate() {
         let unit = &s.units()[s.unit_for(sample.index)];
@@ -612,25 +614,29 @@ async fn replace_update_results_are_tracked_like_a_put() {
 // routing
 
 #[tokio::test]
-async fn samples_land_on_unit_index_mod_n() {
+async fn samples_land_on_the_unit_of_their_run() {
     let s = SimpleStorage::in_memory(3, SimpleConfig::default()).unwrap();
     let batch = Batch::from_columns([("x", Column::Dense(Tensor::from_vec((0..10i64).collect())))])
         .unwrap();
-    // Shuffled, non-contiguous order must not matter.
-    let order = [7u32, 2, 9, 0, 4, 1, 8, 3, 6, 5];
+    // Shuffled, non-contiguous order must not matter. Runs of 16 indexes share a unit.
+    let order = [40u32, 2, 35, 17, 20, 0, 47, 33, 18, 5];
     let meta = meta_for(ids(order, 0), &batch);
     s.put(&meta, &batch).await.unwrap();
     let rows: Vec<usize> = s.stats().await.unwrap().iter().map(|u| u.rows).collect();
-    assert_eq!(rows, vec![4, 3, 3], "indexes 0,3,6,9 / 1,4,7 / 2,5,8");
+    assert_eq!(
+        rows,
+        vec![3, 3, 4],
+        "indexes 0,2,5 / 17,18,20 / 33,35,40,47"
+    );
     for (pos, &i) in order.iter().enumerate() {
-        assert_eq!(s.unit_for(i), i as usize % 3);
-        let home = &s.units()[i as usize % 3];
+        assert_eq!(s.unit_for(i), (i as usize / 16) % 3);
+        let home = &s.units()[s.unit_for(i)];
         let v = home
             .get(&names(&["x"]), &[SampleId::new(i, 0)])
             .await
             .unwrap();
         assert_eq!(v[0][0], batch.column("x").unwrap().value(pos));
-        let other = &s.units()[(i as usize + 1) % 3];
+        let other = &s.units()[(s.unit_for(i) + 1) % 3];
         assert_kind(
             other.get(&names(&["x"]), &[SampleId::new(i, 0)]).await,
             ErrorKind::NotFound,
@@ -641,7 +647,7 @@ async fn samples_land_on_unit_index_mod_n() {
         .await
         .unwrap();
     let rows: Vec<usize> = s.stats().await.unwrap().iter().map(|u| u.rows).collect();
-    assert_eq!(rows, vec![4, 2, 2], "7 from unit 1 and 2 from unit 2");
+    assert_eq!(rows, vec![2, 3, 3], "2 from unit 0 and 40 from unit 2");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -774,7 +780,8 @@ async fn unit_failures_are_reported_with_the_unit_never_swallowed() {
     .unwrap();
     let batch =
         Batch::from_columns([("x", Column::Objects(vec![Bytes::from_static(b"v"); 2]))]).unwrap();
-    let meta = meta_for(ids([0, 1], 0), &batch);
+    // Index 0 on `fine`, 16 on `down` (runs of 16 indexes share a unit).
+    let meta = meta_for(ids([0, 16], 0), &batch);
     let e = assert_kind(s.put(&meta, &batch).await, ErrorKind::Unavailable);
     assert!(e.message().contains("`down`"), "{e}");
     assert!(

@@ -106,7 +106,7 @@ pub struct ControllerArgs {
     /// Endpoint to listen on.
     #[arg(long, default_value = "tcp://127.0.0.1:7700")]
     listen: String,
-    /// Number of storage units that will register (sample index i lives on unit i % units;
+    /// Number of storage units that will register (sample index i lives on unit (i / 16) % units;
     /// default: `storage.num_units`). Not for shared storage (`storage.backend = "kv"`).
     #[arg(long)]
     units: Option<u32>,

@@ -213,17 +213,18 @@ async fn a_killed_unit_fails_fast_and_recovers_after_restart() {
     let mut u1 = Tq::spawn(&["storage-unit", "--controller", &url, "--id", "unit-1"]);
     let u1_endpoint = u1.listening(1)[0].endpoint.clone();
     let tq = Client::connect_with(&url, config(3_000)).await.unwrap();
-    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    // 24 keys: a run of 16 on unit-0, 8 on unit-1.
+    let keys: Vec<String> = (0..24).map(|i| format!("k{i}")).collect();
     tq.partition("p")
-        .kv_batch_put(&keys, &rows(8, 0), None)
+        .kv_batch_put(&keys, &rows(24, 0), None)
         .await
         .unwrap();
-    // Which keys live on which unit: sample index % 2.
+    // Which keys live on which unit: the routing's.
     let meta = tq.partition("p").kv_meta(&keys).await.unwrap();
     let on_unit0: Vec<String> = keys
         .iter()
         .zip(meta.samples())
-        .filter(|(_, s)| s.index % 2 == 0)
+        .filter(|(_, s)| tq_core::routing::unit_of(s.index, 2) == 0)
         .map(|(k, _)| k.clone())
         .collect();
     assert!(!on_unit0.is_empty() && on_unit0.len() < keys.len());
@@ -253,7 +254,7 @@ async fn a_killed_unit_fails_fast_and_recovers_after_restart() {
             .len(),
         on_unit0.len()
     );
-    assert_eq!(tq.partition("p").kv_list().await.unwrap().entries.len(), 8);
+    assert_eq!(tq.partition("p").kv_list().await.unwrap().entries.len(), 24);
 
     // Restart unit-1 on the same address: the same client recovers without a restart.
     let mut u1 = Tq::spawn(&[

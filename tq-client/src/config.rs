@@ -11,7 +11,7 @@
 //!
 //! [storage]
 //! backend = "simple"               # in-memory storage units (the embedded default)
-//! num_units = 2                    # sample index i lives on unit i % num_units
+//! num_units = 2                    # sample index i lives on unit (i / 16) % num_units
 //! capacity_per_unit = 100000       # samples per unit; omit for unlimited
 //! compaction_threshold = 0.5       # compact a put's allocation when less than this is live
 //!
@@ -287,7 +287,8 @@ pub type SsdSection = NotBuilt;
 #[serde(default, deny_unknown_fields)]
 pub struct StorageSection {
     pub backend: Backend,
-    /// Number of storage units; sample index `i` lives on unit `i % num_units`.
+    /// Number of storage units; sample index `i` lives on unit `(i / 16) % num_units`
+    /// (`tq_core::routing`).
     pub num_units: u32,
     /// Maximum samples per unit (`None`: unlimited). Only the `simple` backend has units.
     pub capacity_per_unit: Option<usize>,

@@ -17,8 +17,11 @@ use tq_core::{Error, LeaseId, Result};
 /// The snapshot format this build writes; it reads this one and older.
 /// Format 2 added the samplers' cached answers; format 3 the lease that acknowledged each
 /// consumed sample (entries of the lease list, so format 2 decodes unchanged); format 4 the
-/// answers remembered for requests that must not be applied twice (beside the state).
-pub const SNAPSHOT_FORMAT: u32 = 4;
+/// answers remembered for requests that must not be applied twice (beside the state); format 5
+/// is format 4's layout with the index allocator's free lists and each partition's rows per
+/// unit by routing in runs (`tq_core::routing`): a build before it would take those lists for
+/// damage, and one of this build sorts an older snapshot's by the new rule as it loads it.
+pub const SNAPSHOT_FORMAT: u32 = 5;
 
 const MAGIC: &[u8; 4] = b"TQCS";
 const HEADER: usize = 4 + 4 + 8 + 4;

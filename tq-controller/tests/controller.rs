@@ -578,13 +578,17 @@ async fn allocation_balances_partitions_across_units() {
     let c = controller(2);
     let mut a = vec![];
     let mut b = vec![];
-    for _ in 0..4 {
+    // Single rows, alternating: each partition fills a run of a unit, then the other's.
+    for _ in 0..32 {
         a.extend(insert(&c, "a", 1).await);
         b.extend(insert(&c, "b", 1).await);
     }
     for ids in [a, b] {
-        let on0 = ids.iter().filter(|s| s.index % 2 == 0).count();
-        assert_eq!(on0, 2, "{ids:?}");
+        let on0 = ids
+            .iter()
+            .filter(|s| tq_core::routing::unit_of(s.index, 2) == 0)
+            .count();
+        assert_eq!(on0, 16, "{ids:?}");
     }
 }
 

@@ -20,6 +20,7 @@ mod error;
 mod merge;
 mod meta;
 mod resend;
+pub mod routing;
 mod schema;
 mod storage;
 pub mod telemetry;

@@ -24,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tq_core::{Error, Result};
 
 /// The protocol version this build speaks. Peers must speak the same one.
-pub const PROTOCOL_VERSION: u8 = 10;
+pub const PROTOCOL_VERSION: u8 = 11;
 
 /// The first five bytes in both directions.
 pub const MAGIC: &[u8; 5] = b"TQNET";

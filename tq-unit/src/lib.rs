@@ -47,7 +47,7 @@
 //! - An uncompacted block is at least `threshold` live, so a unit retains at most
 //!   `1 / threshold` times the live bytes of each block (2x with the default).
 //! - The accounting is per unit. In process, the manager hands every unit zero-copy slices of
-//!   the same batch allocation (rows interleaved by `index % N`), so that allocation is freed
+//!   the same batch allocation (runs of rows by `tq_core::routing`), so that allocation is freed
 //!   only once every unit holding part of it has compacted or dropped its part; across `N`
 //!   in-process units the bound is therefore `N / threshold` for that allocation. A remote unit
 //!   receives its own frame, so its bound is exact.

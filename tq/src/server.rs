@@ -385,8 +385,9 @@ pub const REGISTER_EVERY: Duration = Duration::from_millis(500);
 /// How a [`RegisteredUnit`] serves (the flags of `tq storage-unit`).
 #[derive(Debug, Clone)]
 pub struct UnitOptions {
-    /// The unit's id; unit `i` of a controller with `N` units holds the samples `index % N == i`
-    /// (`unit-<i>`, as [`Deployment`] names them).
+    /// The unit's id; unit `i` of a controller with `N` units holds the samples whose index
+    /// routes to it (`tq_core::routing::unit_of(index, N) == i`; `unit-<i>`, as [`Deployment`]
+    /// names them).
     pub id: String,
     /// Where it listens (`tcp://host:port`; port 0 picks a free one).
     pub listen: String,

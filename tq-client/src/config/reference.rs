@@ -54,7 +54,8 @@ pub const KEYS: &[KeyDoc] = &[
         key: "storage.num_units",
         example: "[storage]\nnum_units = 4",
         doc: "Storage units of the `simple` backend; sample index i lives on unit \
-              i % num_units. An error with any other backend (it has no units).",
+              (i / 16) % num_units (runs of 16 consecutive indexes share a unit). An error \
+              with any other backend (it has no units).",
     },
     KeyDoc {
         key: "storage.capacity_per_unit",

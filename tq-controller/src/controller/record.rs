@@ -1,4 +1,4 @@
-//! The controller-wide state as snapshots hold it (inside the snapshot body, formats 1-4).
+//! The controller-wide state as snapshots hold it (inside the snapshot body, formats 1-5).
 //!
 //! The layout is the format: postcard writes fields in declaration order without names, so
 //! [`StateRecord`]'s field order and types are what a user's checkpoint decodes by (never

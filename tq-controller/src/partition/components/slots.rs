@@ -9,7 +9,7 @@
 use crate::allocator::IndexAllocator;
 use crate::bitmap::{BitIter, Bitmap};
 use std::collections::HashMap;
-use tq_core::{BackendMeta, SampleId, Tags};
+use tq_core::{routing, BackendMeta, SampleId, Tags};
 
 /// Slots of one partition and the samples in them.
 #[derive(Debug)]
@@ -102,8 +102,11 @@ impl SlotTable {
         }
     }
 
+    /// The table a record holds. The per-unit row counts are counted again from the live
+    /// samples by [`tq_core::routing::unit_of`]: a record written before routing by runs
+    /// (snapshot formats 1-4) counted them by `index % units`.
     pub fn from_parts(p: SlotParts) -> Self {
-        SlotTable {
+        let mut table = SlotTable {
             ids: p.ids,
             seq: p.seq,
             next_seq: p.next_seq,
@@ -114,7 +117,26 @@ impl SlotTable {
             unit_counts: p.unit_counts,
             tags: p.tags,
             backend_meta: p.backend_meta,
+        };
+        table.recount_units();
+        table
+    }
+
+    /// Counts the live samples of each unit into `unit_counts` (which keeps its length: a
+    /// wrong one is for [`SlotTable::check`] to refuse). A live slot whose index is not in
+    /// `ids` is left to `check` as well.
+    fn recount_units(&mut self) {
+        let units = self.unit_counts.len() as u32;
+        if units == 0 {
+            return;
         }
+        let mut counts = vec![0u32; units as usize];
+        for s in self.live.ones() {
+            if let Some(id) = self.ids.get(s) {
+                counts[routing::unit_of(id.index, units)] += 1;
+            }
+        }
+        self.unit_counts = counts;
     }
 
     /// What is wrong with a restored table, if anything (see the module's invariants).
