@@ -129,8 +129,11 @@ def test_the_originals_configuration_is_mapped_or_refused() -> None:
     with pytest.raises(tq.InvalidError) as sampler:
         transfer_queue.init({"controller": {"sampler": "NoSuchSampler"}})
     assert "Could not find sampler" in str(sampler.value)
+    with pytest.raises(tq.InvalidError, match="total_storage_size"):
+        transfer_queue.init({"backend": {"SimpleStorage": {"total_storage_size": 0}}})
     assert transfer_queue.DEPLOYMENT_VARIABLE not in os.environ
-    # A capacity: total_storage_size rows over the units, refused past it.
+    # A capacity: total_storage_size rows over all units, refused past it (the 4 rows lie on
+    # one unit: tq bounds the total, not per-unit shares).
     transfer_queue.init(
         {
             "controller": {"sampler": transfer_queue.GRPOGroupNSampler(n_samples_per_prompt=2)},

@@ -54,7 +54,11 @@ def test_the_hosting_process_calls_its_deployment_directly() -> None:
             assert remote.partition("p").kv_batch_get(["c", "a"])["x"].tolist() == [[4, 5], [0, 1]]
             remote.partition("p").kv_batch_put(["d"], {"x": np.array([[9, 9]])})
             assert local.partition("p").kv_batch_get(["d"])["x"].tolist() == [[9, 9]]
-            # Routing agrees: every unit holds some of what the local client wrote.
+            # Routing agrees: 20 rows (a run of 16 on one unit, 4 on the other) written by the
+            # local client are where the connected one reads them.
+            keys = [f"k{i}" for i in range(20)]
+            local.partition("q").kv_batch_put(keys, {"x": np.arange(40).reshape(20, 2)})
+            assert remote.partition("q").kv_batch_get(keys)["x"].tolist() == np.arange(40).reshape(20, 2).tolist()
             assert all(u["cells"] > 0 for u in remote.status()["units"])
             # A fetch by one consumes for the other: one controller.
             batch = local.partition("p").fetch(["x"], task="t", batch_size=4)

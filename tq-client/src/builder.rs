@@ -160,6 +160,7 @@ impl ClientBuilder {
         let (default_sampler, named) = config.sampler_specs()?;
         let controller = Controller::new(ControllerConfig {
             storage_units: config.storage.num_units,
+            max_samples: config.controller.max_samples,
             default_sampler,
             storage_backend: storage.name().to_string(),
             links_supported: storage.capabilities().links,

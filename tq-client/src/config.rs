@@ -159,6 +159,10 @@ pub struct ControllerSection {
     /// Extra samplers fetches can name (`GetMetaRequest::with_sampler`): name → any of the
     /// forms `default_sampler` accepts.
     pub samplers: BTreeMap<String, String>,
+    /// Samples the controller holds at once over all partitions (`None`: no limit besides the
+    /// index space). An insert or a put of new keys beyond it is refused before anything is
+    /// allocated or written.
+    pub max_samples: Option<u64>,
 }
 
 impl Default for ControllerSection {
@@ -167,6 +171,7 @@ impl Default for ControllerSection {
             default_sampler: "sequential".into(),
             fetch_timeout_ms: 30_000,
             samplers: BTreeMap::new(),
+            max_samples: None,
         }
     }
 }
@@ -412,6 +417,9 @@ impl Config {
             return Err(Error::invalid(
                 "storage.capacity_per_unit must be at least 1",
             ));
+        }
+        if self.controller.max_samples == Some(0) {
+            return Err(Error::invalid("controller.max_samples must be at least 1"));
         }
         if !(1..=MAX_SERVER_THREADS).contains(&self.net.server_threads) {
             return Err(Error::invalid(format!(

@@ -37,6 +37,10 @@ pub(crate) struct IndexAllocator {
     free: Vec<VecDeque<u32>>,
     /// Current generation of every index ever handed out.
     generation: Vec<u32>,
+    /// Indexes that may be in use at once (`controller.max_samples`). A setting of the
+    /// controller, not state: records do not hold it, and the controller applies it again to
+    /// an allocator a restore brings.
+    limit: Option<u64>,
 }
 
 impl IndexAllocator {
@@ -47,6 +51,28 @@ impl IndexAllocator {
             next: 0,
             free: (0..units).map(|_| VecDeque::new()).collect(),
             generation: Vec::new(),
+            limit: None,
+        }
+    }
+
+    /// This allocator with at most `limit` indexes in use at once (`None`: the index space).
+    pub fn with_limit(mut self, limit: Option<u64>) -> Self {
+        self.set_limit(limit);
+        self
+    }
+
+    /// See [`IndexAllocator::with_limit`].
+    pub fn set_limit(&mut self, limit: Option<u64>) {
+        self.limit = limit;
+    }
+
+    /// What a refusal for want of indexes should add: the limit that caused it, if one did.
+    pub fn limit_note(&self) -> String {
+        match self.limit {
+            Some(l) if l.saturating_sub(self.in_use() as u64) < self.index_space_left() => {
+                format!(" (controller.max_samples = {l})")
+            }
+            _ => String::new(),
         }
     }
 
@@ -94,7 +120,16 @@ impl IndexAllocator {
     /// skip while it looks for an index on the unit it targets (a run on every other unit). A
     /// request is checked against this before anything is allocated, so it never fails
     /// half-way.
+    /// With a limit, no more than the limit less the indexes in use.
     pub fn available(&self) -> u64 {
+        let space = self.index_space_left();
+        match self.limit {
+            Some(l) => space.min(l.saturating_sub(self.in_use() as u64)),
+            None => space,
+        }
+    }
+
+    fn index_space_left(&self) -> u64 {
         let never_used = u64::from(u32::MAX - self.next);
         let released: u64 = self.free.iter().map(|f| f.len() as u64).sum();
         (never_used + released).saturating_sub(u64::from(self.units) * u64::from(ROUTING_RUN))
@@ -208,6 +243,7 @@ impl<'de> Deserialize<'de> for IndexAllocator {
             next: r.next,
             free: r.free,
             generation: r.generation,
+            limit: None,
         };
         alloc.sort_free_lists_by_unit();
         Ok(alloc)

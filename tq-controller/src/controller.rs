@@ -37,8 +37,12 @@ pub const MAX_INSERT_COUNT: usize = 1 << 24;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct ControllerConfig {
-    /// Number of storage units samples are balanced across (index `i` lives on unit `i % n`).
+    /// Number of storage units samples are balanced across (index `i` lives on unit
+    /// `tq_core::routing::unit_of(i, n)`).
     pub storage_units: u32,
+    /// Samples held at once over all partitions (`None`: the index space is the limit). A
+    /// request for more new samples is refused before anything is allocated.
+    pub max_samples: Option<u64>,
     /// The sampler used when a fetch names none (written as in configuration: `"sequential"`,
     /// `"grpo:4"`, ...).
     pub default_sampler: SamplerSpec,
@@ -53,6 +57,7 @@ impl Default for ControllerConfig {
     fn default() -> Self {
         ControllerConfig {
             storage_units: 2,
+            max_samples: None,
             default_sampler: SamplerSpec::Sequential,
             storage_backend: "simple".into(),
             links_supported: true,
@@ -252,6 +257,8 @@ pub struct Controller {
     default_sampler: Arc<dyn Sampler>,
     storage_backend: String,
     links_supported: bool,
+    /// `ControllerConfig::max_samples`, kept to apply to an allocator a restore brings.
+    max_samples: Option<u64>,
     /// Which life of this controller's state its metadata belongs to (see `tq_core::new_epoch`).
     epoch: std::sync::atomic::AtomicU64,
     /// A checkpoint's hold on removals while it copies payloads (see `hold`).
@@ -295,7 +302,9 @@ impl Controller {
             state: RwLock::new(State {
                 partitions: Partitions::default(),
                 order: Vec::new(),
-                alloc: Mutex::new(IndexAllocator::new(config.storage_units)),
+                alloc: Mutex::new(
+                    IndexAllocator::new(config.storage_units).with_limit(config.max_samples),
+                ),
                 next_lease: AtomicU64::new(0),
                 linked_by: HashMap::new(),
                 answers: Default::default(),
@@ -305,6 +314,7 @@ impl Controller {
             default_sampler: config.default_sampler.build()?,
             storage_backend: config.storage_backend,
             links_supported: config.links_supported,
+            max_samples: config.max_samples,
             epoch: std::sync::atomic::AtomicU64::new(tq_core::new_epoch()),
             removals: hold::RemovalHold::default(),
             in_flight: Mutex::new(HashMap::new()),

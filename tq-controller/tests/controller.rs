@@ -593,6 +593,65 @@ async fn allocation_balances_partitions_across_units() {
 }
 
 #[tokio::test]
+async fn max_samples_bounds_the_samples_held_over_all_partitions() {
+    let c = Controller::new(ControllerConfig {
+        storage_units: 2,
+        max_samples: Some(40),
+        ..Default::default()
+    })
+    .unwrap();
+    let a = insert(&c, "a", 32).await;
+    // 8 left: an insert of 10 is refused whole, naming the partition and the limit.
+    let req = GetMetaRequest {
+        partition: "b".into(),
+        fields: vec![],
+        mode: GetMetaMode::Insert { count: 10 },
+        sampler: None,
+        dp_rank: None,
+        batch_index: None,
+        sampler_args: None,
+    };
+    let e = c.get_meta(req).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::CapacityExceeded, "{e}");
+    assert!(e.message().contains("partition `b`"), "{e}");
+    assert!(e.message().contains("controller.max_samples = 40"), "{e}");
+    // So are new keys; the keys the partition already holds are not new.
+    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    let e = c.kv_retrieve_meta("b", &keys, true).await.unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::CapacityExceeded, "{e}");
+    assert!(e.message().contains("controller.max_samples = 40"), "{e}");
+    assert_eq!(
+        insert(&c, "b", 8).await.len(),
+        8,
+        "nothing was taken by the refusals"
+    );
+    // Released samples count no more.
+    assert_eq!(clear(&c, "a", Some(&a[..16])).await, 16);
+    assert_eq!(insert(&c, "b", 16).await.len(), 16);
+
+    // The limit is the controller's, not the state's: a snapshot of this state restored into
+    // a controller without one takes new samples, and this one, restored from a snapshot of an
+    // unlimited controller holding 40 samples, takes none.
+    let (full, _) = c.snapshot().unwrap();
+    let unlimited = controller(2);
+    unlimited.restore(&full).unwrap();
+    assert_eq!(insert(&unlimited, "c", 100).await.len(), 100);
+    let (hundred_forty, _) = unlimited.snapshot().unwrap();
+    let limited = Controller::new(ControllerConfig {
+        storage_units: 2,
+        max_samples: Some(40),
+        ..Default::default()
+    })
+    .unwrap();
+    limited.restore(&hundred_forty).unwrap();
+    let e = limited
+        .kv_retrieve_meta("c", &["new".to_string()], true)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::CapacityExceeded, "{e}");
+}
+
+#[tokio::test]
 async fn grpo_sampler_hands_out_whole_groups() {
     let c = controller(1);
     c.register_sampler("grpo", Arc::new(GrpoGroupNSampler::new(2).unwrap()));

@@ -138,6 +138,7 @@ pub fn controller_service(
     }
     let controller = Controller::new(ControllerConfig {
         storage_units: if shared { 1 } else { units },
+        max_samples: config.controller.max_samples,
         default_sampler: sampler.unwrap_or(default_sampler),
         storage_backend: config.storage.backend.to_string(),
         links_supported: !shared,

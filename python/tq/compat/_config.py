@@ -8,7 +8,6 @@ A key tq cannot honour is refused with an error that says so, never dropped sile
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
@@ -131,7 +130,12 @@ def to_tq(conf: Mapping[str, Any]) -> Plan:
             raise InvalidError("backend.SimpleStorage.num_data_storage_units must be at least 1")
         total = simple.get("total_storage_size")
         if total is not None:
-            tq_sections["storage"]["capacity_per_unit"] = max(1, math.ceil(int(total) / units))
+            # The total itself, held by the controller: per-unit shares would refuse puts
+            # before it is reached, since a batch's rows lie on units in runs of 16.
+            total = int(total)
+            if total < 1:
+                raise InvalidError("backend.SimpleStorage.total_storage_size must be at least 1")
+            tq_sections["controller"]["max_samples"] = total
         ssd = ssd_offload(simple.get("ssd_offload"))
         if ssd is not None:
             tq_sections["storage"]["ssd"] = ssd

@@ -35,6 +35,14 @@ pub const KEYS: &[KeyDoc] = &[
         doc: "How long a fetch waits for enough ready samples, in milliseconds.",
     },
     KeyDoc {
+        key: "controller.max_samples",
+        example: "[controller]\nmax_samples = 4096",
+        doc: "Samples the controller holds at once over all partitions; unset: no limit. \
+              An insert or a put of new keys beyond it fails with `CapacityExceeded` before \
+              anything is written. Unlike `storage.capacity_per_unit`, it does not depend on \
+              how samples spread over units.",
+    },
+    KeyDoc {
         key: "controller.samplers.<name>",
         example: "[controller.samplers]\ngrpo = \"grpo:4\"",
         doc: "Extra samplers a fetch can name (`GetMetaRequest::with_sampler`): any form \
@@ -61,7 +69,9 @@ pub const KEYS: &[KeyDoc] = &[
         key: "storage.capacity_per_unit",
         example: "[storage]\ncapacity_per_unit = 100000",
         doc: "Samples one unit of the `simple` backend holds at most; unset: unlimited. A \
-              put beyond it fails with `CapacityExceeded`.",
+              put beyond it fails with `CapacityExceeded`. A partition's rows lie on units in \
+              runs of 16, so one unit may hold up to 16 more of them than another: to bound \
+              the total, use `controller.max_samples`.",
     },
     KeyDoc {
         key: "storage.compaction_threshold",

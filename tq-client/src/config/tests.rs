@@ -9,6 +9,10 @@ fn toml_and_env_overrides() {
     assert_eq!(c.controller, ControllerSection::default());
     assert!(Config::from_toml("[storage]\nnum_unitz = 4\n").is_err());
     assert!(Config::from_toml("[storage]\nnum_units = 0\n").is_err());
+    let e = Config::from_toml("[controller]\nmax_samples = 0\n").unwrap_err();
+    assert!(e.message().contains("controller.max_samples"), "{e}");
+    let c = Config::from_toml("[controller]\nmax_samples = 4096\n").unwrap();
+    assert_eq!(c.controller.max_samples, Some(4096));
     let mut c = Config::default();
     c.apply_env(env(&[
         ("TQ_STORAGE_NUM_UNITS", "3"),

@@ -80,17 +80,19 @@ impl Controller {
                         req.partition
                     )));
                 }
-                let too_many = |available: u64| {
+                let too_many = |alloc: &IndexAllocator| {
                     Error::capacity_exceeded(format!(
-                        "partition `{}`: insert of {count} samples, but only {available} sample \
-                         indexes are left (clear samples to reuse theirs)",
+                        "partition `{}`: insert of {count} samples, but only {} sample \
+                         indexes are left{} (clear samples to reuse theirs)",
                         req.partition,
+                        alloc.available(),
+                        alloc.limit_note()
                     ))
                 };
                 let fits = |st: &State| {
-                    let available = st.alloc().available();
-                    if *count as u64 > available {
-                        return Err(too_many(available));
+                    let alloc = st.alloc();
+                    if *count as u64 > alloc.available() {
+                        return Err(too_many(&alloc));
                     }
                     Ok(())
                 };
@@ -98,7 +100,7 @@ impl Controller {
                     let slots = {
                         let mut alloc = st.alloc();
                         if *count as u64 > alloc.available() {
-                            return Err(too_many(alloc.available()));
+                            return Err(too_many(&alloc));
                         }
                         p.allocate(&mut alloc, *count)
                     };

@@ -192,6 +192,8 @@ impl Controller {
             self.load_sampler_states(&samplers, &state.order)
                 .map_err(|e| e.context("controller snapshot"))?;
             *st = state;
+            // The limit is this controller's setting, not the saved state's.
+            st.alloc_mut().set_limit(self.max_samples);
             st.answers_mut().replace(answers);
             // A state dir's next record must carry the whole restored state.
             st.partitions.mark_all_changed();

@@ -130,11 +130,12 @@ impl Partition {
         if !missing.is_empty() {
             if missing.len() as u64 > alloc.available() {
                 return Err(Error::capacity_exceeded(format!(
-                    "partition `{}`: {} new keys, but only {} sample indexes are left (clear \
+                    "partition `{}`: {} new keys, but only {} sample indexes are left{} (clear \
                      keys to reuse theirs)",
                     self.name,
                     missing.len(),
-                    alloc.available()
+                    alloc.available(),
+                    alloc.limit_note()
                 )));
             }
             // `allocate` hands out exactly one slot per missing key, so every key gets one.
