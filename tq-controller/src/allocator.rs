@@ -116,11 +116,10 @@ impl IndexAllocator {
         Ok(())
     }
 
-    /// How many more indexes can be handed out, keeping in reserve the values `allocate` may
-    /// skip while it looks for an index on the unit it targets (a run on every other unit). A
-    /// request is checked against this before anything is allocated, so it never fails
-    /// half-way.
-    /// With a limit, no more than the limit less the indexes in use.
+    /// How many more indexes can be handed out: never more than the limit less the indexes in
+    /// use, and keeping in reserve the values `allocate` may skip while it looks for an index
+    /// on the unit it targets (a run on every other unit). A request is checked against this
+    /// before anything is allocated, so it never fails half-way.
     pub fn available(&self) -> u64 {
         let space = self.index_space_left();
         match self.limit {
