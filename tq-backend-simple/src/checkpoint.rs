@@ -129,18 +129,19 @@ impl PayloadCheckpoint for SimpleStorage {
                     fc.values.len()
                 )));
             }
-            let mut by_unit: BTreeMap<usize, UnitPut> = BTreeMap::new();
-            for (sample, value) in fc.samples.into_iter().zip(fc.values) {
-                let put = by_unit.entry(self.unit_for(sample.index)).or_default();
-                put.samples.push(sample);
-                put.fields
-                    .entry(fc.field.clone())
-                    .or_insert_with(|| UnitRows::shared(Vec::new()))
-                    .values
-                    .push(value);
-            }
-            for (u, put) in by_unit {
+            let routes = self.route(&fc.samples);
+            for (u, positions) in routes.iter().enumerate() {
+                if positions.is_empty() {
+                    continue;
+                }
                 let unit = self.part(u)?;
+                let put = UnitPut {
+                    samples: positions.iter().map(|&p| fc.samples[p]).collect(),
+                    fields: BTreeMap::from([(
+                        fc.field.clone(),
+                        UnitRows::shared(positions.iter().map(|&p| fc.values[p].clone()).collect()),
+                    )]),
+                };
                 unit.put(put).await.map_err(|e| {
                     e.context(format!(
                         "loading field `{}` of checkpoint part {part} into storage unit `{}`",

@@ -252,7 +252,8 @@ impl SimpleStorage {
             .map(|(u, positions)| (u, samples_at(meta, positions), split_rows(batch, positions)))
     }
 
-    fn route(&self, samples: &[SampleId]) -> Routes {
+    /// Positions of `samples`, grouped by the unit that holds each.
+    pub(crate) fn route(&self, samples: &[SampleId]) -> Routes {
         let mut routes = vec![Vec::new(); self.units.len()];
         for (pos, s) in samples.iter().enumerate() {
             routes[self.unit_for(s.index)].push(pos);

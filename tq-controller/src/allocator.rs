@@ -55,13 +55,7 @@ impl IndexAllocator {
         }
     }
 
-    /// This allocator with at most `limit` indexes in use at once (`None`: the index space).
-    pub fn with_limit(mut self, limit: Option<u64>) -> Self {
-        self.set_limit(limit);
-        self
-    }
-
-    /// See [`IndexAllocator::with_limit`].
+    /// At most `limit` indexes in use at once from now on (`None`: the index space).
     pub fn set_limit(&mut self, limit: Option<u64>) {
         self.limit = limit;
     }

@@ -298,13 +298,13 @@ impl Controller {
         if config.storage_units == 0 {
             return Err(Error::invalid("controller needs at least one storage unit"));
         }
+        let mut alloc = IndexAllocator::new(config.storage_units);
+        alloc.set_limit(config.max_samples);
         Ok(Controller {
             state: RwLock::new(State {
                 partitions: Partitions::default(),
                 order: Vec::new(),
-                alloc: Mutex::new(
-                    IndexAllocator::new(config.storage_units).with_limit(config.max_samples),
-                ),
+                alloc: Mutex::new(alloc),
                 next_lease: AtomicU64::new(0),
                 linked_by: HashMap::new(),
                 answers: Default::default(),

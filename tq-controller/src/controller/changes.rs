@@ -150,7 +150,8 @@ impl Controller {
                 .store(record.epoch, std::sync::atomic::Ordering::Relaxed);
         }
         st.order = record.order;
-        *st.alloc_mut() = record.alloc.with_limit(self.max_samples);
+        record.alloc.set_limit(self.max_samples);
+        *st.alloc_mut() = record.alloc;
         st.next_lease = record.next_lease.into();
         st.linked_by = record.linked_by;
         if record.all {
