@@ -235,7 +235,7 @@ fn fault_in(addr: *mut libc::c_void, len: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::segment::layout;
+    use super::super::{page_is_mapped, segment::layout};
     use super::*;
 
     fn rows_of(segment: &Arc<Segment>, offsets: &[u64], len: u64) -> Vec<Bytes> {
@@ -296,13 +296,6 @@ mod tests {
         assert_eq!(again[0], 5);
     }
 
-    /// Whether the page at `addr` is mapped in this process (`mincore` fails with `ENOMEM`
-    /// on an unmapped range).
-    fn mapped(addr: *mut libc::c_void) -> bool {
-        let mut vec = [0u8; 1];
-        unsafe { libc::mincore(addr, 4096, vec.as_mut_ptr()) == 0 }
-    }
-
     fn two_runs() -> (Vec<u8>, Vec<Run>) {
         let row = MIN_RUN_BYTES;
         let data: Vec<u8> = (0..2 * row).map(|i| (i / 4096) as u8).collect();
@@ -345,7 +338,10 @@ mod tests {
             *(taken as *mut u8) = 0xAB;
         }
         assert!(!map_into_free_range(addr, &runs));
-        assert!(!mapped(addr), "the run it had mapped is unmapped again");
+        assert!(
+            !page_is_mapped(addr),
+            "the run it had mapped is unmapped again"
+        );
         assert_eq!(
             unsafe { *(taken as *const u8) },
             0xAB,

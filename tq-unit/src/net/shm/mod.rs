@@ -62,3 +62,11 @@ pub(crate) fn host_id() -> String {
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()
 }
+
+/// Whether the page at `addr` is mapped in this process (`mincore` fails with `ENOMEM` on an
+/// unmapped range).
+#[cfg(test)]
+pub(crate) fn page_is_mapped(addr: *mut libc::c_void) -> bool {
+    let mut vec = [0u8; 1];
+    unsafe { libc::mincore(addr, 4096, vec.as_mut_ptr()) == 0 }
+}

@@ -47,14 +47,8 @@ pub(crate) fn unmap_later(addr: *mut libc::c_void, len: usize) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::page_is_mapped;
     use super::*;
-
-    /// Whether the page at `addr` is mapped in this process (`mincore` fails with `ENOMEM`
-    /// on an unmapped range).
-    fn mapped(addr: *mut libc::c_void) -> bool {
-        let mut vec = [0u8; 1];
-        unsafe { libc::mincore(addr, 4096, vec.as_mut_ptr()) == 0 }
-    }
 
     #[test]
     fn a_handed_over_mapping_is_gone_once_settled() {
@@ -70,9 +64,9 @@ mod tests {
             )
         };
         assert_ne!(addr, libc::MAP_FAILED);
-        assert!(mapped(addr));
+        assert!(page_is_mapped(addr));
         unmap_later(addr, len);
         UNMAPPER.settle();
-        assert!(!mapped(addr));
+        assert!(!page_is_mapped(addr));
     }
 }
