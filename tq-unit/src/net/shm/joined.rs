@@ -133,7 +133,7 @@ fn map_runs(runs: &[Run], total: usize) -> Option<Bytes> {
         let addr = reserve(total)?;
         // Owns the range from here: dropping it unmaps whatever was mapped.
         let joined = Joined { addr, len: total };
-        if !map_over_reservation(addr, runs) {
+        if map_runs_from(addr, runs, libc::MAP_FIXED).is_err() {
             tracing::debug!(runs = runs.len(), error = %std::io::Error::last_os_error(), "cannot map a joined column; copying");
             return None;
         }
@@ -186,36 +186,38 @@ fn map_run_at(target: *mut libc::c_void, run: &Run, placement: libc::c_int) -> b
     mapped == target
 }
 
-/// Maps the runs one after the other from `addr`, a range nothing is mapped at (freed just
-/// before), never over anything mapped there meanwhile. False, with nothing of it left mapped,
-/// as soon as one run does not land where it should.
-fn map_into_free_range(addr: *mut libc::c_void, runs: &[Run]) -> bool {
+/// Maps the runs one after the other from `addr` with `placement`. On the first run that does
+/// not land where it should: `Err` with how many bytes from `addr` the runs before it took.
+fn map_runs_from(
+    addr: *mut libc::c_void,
+    runs: &[Run],
+    placement: libc::c_int,
+) -> Result<(), usize> {
     let mut at = 0usize;
     for run in runs {
         let target = unsafe { (addr as *mut u8).add(at) } as *mut libc::c_void;
-        if !map_run_at(target, run, libc::MAP_FIXED_NOREPLACE) {
-            if at > 0 {
-                // SAFETY: only the runs this call mapped are there, and nothing holds them.
-                unsafe { libc::munmap(addr, at) };
-            }
-            return false;
+        if !map_run_at(target, run, placement) {
+            return Err(at);
         }
         at += run.len as usize;
     }
-    true
+    Ok(())
 }
 
-/// Maps the runs one after the other over the reservation at `addr`.
-fn map_over_reservation(addr: *mut libc::c_void, runs: &[Run]) -> bool {
-    let mut at = 0usize;
-    for run in runs {
-        let target = unsafe { (addr as *mut u8).add(at) } as *mut libc::c_void;
-        if !map_run_at(target, run, libc::MAP_FIXED) {
-            return false;
+/// Maps the runs from `addr`, a range nothing is mapped at (freed just before), never over
+/// anything mapped there meanwhile. False, with nothing of it left mapped, as soon as one run
+/// does not land where it should.
+fn map_into_free_range(addr: *mut libc::c_void, runs: &[Run]) -> bool {
+    match map_runs_from(addr, runs, libc::MAP_FIXED_NOREPLACE) {
+        Ok(()) => true,
+        Err(mapped) => {
+            if mapped > 0 {
+                // SAFETY: only the runs this call mapped are there, and nothing holds them.
+                unsafe { libc::munmap(addr, mapped) };
+            }
+            false
         }
-        at += run.len as usize;
     }
-    true
 }
 
 /// Maps the column's pages in now, by reading one byte of each page: each read that faults
@@ -358,7 +360,7 @@ mod tests {
         unsafe { libc::munmap(free, total) };
         assert!(map_into_free_range(free, &runs));
         let reserved = reserve(total).unwrap();
-        assert!(map_over_reservation(reserved, &runs));
+        assert_eq!(map_runs_from(reserved, &runs, libc::MAP_FIXED), Ok(()));
         for addr in [free, reserved] {
             fault_in(addr, total);
             let column = unsafe { std::slice::from_raw_parts(addr as *const u8, total) };
