@@ -8,9 +8,12 @@ The controller and its 2 units run in Ray actors, as in ``compat.py``'s Ray colu
 
 - ``round-trip``: ``kv_put`` of one 4 KiB sample and ``kv_batch_get`` of it, repeated for
   ``--seconds``; prints the median, and the CPU each process (and each thread of the driver)
-  used per round, from ``/proc``. Then the floor: the same four exchanges to a plain echo
-  thread in a Ray actor (``compat.py``'s ``raw_round_trips``), with its CPU per round the same
-  way. A process that spins while it waits shows here as CPU beyond its share of the work.
+  used per round and how long its threads waited for a CPU while runnable, from
+  ``/proc/*/task/*/schedstat``, then all processes' CPU against the machine's cores. Then the
+  floor: the same four exchanges to a plain echo thread in a Ray actor (``compat.py``'s
+  ``raw_round_trips``), counted the same way. A process that spins while it waits shows here
+  as CPU beyond its share of the work; when the busy cores reach the machine's, threads with
+  work wait for a CPU, and that wait is part of every round.
 - ``get``: a 1024 x 4 KiB read taken apart, each step timed ``--reps`` times after a warm-up:
   the key lookup alone (the native ``kv_meta``), the storage read alone with that metadata
   (``get_data``), both as one native ``kv_batch_get``, and ``tq.compat.kv_batch_get`` (the
@@ -34,55 +37,90 @@ from typing import Callable, Dict, List, Tuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compat  # noqa: E402  (Ray's setup, and the round trip floor's echo server and exchanges)
 
-Ticks = Dict[Tuple[int, str], int]
+#: Per process (and per thread of the driver): microseconds run on a CPU (from ``stat``, which
+#: for a process counts its ended threads too: the floor's echo thread ends with its connection)
+#: and microseconds spent runnable but waiting for a CPU (``schedstat``, summed over the threads
+#: still alive at the end).
+Ticks = Dict[Tuple[int, str], Tuple[float, float]]
+
+
+def _cpu_us(path: str) -> float:
+    with open(f"{path}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") * 1e6
+
+
+def _wait_us(path: str) -> float:
+    with open(f"{path}/schedstat") as f:
+        return int(f.read().split()[1]) / 1e3
 
 
 def cpu_ticks() -> Ticks:
-    """User + system clock ticks of every process, and of every thread of this one."""
+    """CPU time and run-queue wait of every process, and of every thread of this one. Threads
+    that wait for a CPU while they have work are the sign of a machine with fewer cores than
+    busy threads."""
     ticks: Ticks = {}
-
-    def read(path: str, label: str) -> None:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        path = f"/proc/{pid}"
         try:
-            with open(f"{path}/stat") as f:
-                stat = f.read()
+            with open(f"{path}/comm") as f:
+                name = f.read().strip()
             with open(f"{path}/cmdline", "rb") as f:
                 # Ray names its workers' processes after the actor (``ray::TransferQueueController``);
-                # the stat file's name is cut at 15 characters.
+                # the comm file's name is cut at 15 characters.
                 title = f.read().split(b"\0")[0].decode(errors="replace")
-        except OSError:  # the process or thread ended meanwhile
-            return
-        name = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if label == "" and title:
-            name = os.path.basename(title)
-        fields = stat[stat.rindex(")") + 2 :].split()
-        ticks[(int(path.split("/")[-1]), label + name)] = int(fields[11]) + int(fields[12])
-
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        read(f"/proc/{pid}", "")
+            cpu = _cpu_us(path)
+        except (OSError, ValueError, IndexError):  # the process ended meanwhile
+            continue
+        wait = 0.0
+        for tid in os.listdir(f"{path}/task") if os.path.isdir(f"{path}/task") else []:
+            try:
+                wait += _wait_us(f"{path}/task/{tid}")
+            except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+                pass
+        ticks[(int(pid), os.path.basename(title) or name)] = (cpu, wait)
     for tid in os.listdir(f"/proc/{os.getpid()}/task"):
-        read(f"/proc/{os.getpid()}/task/{tid}", "driver thread ")
+        path = f"/proc/{os.getpid()}/task/{tid}"
+        try:
+            with open(f"{path}/comm") as f:
+                name = f.read().strip()
+            ticks[(int(tid), "driver thread " + name)] = (_cpu_us(path), _wait_us(path))
+        except (OSError, ValueError, IndexError):
+            continue
     return ticks
 
 
-def print_cpu(before: Ticks, after: Ticks, rounds: int) -> None:
-    """The CPU per round of each process or driver thread that used at least 2 us of it."""
-    hz = os.sysconf("SC_CLK_TCK")
-    used = {key: (after[key] - before[key]) / hz * 1e6 / rounds for key in after if key in before}
-    for (pid, name), us in sorted(used.items(), key=lambda kv: -kv[1]):
-        if us >= 2:
-            print(f"  {name:<40} {pid:>7}  {us:8.1f} us CPU per round")
+def print_cpu(before: Ticks, after: Ticks, rounds: int, seconds: float) -> None:
+    """The CPU and the run-queue wait per round of each process or driver thread that used at
+    least 2 us of CPU per round, then all processes' CPU against the machine's cores."""
+    used = {
+        key: ((after[key][0] - before[key][0]) / rounds, (after[key][1] - before[key][1]) / rounds)
+        for key in after
+        if key in before
+    }
+    for (pid, name), (cpu, wait) in sorted(used.items(), key=lambda kv: -kv[1][0]):
+        if cpu >= 2:
+            print(f"  {name:<40} {pid:>7}  {cpu:8.1f} us CPU per round, {wait:7.1f} us waiting for a CPU")
+    total = sum(cpu for (_, name), (cpu, _) in used.items() if not name.startswith("driver thread "))
+    per_round = seconds / rounds * 1e6
+    print(
+        f"  all processes: {total:.1f} us CPU per round of {per_round:.1f} us: "
+        f"{total / per_round:.2f} of the machine's {os.cpu_count()} cores busy"
+    )
 
 
-def timed_for(seconds: float, call: Callable[[], None]) -> Tuple[List[float], Ticks, Ticks]:
-    """Times `call` repeatedly for `seconds`, with the CPU counters before and after."""
+def timed_for(seconds: float, call: Callable[[], None]) -> Tuple[List[float], Ticks, Ticks, float]:
+    """Times `call` repeatedly for `seconds`, with the CPU counters before and after and the
+    seconds between them."""
     times: List[float] = []
     before = cpu_ticks()
-    start = time.time()
-    while time.time() - start < seconds:
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
         t = time.perf_counter()
         call()
         times.append(time.perf_counter() - t)
-    return times, before, cpu_ticks()
+    elapsed = time.perf_counter() - start
+    return times, before, cpu_ticks(), elapsed
 
 
 def ms(times: List[float]) -> str:
@@ -101,18 +139,18 @@ def round_trip(tq_api, seconds: float) -> None:
 
     for _ in range(200):
         trip()
-    times, before, after = timed_for(seconds, trip)
+    times, before, after, elapsed = timed_for(seconds, trip)
     print(f"tq.compat round trip {ms(times)} ms (median of {len(times)})")
-    print_cpu(before, after, len(times))
+    print_cpu(before, after, len(times), elapsed)
 
     actor = ray.remote(num_cpus=0)(compat.EchoActor).remote()
     port = ray.get(actor.start.remote())
     # The echo serves one connection; raw_round_trips warms up on it before it times.
-    before = cpu_ticks()
+    before, start = cpu_ticks(), time.perf_counter()
     raw = compat.raw_round_trips(port, len(times))
-    after = cpu_ticks()
+    after, elapsed = cpu_ticks(), time.perf_counter() - start
     print(f"floor: the same 4 exchanges to an echo actor {ms(raw)} ms (median of {len(raw)})")
-    print_cpu(before, after, len(raw))
+    print_cpu(before, after, len(raw), elapsed)
 
 
 def get(tq_api, reps: int, seconds: float) -> None:
@@ -147,9 +185,9 @@ def get(tq_api, reps: int, seconds: float) -> None:
     for name, values in times.items():
         print(f"{name:<30} {ms(values)} ms")
     for name in ("storage read (get_data)", "tq.compat kv_batch_get"):
-        looped, before, after = timed_for(seconds, steps[name])
+        looped, before, after, elapsed = timed_for(seconds, steps[name])
         print(f"{name} alone for {seconds:g} s: {ms(looped)} ms (median of {len(looped)})")
-        print_cpu(before, after, len(looped))
+        print_cpu(before, after, len(looped), elapsed)
 
 
 def main() -> None:

@@ -77,9 +77,17 @@ def test_the_ray_cpu_benchmark_takes_a_get_and_a_round_trip_apart() -> None:
             line = next((line for line in done.stdout.splitlines() if line.startswith(row)), None)
             assert line is not None, f"no `{row}` line in:\n{done.stdout}"
             assert float(line.split(" ms")[0].split()[-1]) > 0, line
-        # The servers run in actor processes of their own, and their CPU is counted there.
+        # The servers run in actor processes of their own, and their CPU is counted there, with
+        # how long they waited for a core, and the busy cores of the whole machine.
         assert "ray::TransferQueueController" in done.stdout, done.stdout
-        assert "us CPU per round" in done.stdout, done.stdout
+        assert "us CPU per round" in done.stdout and "us waiting for a CPU" in done.stdout, done.stdout
+        busy = [line for line in done.stdout.splitlines() if "all processes:" in line]
+        assert busy, done.stdout
+        for line in busy:
+            cores = float(line.split(" of the machine's")[0].split()[-1])
+            assert 0 < cores <= os.cpu_count() + 0.5, line
+    # The floor's echo thread ends with its connection; its process's CPU is still counted.
+    assert "ray::EchoActor" in done.stdout, done.stdout
 
 
 def test_the_compat_benchmark_worker_measures_the_asked_number_of_units() -> None:
@@ -106,15 +114,51 @@ def test_the_compat_benchmark_worker_measures_the_asked_number_of_units() -> Non
     assert "floor round trip 4 KiB" not in figures, figures
 
 
-def test_the_benchmarks_refuse_a_debug_build_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every benchmark script refuses to measure a debug build of the native module (which
-    ``scripts/test.sh`` installs into the shared virtual environment) unless ``--allow-debug``
-    says it is a smoke test: its figures would be several times a release build's."""
+def _compat_module():
     sys.path.insert(0, str(EXAMPLES.parent / "benchmarks"))
     try:
         import compat
     finally:
         sys.path.pop(0)
+    return compat
+
+
+def test_the_compat_benchmark_pairs_each_rounds_ratio_and_counts_the_rounds_that_meet_a_goal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``compat.py --rounds``: each ratio is TransferQueue's figure over tq.compat's of the same
+    round (the median of those), and every round's ratio under Ray is checked against the
+    issue's goal. Figures made up so that pairing matters: a slow round slows both."""
+    compat = _compat_module()
+
+    def figures(put: float, trip: float) -> dict:
+        return {"put 4 KiB": [put, put, put], "memcpy 4 KiB": [0.3, 0.3, 0.3], "round trip 4 KiB": [trip, trip, trip]}
+
+    rounds = [
+        # Round 1 fast, round 2 slow for everyone, round 3 tq.compat's bad one.
+        {"tq.compat (in process)": figures(1.0, 0.05), "tq.compat (Ray)": figures(4.0, 0.3), "transfer_queue (Ray)": figures(32.0, 9.0)},
+        {"tq.compat (in process)": figures(2.0, 0.10), "tq.compat (Ray)": figures(8.0, 0.6), "transfer_queue (Ray)": figures(64.0, 18.0)},
+        {"tq.compat (in process)": figures(1.0, 0.05), "tq.compat (Ray)": figures(8.0, 0.4), "transfer_queue (Ray)": figures(32.0, 9.0)},
+    ]
+    for one in rounds:
+        one["tq.compat (Ray)"]["floor round trip 4 KiB"] = [0.1, 0.1, 0.1]
+    compat.report(rounds, reps=5, units=2)
+    out = capsys.readouterr().out
+    put = next(line for line in out.splitlines() if line.startswith("| put 4 KiB"))
+    # Ratios under Ray per round: 8, 8, 4 -> median 8 (unpaired medians would give 32 / 8 = 4).
+    assert put.rstrip().endswith("| 32.0x, 8.0x |"), put
+    assert "8.000 (4.000-8.000)" in put, put
+    goals = out.split("against the goals:")[1]
+    assert "put 4 KiB" in goals and ">= 6x in 2 of 3" in goals, goals
+    trip = next(line for line in goals.splitlines() if "round trip 4 KiB" in line)
+    assert "30.0x" in trip and ">= 30x in 2 of 3" in trip, trip  # 30, 30, 22.5
+
+
+def test_the_benchmarks_refuse_a_debug_build_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every benchmark script refuses to measure a debug build of the native module (which
+    ``scripts/test.sh`` installs into the shared virtual environment) unless ``--allow-debug``
+    says it is a smoke test: its figures would be several times a release build's."""
+    compat = _compat_module()
     from tq import _native
 
     monkeypatch.setattr(_native, "debug_build", True)
