@@ -55,6 +55,21 @@ def _wait_us(path: str) -> float:
         return int(f.read().split()[1]) / 1e3
 
 
+def _threads_wait_us(path: str) -> float:
+    """The run-queue wait of the threads of the process at ``path`` that are still there."""
+    wait = 0.0
+    try:
+        tids = os.listdir(f"{path}/task")
+    except OSError:  # the process ended meanwhile
+        return wait
+    for tid in tids:
+        try:
+            wait += _wait_us(f"{path}/task/{tid}")
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+            pass
+    return wait
+
+
 def cpu_ticks() -> Ticks:
     """CPU time and run-queue wait of every process, and of every thread of this one. Threads
     that wait for a CPU while they have work are the sign of a machine with fewer cores than
@@ -72,20 +87,14 @@ def cpu_ticks() -> Ticks:
             cpu = _cpu_us(path)
         except (OSError, ValueError, IndexError):  # the process ended meanwhile
             continue
-        wait = 0.0
-        for tid in os.listdir(f"{path}/task") if os.path.isdir(f"{path}/task") else []:
-            try:
-                wait += _wait_us(f"{path}/task/{tid}")
-            except (OSError, ValueError, IndexError):  # the thread ended meanwhile
-                pass
-        ticks[(int(pid), os.path.basename(title) or name)] = (cpu, wait)
+        ticks[(int(pid), os.path.basename(title) or name)] = (cpu, _threads_wait_us(path))
     for tid in os.listdir(f"/proc/{os.getpid()}/task"):
         path = f"/proc/{os.getpid()}/task/{tid}"
         try:
             with open(f"{path}/comm") as f:
                 name = f.read().strip()
             ticks[(int(tid), "driver thread " + name)] = (_cpu_us(path), _wait_us(path))
-        except (OSError, ValueError, IndexError):
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile
             continue
     return ticks
 
