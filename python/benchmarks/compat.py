@@ -234,9 +234,14 @@ def refuse_debug_build(allow: bool) -> None:
         raise SystemExit(2)
 
 
+def deployment_label(impl: str, ray_mode: bool) -> str:
+    """A deployment's column header, e.g. ``tq.compat (Ray)``."""
+    return f"{impl} ({'Ray' if ray_mode else 'in process'})"
+
+
 def run_worker(impl: str, ray_mode: bool, reps: int, units: int) -> Dict[str, Any]:
     """One deployment's figures, from a worker process of its own."""
-    label = f"{impl} ({'Ray' if ray_mode else 'in process'})"
+    label = deployment_label(impl, ray_mode)
     done = subprocess.run(
         [sys.executable, __file__, "--reps", str(reps), "--units", str(units), "--worker", impl, "ray" if ray_mode else "local"],
         capture_output=True,
@@ -310,7 +315,7 @@ def main() -> None:
     for _ in range(args.rounds):
         rounds.append(
             {
-                f"{impl} ({'Ray' if ray_mode else 'in process'})": run_worker(impl, ray_mode, args.reps, args.units)
+                deployment_label(impl, ray_mode): run_worker(impl, ray_mode, args.reps, args.units)
                 for impl, ray_mode in DEPLOYMENTS
             }
         )

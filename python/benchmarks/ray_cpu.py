@@ -41,13 +41,18 @@ import compat  # noqa: E402  (Ray's setup, and the round trip floor's echo serve
 #: for a process counts its ended threads too: the floor's echo thread ends with its connection)
 #: and microseconds spent runnable but waiting for a CPU (``schedstat``, summed over the threads
 #: still alive at the end).
-Ticks = Dict[Tuple[int, str], Tuple[float, float]]
+Usage = Dict[Tuple[int, str], Tuple[float, float]]
 
 
 def _cpu_us(path: str) -> float:
     with open(f"{path}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") * 1e6
+
+
+def _comm(path: str) -> str:
+    with open(f"{path}/comm") as f:
+        return f.read().strip()
 
 
 def _wait_us(path: str) -> float:
@@ -70,16 +75,15 @@ def _threads_wait_us(path: str) -> float:
     return wait
 
 
-def cpu_ticks() -> Ticks:
+def cpu_usage() -> Usage:
     """CPU time and run-queue wait of every process, and of every thread of this one. Threads
     that wait for a CPU while they have work are the sign of a machine with fewer cores than
     busy threads."""
-    ticks: Ticks = {}
+    usage: Usage = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         path = f"/proc/{pid}"
         try:
-            with open(f"{path}/comm") as f:
-                name = f.read().strip()
+            name = _comm(path)
             with open(f"{path}/cmdline", "rb") as f:
                 # Ray names its workers' processes after the actor (``ray::TransferQueueController``);
                 # the comm file's name is cut at 15 characters.
@@ -87,19 +91,17 @@ def cpu_ticks() -> Ticks:
             cpu = _cpu_us(path)
         except (OSError, ValueError, IndexError):  # the process ended meanwhile
             continue
-        ticks[(int(pid), os.path.basename(title) or name)] = (cpu, _threads_wait_us(path))
+        usage[(int(pid), os.path.basename(title) or name)] = (cpu, _threads_wait_us(path))
     for tid in os.listdir(f"/proc/{os.getpid()}/task"):
         path = f"/proc/{os.getpid()}/task/{tid}"
         try:
-            with open(f"{path}/comm") as f:
-                name = f.read().strip()
-            ticks[(int(tid), "driver thread " + name)] = (_cpu_us(path), _wait_us(path))
+            usage[(int(tid), "driver thread " + _comm(path))] = (_cpu_us(path), _wait_us(path))
         except (OSError, ValueError, IndexError):  # the thread ended meanwhile
             continue
-    return ticks
+    return usage
 
 
-def print_cpu(before: Ticks, after: Ticks, rounds: int, seconds: float) -> None:
+def print_cpu(before: Usage, after: Usage, rounds: int, seconds: float) -> None:
     """The CPU and the run-queue wait per round of each process or driver thread that used at
     least 2 us of CPU per round, then all processes' CPU against the machine's cores."""
     used = {
@@ -118,18 +120,18 @@ def print_cpu(before: Ticks, after: Ticks, rounds: int, seconds: float) -> None:
     )
 
 
-def timed_for(seconds: float, call: Callable[[], None]) -> Tuple[List[float], Ticks, Ticks, float]:
+def timed_for(seconds: float, call: Callable[[], None]) -> Tuple[List[float], Usage, Usage, float]:
     """Times `call` repeatedly for `seconds`, with the CPU counters before and after and the
     seconds between them."""
     times: List[float] = []
-    before = cpu_ticks()
+    before = cpu_usage()
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
         t = time.perf_counter()
         call()
         times.append(time.perf_counter() - t)
     elapsed = time.perf_counter() - start
-    return times, before, cpu_ticks(), elapsed
+    return times, before, cpu_usage(), elapsed
 
 
 def ms(times: List[float]) -> str:
@@ -155,9 +157,9 @@ def round_trip(tq_api, seconds: float) -> None:
     actor = ray.remote(num_cpus=0)(compat.EchoActor).remote()
     port = ray.get(actor.start.remote())
     # The echo serves one connection; raw_round_trips warms up on it before it times.
-    before, start = cpu_ticks(), time.perf_counter()
+    before, start = cpu_usage(), time.perf_counter()
     raw = compat.raw_round_trips(port, len(times))
-    after, elapsed = cpu_ticks(), time.perf_counter() - start
+    after, elapsed = cpu_usage(), time.perf_counter() - start
     print(f"floor: the same 4 exchanges to an echo actor {ms(raw)} ms (median of {len(raw)})")
     print_cpu(before, after, len(raw), elapsed)
 
